@@ -1,0 +1,64 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Everything else is reached from them.
+SHELL := /bin/bash
+PY ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+JARS := $(VENV)/.jars
+
+.PHONY: help setup demo test test-unit test-services lint format lock stack-down clean
+
+help:
+	@echo "make demo        set up, start Kafka + Cassandra, round-trip events Kafka -> Spark -> Cassandra"
+	@echo "make test        set up, lint (ruff, mypy) and run the whole test suite against the real services"
+	@echo "make test-unit   fast tests only (no services)"
+	@echo "make lint        ruff check, ruff format --check, mypy"
+	@echo "make lock        re-resolve the dependencies and rewrite constraints.txt"
+	@echo "make stack-down  stop the local servers"
+
+# The venv, with exactly the pinned versions of constraints.txt.
+$(INSTALLED): pyproject.toml constraints.txt
+	@$(PY) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || { echo "Python 3.11 is needed (set PY=...)"; exit 1; }
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	touch $@
+
+# Kafka, Cassandra and the Spark Kafka connector, fetched with Maven into ~/.cache/trends (outside git).
+$(JARS): $(INSTALLED) $(wildcard infra/maven/*/pom.xml)
+	$(BIN)/trends stack fetch
+	touch $@
+
+setup: $(INSTALLED) $(JARS)
+
+demo: setup
+	$(BIN)/trends demo
+
+test: setup lint
+	$(BIN)/pytest
+
+test-unit: $(INSTALLED)
+	$(BIN)/pytest -m "not services and not spark"
+
+lint: $(INSTALLED)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: $(INSTALLED)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+# Resolve the direct dependencies of pyproject.toml together in a throw-away venv and pin the result.
+lock:
+	rm -rf .lock-venv && $(PY) -m venv .lock-venv
+	.lock-venv/bin/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	.lock-venv/bin/pip check
+	{ echo "# Resolved with 'make lock' from pyproject.toml; install with pip -c constraints.txt."; \
+	  .lock-venv/bin/pip freeze --exclude-editable | grep -v '^-e '; } > constraints.txt
+	rm -rf .lock-venv
+
+stack-down: $(INSTALLED)
+	$(BIN)/trends stack down
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -1,0 +1,247 @@
+"""The one typed settings tree of the pipeline.
+
+Every knob lives here, read from ``TRENDS_*`` environment variables (nested sections joined with ``__``, e.g.
+``TRENDS_KAFKA__BOOTSTRAP_SERVERS``) or an optional ``.env`` file. Defaults describe the single-machine stack that
+``trends stack up`` runs on loopback; none of the code assumes them: point the same settings at real clusters.
+The README's configuration table is generated from the field descriptions below (``trends config --markdown``).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "TRENDS_"
+ENV_NESTED_DELIMITER = "__"
+
+Consistency = Literal["ONE", "TWO", "THREE", "QUORUM", "ALL", "LOCAL_QUORUM", "EACH_QUORUM", "LOCAL_ONE", "ANY"]
+
+
+def _xdg(var: str, fallback: str) -> Path:
+    base = os.environ.get(var)
+    return (Path(base) if base else Path.home() / fallback) / "trends"
+
+
+class KafkaSettings(BaseModel):
+    """Where the events live: brokers, topics and client security."""
+
+    bootstrap_servers: str = Field(
+        "127.0.0.1:9092",
+        description="Comma-separated host:port list of brokers. The local stack's broker listens on the first one.",
+    )
+    events_topic: str = Field("events", description="Topic of validated events, keyed by item.")
+    dlq_topic: str = Field("events.dlq", description="Dead-letter topic: rejected records with a reason.")
+    partitions: int = Field(4, ge=1, description="Partitions of the events and dead-letter topics at creation.")
+    replication_factor: int = Field(
+        1, ge=1, description="Replication factor of the topics at creation (3 on a real cluster)."
+    )
+    min_insync_replicas: int = Field(
+        1, ge=1, description="min.insync.replicas of the topics (2 with replication factor 3)."
+    )
+    events_retention_ms: int = Field(
+        -1,
+        ge=-1,
+        description="retention.ms of the events topic. -1 keeps events forever: Kafka's retention is by record "
+        "timestamp (= event time), so a finite value deletes historical events at once.",
+    )
+    events_retention_bytes: int = Field(
+        -1, ge=-1, description="retention.bytes per partition of the events topic (-1: no size bound)."
+    )
+    dlq_retention_ms: int = Field(
+        30 * 24 * 3600 * 1000, ge=-1, description="retention.ms of the dead-letter topic (default 30 days)."
+    )
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="security.protocol of every client."
+    )
+    sasl_mechanism: str | None = Field(None, description="sasl.mechanism (e.g. SCRAM-SHA-512) when SASL is used.")
+    sasl_username: str | None = Field(None, description="SASL user name.")
+    sasl_password: SecretStr | None = Field(None, description="SASL password (secret).")
+    client_id: str = Field("trends", description="client.id prefix of every Kafka client.")
+
+    def client_config(self, *, reveal_secrets: bool = True) -> dict[str, Any]:
+        """Return the librdkafka configuration shared by producers, consumers and the admin client.
+
+        :arg reveal_secrets: put the real password in (``False`` masks it for logging).
+        """
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "security.protocol": self.security_protocol,
+            "client.id": self.client_id,
+        }
+        if self.sasl_mechanism:
+            conf["sasl.mechanism"] = self.sasl_mechanism
+        if self.sasl_username:
+            conf["sasl.username"] = self.sasl_username
+        if self.sasl_password is not None:
+            conf["sasl.password"] = self.sasl_password.get_secret_value() if reveal_secrets else str(self.sasl_password)
+        return conf
+
+    def spark_options(self) -> dict[str, str]:
+        """Return the same connection as options of Spark's Kafka source (``kafka.``-prefixed Java client keys)."""
+        opts = {
+            "kafka.bootstrap.servers": self.bootstrap_servers,
+            "kafka.security.protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism:
+            opts["kafka.sasl.mechanism"] = self.sasl_mechanism
+        if self.sasl_username and self.sasl_password is not None:
+            module = (
+                "org.apache.kafka.common.security.plain.PlainLoginModule"
+                if self.sasl_mechanism == "PLAIN"
+                else "org.apache.kafka.common.security.scram.ScramLoginModule"
+            )
+            password = self.sasl_password.get_secret_value()
+            opts["kafka.sasl.jaas.config"] = f'{module} required username="{self.sasl_username}" password="{password}";'
+        return opts
+
+    @property
+    def first_broker(self) -> tuple[str, int]:
+        """Return host and port of the first bootstrap server."""
+        host, _, port = self.bootstrap_servers.split(",")[0].strip().rpartition(":")
+        return host, int(port)
+
+
+class CassandraSettings(BaseModel):
+    """Where the views live: contact points, keyspace, replication and consistency."""
+
+    contact_points: list[str] = Field(
+        ["127.0.0.1"],
+        description='Cassandra nodes to contact first (JSON list in env, e.g. \'["10.0.0.1","10.0.0.2"]\'). '
+        "The local stack's node listens on the first one.",
+    )
+    port: int = Field(9042, description="CQL native transport port.")
+    protocol_version: int = Field(5, ge=3, le=6, description="CQL native protocol version (5 for Cassandra 4+).")
+    keyspace: str = Field("trends", pattern=r"^[a-z][a-z0-9_]{0,47}$", description="Keyspace of all tables.")
+    replication_strategy: Literal["SimpleStrategy", "NetworkTopologyStrategy"] = Field(
+        "SimpleStrategy", description="Replication class of the keyspace at creation."
+    )
+    replication_factor: int = Field(1, ge=1, description="Replicas per row (SimpleStrategy).")
+    datacenter_replication: dict[str, int] = Field(
+        default_factory=dict,
+        description="Replicas per datacenter for NetworkTopologyStrategy (JSON map, e.g. '{\"dc1\": 3}').",
+    )
+    local_datacenter: str = Field("datacenter1", description="Datacenter the driver's load-balancing policy prefers.")
+    read_consistency: Consistency = Field("LOCAL_QUORUM", description="Consistency level of reads.")
+    write_consistency: Consistency = Field("LOCAL_QUORUM", description="Consistency level of writes.")
+    username: str | None = Field(None, description="User for PasswordAuthenticator, if enabled.")
+    password: SecretStr | None = Field(None, description="Password for PasswordAuthenticator (secret).")
+    connect_timeout_s: float = Field(10.0, gt=0, description="Driver connect timeout, seconds.")
+    request_timeout_s: float = Field(20.0, gt=0, description="Default per-request timeout, seconds.")
+    write_concurrency: int = Field(64, ge=1, description="Concurrent requests of bulk writes.")
+
+    def replication_map(self) -> dict[str, str | int]:
+        """Return the keyspace replication map for ``CREATE KEYSPACE``."""
+        if self.replication_strategy == "NetworkTopologyStrategy":
+            dcs = self.datacenter_replication or {self.local_datacenter: self.replication_factor}
+            return {"class": "NetworkTopologyStrategy", **dcs}
+        return {"class": "SimpleStrategy", "replication_factor": self.replication_factor}
+
+
+class SparkSettings(BaseModel):
+    """How Spark jobs run: master, parallelism, jars and checkpoints."""
+
+    master: str = Field("local[2]", description="Spark master URL: local[N], spark://host:port, k8s://…, yarn.")
+    app_name: str = Field("trends", description="Application name prefix shown in the Spark UI.")
+    shuffle_partitions: int = Field(
+        4, ge=1, description="spark.sql.shuffle.partitions (also the state store partitions of new queries)."
+    )
+    driver_memory: str = Field("1g", description="spark.driver.memory (only effective when Spark starts the JVM).")
+    extra_jars: list[str] = Field(
+        default_factory=list,
+        description="More jars for spark.jars, besides the Kafka connector fetched into the cache (JSON list).",
+    )
+    checkpoint_root: str | None = Field(
+        None,
+        description="Root of streaming checkpoints: a path or a URI of durable shared storage on a cluster "
+        "(hdfs://, s3a://). Default: <data_dir>/checkpoints.",
+    )
+    ui_enabled: bool = Field(False, description="Start the Spark web UI (spark.ui.enabled).")
+    conf: dict[str, str] = Field(
+        default_factory=dict, description="Any further Spark configuration (JSON map), applied last."
+    )
+
+
+class StackSettings(BaseModel):
+    """The local single-machine stack of ``trends stack``; ignored when you point at real clusters.
+
+    Client ports are not repeated here: the broker listens on ``kafka.bootstrap_servers`` and Cassandra on
+    ``cassandra.port``, so the stack and its clients cannot disagree.
+    """
+
+    kafka_controller_port: int = Field(9093, description="KRaft controller listener port of the local broker.")
+    kafka_heap: str = Field("512m", description="Heap (-Xms/-Xmx) of the local Kafka broker.")
+    kafka_cluster_id: str = Field(
+        "tR3nDsLoCaLcLuStEr0001",
+        min_length=22,
+        max_length=22,
+        description="KRaft cluster id used to format the local broker's storage (22-char base64url).",
+    )
+    cassandra_storage_port: int = Field(7000, description="Inter-node storage port of the local Cassandra.")
+    cassandra_jmx_port: int = Field(7199, description="Local-only JMX port of the local Cassandra.")
+    cassandra_heap: str = Field("1G", description="Heap (-Xms/-Xmx) of the local Cassandra.")
+    cassandra_commitlog_sync: Literal["group", "batch", "periodic"] = Field(
+        "group",
+        description="Commit log mode of the local Cassandra: `group` (default) fsyncs before acknowledging, in "
+        "15 ms groups, so acknowledged lineage/watermark/view writes survive a hard kill; `periodic` (10 s) is "
+        "faster but can lose the last seconds of acknowledged writes.",
+    )
+    kafka_start_timeout_s: float = Field(90.0, gt=0, description="Longest wait for the broker to accept clients.")
+    cassandra_start_timeout_s: float = Field(
+        180.0, gt=0, description="Longest wait for Cassandra to accept CQL clients."
+    )
+    stop_timeout_s: float = Field(45.0, gt=0, description="Wait after SIGTERM before a server is SIGKILLed.")
+    java_home: Path | None = Field(
+        None, description="JDK 17 to run the servers with. Default: $JAVA_HOME, else `java` on PATH."
+    )
+
+
+class Settings(BaseSettings):
+    """Root of the settings tree."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED_DELIMITER,
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+    )
+
+    data_dir: Path = Field(
+        default_factory=lambda: _xdg("XDG_DATA_HOME", ".local/share"),
+        description="Server data, logs, pid files and checkpoints of the local stack. Default: ~/.local/share/trends.",
+    )
+    cache_dir: Path = Field(
+        default_factory=lambda: _xdg("XDG_CACHE_HOME", ".cache"),
+        description="Fetched jars (one folder per server) — outside git, shared by clones. Default: ~/.cache/trends.",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Python log level.")
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    cassandra: CassandraSettings = Field(default_factory=CassandraSettings)
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    stack: StackSettings = Field(default_factory=StackSettings)
+
+    @field_validator("data_dir", "cache_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return value.expanduser().resolve()
+
+    @property
+    def jars_dir(self) -> Path:
+        """Return the folder of fetched jars, one subfolder per bundle."""
+        return self.cache_dir / "jars"
+
+    @property
+    def checkpoint_root(self) -> str:
+        """Return the root of streaming checkpoints (a local path or a URI)."""
+        return self.spark.checkpoint_root or str(self.data_dir / "checkpoints")
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Return the process-wide settings, read once from the environment."""
+    return Settings()

@@ -1,0 +1,648 @@
+"""Run a single-node Kafka (KRaft) and a single-node Cassandra on loopback, from the jars in the cache.
+
+Each server is a JVM started in its own session (process group) with its output in a log file and its pid in a
+pid file under ``<data_dir>/<service>/``. Stopping signals that group — never a process found by name — and a pid
+file is trusted only while the process it names still runs with our config file on its command line, so a reused
+pid cannot make us kill a stranger. Every wait is bounded; a server that dies or hangs at start is reported with
+the tail of its log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+
+from typing_extensions import override
+
+from infra import jars
+from infra.errors import StackError
+from infra.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+CONF_DIR = Path(__file__).parent / "conf"
+MIN_JAVA = 17
+LOG_TAIL_LINES = 30
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """What ``trends stack status`` shows of one server."""
+
+    name: str
+    pid: int | None
+    ready: bool
+    address: str
+    rss_mib: float | None
+    data_dir: Path
+    log_file: Path
+
+    @property
+    def state(self) -> str:
+        """Return running/starting/stopped as one word."""
+        if self.pid is None:
+            return "stopped"
+        return "running" if self.ready else "starting"
+
+
+def find_java(settings: Settings) -> str:
+    """Return the ``java`` executable to run the servers with, checking that it is JDK 17 or newer.
+
+    :raises StackError: when no Java is found or it is too old.
+    """
+    home = settings.stack.java_home or (Path(os.environ["JAVA_HOME"]) if os.environ.get("JAVA_HOME") else None)
+    java = str(home / "bin" / "java") if home else shutil.which("java")
+    if not java or not Path(java).exists():
+        msg = (
+            "Java was not found: the servers need a JDK 17 or newer. Install one (e.g. Debian's "
+            "openjdk-17-jre-headless) or set TRENDS_STACK__JAVA_HOME / JAVA_HOME."
+        )
+        raise StackError(msg)
+    try:
+        proc = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30, check=False)  # noqa: S603
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        msg = f"{java} -version failed: {exc}"
+        raise StackError(msg) from exc
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', proc.stderr + proc.stdout)
+    major = int(match.group(1)) if match else 0
+    if major == 1 and match and match.group(2):  # "1.8" style
+        major = int(match.group(2))
+    if major < MIN_JAVA:
+        msg = f"{java} is Java {major or 'unknown'}; the servers need Java {MIN_JAVA} or newer."
+        raise StackError(msg)
+    return java
+
+
+def port_is_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    """Tell whether something accepts TCP connections on host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def port_owner(port: int) -> str:
+    """Describe the process that listens on a port, if the system lets us see it."""
+    try:
+        import psutil  # noqa: PLC0415 - optional nicety for the error message
+
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+                proc = psutil.Process(conn.pid)
+                return f"pid {conn.pid} ({' '.join(proc.cmdline())[:120]})"
+    except Exception:
+        logger.debug("could not look up the owner of port %s", port, exc_info=True)
+    return "another process"
+
+
+def ensure_port_free(host: str, port: int, what: str, setting: str) -> None:
+    """Raise a clear error when a port the server needs is already taken by someone else.
+
+    :arg setting: the env var that moves the port, named in the message.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            msg = (
+                f"cannot start {what}: port {host}:{port} is already taken by {port_owner(port)} "
+                f"that this stack did not start ({exc.strerror}). Stop it, or move the port with {setting}."
+            )
+            raise StackError(msg) from exc
+
+
+def tail(paths: Iterable[Path], lines: int = LOG_TAIL_LINES) -> str:
+    """Return the last lines of each existing file, headed by its name."""
+    out = []
+    for path in paths:
+        if path.is_file() and path.stat().st_size:
+            with path.open("rb") as fh:
+                fh.seek(max(0, path.stat().st_size - 64 * 1024))
+                text = fh.read().decode("utf-8", "replace").splitlines()[-lines:]
+            out.append(f"--- {path} (last {len(text)} lines) ---\n" + "\n".join(text))
+    return "\n".join(out) or "(no log output)"
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours is dead for our purposes
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+class Service(ABC):
+    """One server of the local stack: config rendering, start, readiness, stop."""
+
+    name: str
+    bundle: jars.Bundle
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.home = settings.data_dir / self.name
+        self.conf_dir = self.home / "conf"
+        self.log_dir = self.home / "logs"
+        self.pid_file = self.home / f"{self.name}.pid"
+        self.stdout_file = self.log_dir / "stdout.log"
+
+    # -- what each server defines -------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def host(self) -> str:
+        """Return the address the server binds to."""
+
+    @property
+    @abstractmethod
+    def client_port(self) -> int:
+        """Return the port clients connect to."""
+
+    @abstractmethod
+    def ports(self) -> list[tuple[int, str, str]]:
+        """Return (port, purpose, setting that moves it) of every port the server binds."""
+
+    @abstractmethod
+    def render_config(self) -> Path:
+        """Write the server's config files; return the main one (its path marks our process)."""
+
+    @abstractmethod
+    def command(self, java: str, config: Path) -> list[str]:
+        """Return the command line that runs the server in the foreground."""
+
+    @abstractmethod
+    def accepts_clients(self) -> bool:
+        """Tell whether a real client request succeeds now."""
+
+    @property
+    @abstractmethod
+    def main_log(self) -> Path:
+        """Return the server's own log file."""
+
+    @property
+    @abstractmethod
+    def start_timeout(self) -> float:
+        """Return the longest wait for readiness."""
+
+    def prepare(self, java: str, config: Path) -> None:  # noqa: B027 - optional hook
+        """Run one-time set-up before the first start (e.g. format storage)."""
+
+    # -- shared machinery ----------------------------------------------------------------------------------
+    @property
+    def address(self) -> str:
+        """Return host:port for clients."""
+        return f"{self.host}:{self.client_port}"
+
+    def pid(self) -> int | None:
+        """Return the pid of our running server, or None (removing a stale pid file)."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        if _process_alive(pid) and self._is_ours(pid):
+            return pid
+        _reap(pid)
+        logger.debug("removing stale pid file %s (pid %s)", self.pid_file, pid)
+        self.pid_file.unlink(missing_ok=True)
+        return None
+
+    def _is_ours(self, pid: int) -> bool:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return True  # no /proc: trust the pid file
+        return str(self.conf_dir) in cmdline
+
+    def is_ready(self) -> bool:
+        """Tell whether the server accepts clients."""
+        return port_is_open(self.host, self.client_port) and self.accepts_clients()
+
+    def rss_mib(self, pid: int) -> float | None:
+        """Return the resident memory of the server process in MiB."""
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        except OSError:
+            return None
+        return None
+
+    def status(self) -> ServiceStatus:
+        """Return the server's current state."""
+        pid = self.pid()
+        return ServiceStatus(
+            name=self.name,
+            pid=pid,
+            ready=pid is not None and self.is_ready(),
+            address=self.address,
+            rss_mib=self.rss_mib(pid) if pid else None,
+            data_dir=self.home,
+            log_file=self.main_log,
+        )
+
+    def log_files(self) -> list[Path]:
+        """Return the files worth showing when the server misbehaves."""
+        return [self.stdout_file, self.main_log]
+
+    def start(self, java: str) -> int:
+        """Launch the server unless ours is already running; return its pid without waiting for readiness.
+
+        :raises StackError: when a port is taken by a process we did not start.
+        """
+        pid = self.pid()
+        if pid is not None:
+            logger.info("%s already running (pid %s)", self.name, pid)
+            return pid
+        for port, purpose, setting in self.ports():
+            ensure_port_free(self.host, port, f"{self.name} ({purpose})", setting)
+        jars.fetch(self.settings, self.bundle)
+        for folder in (self.conf_dir, self.log_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        config = self.render_config()
+        self.prepare(java, config)
+        cmd = self.command(java, config)
+        logger.info("starting %s: %s", self.name, " ".join(cmd[:3]) + " …")
+        with self.stdout_file.open("ab") as out:
+            out.write(f"\n=== start {time.strftime('%Y-%m-%dT%H:%M:%S%z')} ===\n".encode())
+            out.flush()
+            proc = subprocess.Popen(  # noqa: S603 - our own command line
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.home,
+                start_new_session=True,
+            )
+        self.pid_file.write_text(f"{proc.pid}\n")
+        return proc.pid
+
+    def wait_ready(self, pid: int) -> float:
+        """Wait until the server accepts clients; return the seconds waited.
+
+        :raises StackError: when the process dies or the wait times out (the server is then stopped).
+        """
+        started = time.monotonic()
+        deadline = started + self.start_timeout
+        while time.monotonic() < deadline:
+            if not _process_alive(pid):
+                _reap(pid)
+                self.pid_file.unlink(missing_ok=True)
+                msg = f"{self.name} exited during start-up.\n{tail(self.log_files())}"
+                raise StackError(msg)
+            if self.is_ready():
+                return time.monotonic() - started
+            time.sleep(0.5)
+        logs = tail(self.log_files())
+        self.stop()
+        msg = f"{self.name} did not accept clients within {self.start_timeout:.0f} s; stopped it.\n{logs}"
+        raise StackError(msg)
+
+    def stop(self) -> bool:
+        """Stop our server: SIGTERM its process group, SIGKILL after the timeout; return whether it ran."""
+        pid = self.pid()
+        if pid is None:
+            return False
+        logger.info("stopping %s (pid %s)", self.name, pid)
+        self._signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.settings.stack.stop_timeout_s
+        while time.monotonic() < deadline and _process_alive(pid):
+            time.sleep(0.2)
+            _reap(pid)
+        if _process_alive(pid):
+            logger.warning("%s ignored SIGTERM for %.0f s; killing it", self.name, self.settings.stack.stop_timeout_s)
+            self._signal_group(pid, signal.SIGKILL)
+            kill_deadline = time.monotonic() + 10
+            while time.monotonic() < kill_deadline and _process_alive(pid):
+                time.sleep(0.1)
+                _reap(pid)
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+    @staticmethod
+    def _signal_group(pid: int, sig: signal.Signals) -> None:
+        try:
+            os.killpg(os.getpgid(pid), sig)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            os.kill(pid, sig)
+
+    def data_paths(self) -> list[Path]:
+        """Return what ``reset`` deletes: the server's stored data (configs and logs are kept)."""
+        return [self.home / "data"]
+
+
+def _render(template: str, target: Path, **values: object) -> Path:
+    text = Template((CONF_DIR / template).read_text()).substitute({k: str(v) for k, v in values.items()})
+    target.write_text(text)
+    return target
+
+
+class Kafka(Service):
+    """Single-node Kafka 4.3 in KRaft mode (broker and controller in one JVM)."""
+
+    name = "kafka"
+    bundle = jars.KAFKA
+
+    @property
+    @override
+    def host(self) -> str:
+        return self.settings.kafka.first_broker[0]
+
+    @property
+    @override
+    def client_port(self) -> int:
+        return self.settings.kafka.first_broker[1]
+
+    @property
+    @override
+    def start_timeout(self) -> float:
+        return self.settings.stack.kafka_start_timeout_s
+
+    @property
+    @override
+    def main_log(self) -> Path:
+        return self.log_dir / "server.log"
+
+    @override
+    def ports(self) -> list[tuple[int, str, str]]:
+        return [
+            (self.client_port, "clients", "TRENDS_KAFKA__BOOTSTRAP_SERVERS"),
+            (self.settings.stack.kafka_controller_port, "controller", "TRENDS_STACK__KAFKA_CONTROLLER_PORT"),
+        ]
+
+    @override
+    def render_config(self) -> Path:
+        shutil.copy(CONF_DIR / "kafka" / "log4j2.properties", self.conf_dir / "log4j2.properties")
+        return _render(
+            "kafka/server.properties",
+            self.conf_dir / "server.properties",
+            host=self.host,
+            port=self.client_port,
+            controller_port=self.settings.stack.kafka_controller_port,
+            log_dirs=self.home / "data",
+            partitions=self.settings.kafka.partitions,
+        )
+
+    def _java(self, java: str) -> list[str]:
+        classpath = str(jars.bundle_dir(self.settings, self.bundle) / "*")
+        heap = self.settings.stack.kafka_heap
+        return [
+            java,
+            f"-Xms{heap}",
+            f"-Xmx{heap}",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-XX:ParallelGCThreads=2",
+            "-XX:CICompilerCount=2",
+            "-Djava.awt.headless=true",
+            f"-Dkafka.logs.dir={self.log_dir}",
+            f"-Dlog4j2.configurationFile={self.conf_dir / 'log4j2.properties'}",
+            "-cp",
+            classpath,
+        ]
+
+    def prepare(self, java: str, config: Path) -> None:
+        """Format the KRaft storage once (``--ignore-formatted`` makes it a no-op afterwards)."""
+        cmd = [
+            *self._java(java),
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            self.settings.stack.kafka_cluster_id,
+            "-c",
+            str(config),
+            "--ignore-formatted",
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)  # noqa: S603
+        if proc.returncode != 0:
+            msg = f"formatting Kafka storage failed:\n{proc.stdout}{proc.stderr}"
+            raise StackError(msg)
+
+    @override
+    def command(self, java: str, config: Path) -> list[str]:
+        return [*self._java(java), "kafka.Kafka", str(config)]
+
+    @override
+    def accepts_clients(self) -> bool:
+        from confluent_kafka.admin import AdminClient  # noqa: PLC0415
+
+        admin = AdminClient({**self.settings.kafka.client_config(), "socket.timeout.ms": 3000, "log_level": 3})
+        try:
+            metadata = admin.list_topics(timeout=3)
+        except Exception:  # noqa: BLE001 - any failure means "not yet"
+            return False
+        return bool(metadata.brokers) and metadata.controller_id is not None and metadata.controller_id >= 0
+
+
+class Cassandra(Service):
+    """Single-node Cassandra 5.0 on loopback."""
+
+    name = "cassandra"
+    bundle = jars.CASSANDRA
+
+    @property
+    @override
+    def host(self) -> str:
+        return self.settings.cassandra.contact_points[0]
+
+    @property
+    @override
+    def client_port(self) -> int:
+        return self.settings.cassandra.port
+
+    @property
+    @override
+    def start_timeout(self) -> float:
+        return self.settings.stack.cassandra_start_timeout_s
+
+    @property
+    @override
+    def main_log(self) -> Path:
+        return self.log_dir / "system.log"
+
+    @override
+    def ports(self) -> list[tuple[int, str, str]]:
+        stack = self.settings.stack
+        return [
+            (self.client_port, "CQL clients", "TRENDS_CASSANDRA__PORT"),
+            (stack.cassandra_storage_port, "storage", "TRENDS_STACK__CASSANDRA_STORAGE_PORT"),
+            (stack.cassandra_jmx_port, "JMX", "TRENDS_STACK__CASSANDRA_JMX_PORT"),
+        ]
+
+    @override
+    def render_config(self) -> Path:
+        shutil.copy(CONF_DIR / "cassandra" / "logback.xml", self.conf_dir / "logback.xml")
+        mode = self.settings.stack.cassandra_commitlog_sync
+        option = {
+            "group": "commitlog_sync_group_window: 15ms",
+            "batch": "",
+            "periodic": "commitlog_sync_period: 10000ms",
+        }[mode]
+        return _render(
+            "cassandra/cassandra.yaml",
+            self.conf_dir / "cassandra.yaml",
+            host=self.host,
+            storage_port=self.settings.stack.cassandra_storage_port,
+            native_port=self.client_port,
+            data_dir=self.home / "data",
+            commitlog_sync=mode,
+            commitlog_sync_option=option,
+        )
+
+    @override
+    def command(self, java: str, config: Path) -> list[str]:
+        folder = jars.bundle_dir(self.settings, self.bundle)
+        jamm = next(iter(sorted(folder.glob("jamm-*.jar"))), None)
+        if jamm is None:
+            msg = f"jamm agent jar missing from {folder}; run `trends stack fetch --force`"
+            raise StackError(msg)
+        options = [
+            line.strip()
+            for line in (CONF_DIR / "cassandra" / "jvm17-server.options").read_text().splitlines()
+            if line.strip() and not line.startswith("#")
+        ]
+        opts: list[str] = []
+        for option in options:  # "--add-opens x" lines are two arguments
+            opts.extend(option.split(" ", 1))
+        heap = self.settings.stack.cassandra_heap
+        return [
+            java,
+            f"-Xms{heap}",
+            f"-Xmx{heap}",
+            *opts,
+            f"-javaagent:{jamm}",
+            "-Dcassandra-foreground=yes",
+            f"-Dcassandra.config=file://{config}",
+            f"-Dcassandra.storagedir={self.home / 'data'}",
+            f"-Dcassandra.logdir={self.log_dir}",
+            f"-Dlogback.configurationFile={self.conf_dir / 'logback.xml'}",
+            f"-Dcassandra.jmx.local.port={self.settings.stack.cassandra_jmx_port}",
+            "-Dcassandra.skip_wait_for_gossip_to_settle=0",
+            "-Dcassandra.ring_delay_ms=1000",
+            "-cp",
+            f"{self.conf_dir}:{folder}/*",
+            "org.apache.cassandra.service.CassandraDaemon",
+        ]
+
+    @override
+    def accepts_clients(self) -> bool:
+        from infra.cassandra import ping  # noqa: PLC0415
+
+        return ping(self.settings)
+
+
+SERVICES: dict[str, type[Service]] = {"kafka": Kafka, "cassandra": Cassandra}
+
+
+def services(settings: Settings, names: Sequence[str] | None = None) -> list[Service]:
+    """Return the stack's servers, optionally only the named ones."""
+    chosen = list(names) if names else list(SERVICES)
+    unknown = [n for n in chosen if n not in SERVICES]
+    if unknown:
+        msg = f"unknown service(s) {', '.join(unknown)}; choose from {', '.join(SERVICES)}"
+        raise StackError(msg)
+    return [SERVICES[n](settings) for n in chosen]
+
+
+@dataclass(frozen=True)
+class UpResult:
+    """What ``up`` did for one server."""
+
+    name: str
+    address: str
+    pid: int
+    already_running: bool
+    seconds: float
+
+
+def up(settings: Settings, names: Sequence[str] | None = None) -> list[UpResult]:
+    """Start the servers that are not running (all launched first, then awaited) and wait until each is ready.
+
+    A second call while they run is a no-op. Data survives ``down``/``up``.
+    """
+    chosen = services(settings, names)
+    java = "" if all(svc.pid() is not None for svc in chosen) else find_java(settings)
+    launched: list[tuple[Service, int, bool, float]] = []
+    try:
+        for svc in chosen:
+            before = svc.pid()
+            t0 = time.monotonic()
+            pid = before if before is not None else svc.start(java)
+            launched.append((svc, pid, before is not None, t0))
+        results = []
+        for svc, pid, already, t0 in launched:
+            svc.wait_ready(pid)
+            results.append(UpResult(svc.name, svc.address, pid, already, time.monotonic() - t0))
+    except BaseException:
+        for svc, _pid, already, _t0 in launched:  # don't leave half a stack we just started
+            if not already:
+                svc.stop()
+        raise
+    return results
+
+
+def down(settings: Settings, names: Sequence[str] | None = None) -> list[str]:
+    """Stop the servers this stack started (by pid file); return the names that were running."""
+    return [svc.name for svc in reversed(services(settings, names)) if svc.stop()]
+
+
+def status(settings: Settings, names: Sequence[str] | None = None) -> list[ServiceStatus]:
+    """Return the state of each server."""
+    return [svc.status() for svc in services(settings, names)]
+
+
+def reset(settings: Settings, names: Sequence[str] | None = None) -> list[Path]:
+    """Stop the servers and delete their stored data (and, for a full reset, the streaming checkpoints)."""
+    chosen = services(settings, names)
+    for svc in chosen:
+        svc.stop()
+    removed = []
+    paths = [p for svc in chosen for p in svc.data_paths()]
+    if not names:
+        paths.append(Path(settings.checkpoint_root))
+    for path in paths:
+        if path.exists():
+            shutil.rmtree(path)
+            removed.append(path)
+    return removed
+
+
+def follow(path: Path, *, lines: int, follow_file: bool) -> Iterator[str]:
+    """Yield the last lines of a log file, then (optionally) new lines as they are written."""
+    if not path.exists():
+        return
+    yield from tail([path], lines).splitlines()[1:]
+    if not follow_file:
+        return
+    with path.open("r", errors="replace") as fh:
+        fh.seek(0, os.SEEK_END)
+        while True:
+            line = fh.readline()
+            if line:
+                yield line.rstrip("\n")
+            else:
+                time.sleep(0.5)

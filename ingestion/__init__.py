@@ -1,0 +1,1 @@
+"""Ingestion: the event model, validation, the Kafka producer, generators, file replay and the dead-letter topic."""
