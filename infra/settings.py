@@ -161,6 +161,11 @@ class SparkSettings(BaseModel):
         "(hdfs://, s3a://). Default: <data_dir>/checkpoints.",
     )
     ui_enabled: bool = Field(False, description="Start the Spark web UI (spark.ui.enabled).")
+    local_ip: str | None = Field(
+        "127.0.0.1",
+        description="SPARK_LOCAL_IP of the driver: loopback for a local master; unset it (empty) or give a "
+        "reachable address when executors run on other hosts.",
+    )
     conf: dict[str, str] = Field(
         default_factory=dict, description="Any further Spark configuration (JSON map), applied last."
     )

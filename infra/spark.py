@@ -37,7 +37,7 @@ def spark_conf(settings: Settings, app: str) -> dict[str, str]:
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.streaming.checkpointLocation": f"{settings.checkpoint_root}/_default",
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
-        "spark.sql.adaptive.enabled": "true",
+        "spark.ui.showConsoleProgress": "false",
         "spark.driver.memory": cfg.driver_memory,
         "spark.ui.enabled": str(cfg.ui_enabled).lower(),
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2_CONF}",
@@ -57,6 +57,8 @@ def get_spark(settings: Settings, app: str) -> SparkSession:
     # Python workers must be this interpreter (the venv), on the driver and on executors of a local master.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if settings.spark.local_ip:
+        os.environ.setdefault("SPARK_LOCAL_IP", settings.spark.local_ip)
     builder = SparkSession.builder
     for key, value in spark_conf(settings, app).items():
         builder = builder.config(key, value)

@@ -1,0 +1,80 @@
+"""Shared fixtures: the real local stack for service tests, and factories for throw-away topics and keyspaces.
+
+Service tests are marked ``services``; the ``stack`` fixture starts Kafka and Cassandra through the same code as
+``trends stack up`` (reusing them when they already run) and stops at the end only what it started itself.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from infra import migrations, stack, topics
+from infra.settings import Settings
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+
+
+@pytest.fixture(scope="session")
+def settings() -> Settings:
+    """Return the settings every service test talks to (the default local stack unless TRENDS_* says otherwise)."""
+    return Settings()
+
+
+@pytest.fixture(scope="session")
+def stack_up(settings: Settings) -> Iterator[Settings]:
+    """Start (or reuse) Kafka and Cassandra, with topics and schema; stop them afterwards if we started them."""
+    results = stack.up(settings)
+    topics.ensure_topics(settings.kafka)
+    migrations.migrate(settings)
+    yield settings
+    started_here = [r.name for r in results if not r.already_running]
+    if started_here and not os.environ.get("TRENDS_TEST_KEEP_STACK"):
+        stack.down(settings, started_here)
+
+
+@pytest.fixture
+def new_topic(stack_up: Settings) -> Iterator[Callable[..., str]]:
+    """Return a factory of uniquely named topics, deleted after the test."""
+    created: list[str] = []
+
+    def make(partitions: int = 2, config: dict[str, str] | None = None) -> str:
+        name = f"test.{uuid.uuid4().hex[:10]}"
+        spec = topics.TopicSpec(name, partitions, stack_up.kafka.replication_factor, config or {})
+        topics.ensure_topics(stack_up.kafka, [spec])
+        created.append(name)
+        return name
+
+    yield make
+    if created:
+        topics.delete_topics(stack_up.kafka, created)
+
+
+@pytest.fixture
+def keyspace_settings(stack_up: Settings) -> Iterator[Settings]:
+    """Return settings pointing at a fresh keyspace (dropped afterwards), for tests that create or migrate."""
+    from infra.cassandra import session
+
+    name = f"test_{uuid.uuid4().hex[:10]}"
+    scoped = stack_up.model_copy(update={"cassandra": stack_up.cassandra.model_copy(update={"keyspace": name})})
+    yield scoped
+    with session(stack_up) as sess:
+        sess.execute(f"DROP KEYSPACE IF EXISTS {name}")
+
+
+@pytest.fixture(scope="session")
+def artifacts_dir() -> Path:
+    """Return the folder where tests leave files for people to look at (screenshots, reports)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test under tests/services as needing the services."""
+    for item in items:
+        if "services" in Path(str(item.fspath)).parts:
+            item.add_marker(pytest.mark.services)
