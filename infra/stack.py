@@ -407,9 +407,8 @@ class Kafka(Service):
             partitions=self.settings.kafka.partitions,
         )
 
-    def _java(self, java: str) -> list[str]:
+    def _java(self, java: str, heap: str) -> list[str]:
         classpath = str(jars.bundle_dir(self.settings, self.bundle) / "*")
-        heap = self.settings.stack.kafka_heap
         return [
             java,
             f"-Xms{heap}",
@@ -428,7 +427,7 @@ class Kafka(Service):
     def prepare(self, java: str, config: Path) -> None:
         """Format the KRaft storage once (``--ignore-formatted`` makes it a no-op afterwards)."""
         cmd = [
-            *self._java(java),
+            *self._java(java, "256m"),  # a tool run, not the server: its own small heap
             "kafka.tools.StorageTool",
             "format",
             "-t",
@@ -444,7 +443,7 @@ class Kafka(Service):
 
     @override
     def command(self, java: str, config: Path) -> list[str]:
-        return [*self._java(java), "kafka.Kafka", str(config)]
+        return [*self._java(java, self.settings.stack.kafka_heap), "kafka.Kafka", str(config)]
 
     @override
     def accepts_clients(self) -> bool:

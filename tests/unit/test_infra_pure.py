@@ -1,0 +1,102 @@
+"""Pure parts of infra: jar names, migration discovery, config rendering, port and Java checks."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from infra import jars, migrations, stack
+from infra.errors import MigrationError, StackError
+from infra.settings import Settings
+
+
+def test_artifact_names() -> None:
+    assert jars.artifact_name("spark-sql-kafka-0-10_2.13-4.2.0.jar") == "spark-sql-kafka-0-10_2.13"
+    assert jars.artifact_name("kafka-clients-3.9.2.jar") == "kafka-clients"
+    assert jars.artifact_name("scala-library-2.13.15.jar") == "scala-library"
+    assert jars.artifact_name("log4j-slf4j2-impl-2.25.4.jar") == "log4j-slf4j2-impl"
+
+
+def test_bundles_pin_the_verified_versions() -> None:
+    assert "<version>4.3.1</version>" in jars.KAFKA.pom.read_text()
+    assert "kafka-tools" in jars.KAFKA.pom.read_text()
+    assert "<version>5.0.8</version>" in jars.CASSANDRA.pom.read_text()
+    assert "spark-sql-kafka-0-10_2.13</artifactId><version>4.2.0" in jars.SPARK_KAFKA.pom.read_text()
+
+
+def test_shipped_migrations_are_well_formed() -> None:
+    found = migrations.discover()
+    assert [m.version for m in found] == sorted({m.version for m in found})
+    assert found[0].version == 1
+    for mig in found:
+        assert mig.statements(), mig.path
+        for stmt in mig.statements():
+            assert "IF NOT EXISTS" in stmt.upper() or stmt.upper().startswith(("ALTER", "INSERT")), stmt
+
+
+def test_migration_discovery_rejects_bad_names_and_duplicates(tmp_path: Path) -> None:
+    (tmp_path / "0001_a.cql").write_text("CREATE TABLE IF NOT EXISTS a (k int PRIMARY KEY);")
+    (tmp_path / "0002_b.cql").write_text(
+        "-- comment; with a semicolon\nCREATE TABLE IF NOT EXISTS b (k int PRIMARY KEY);"
+    )
+    assert [m.name for m in migrations.discover(tmp_path)] == ["a", "b"]
+    assert migrations.discover(tmp_path)[1].statements() == ["CREATE TABLE IF NOT EXISTS b (k int PRIMARY KEY)"]
+    (tmp_path / "0002_c.cql").write_text("")
+    with pytest.raises(MigrationError, match="two migrations with version 2"):
+        migrations.discover(tmp_path)
+    (tmp_path / "0002_c.cql").unlink()
+    (tmp_path / "3_bad.cql").write_text("")
+    with pytest.raises(MigrationError, match="NNNN_snake_case"):
+        migrations.discover(tmp_path)
+
+
+def test_kafka_config_renders_kraft_single_node(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, kafka={"bootstrap_servers": "127.0.0.1:19092"})
+    kafka = stack.Kafka(settings)
+    kafka.conf_dir.mkdir(parents=True)
+    text = kafka.render_config().read_text()
+    assert "listeners=PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:9093" in text
+    assert "process.roles=broker,controller" in text
+    assert f"log.dirs={tmp_path / 'kafka' / 'data'}" in text
+    assert "$" not in text
+
+
+def test_cassandra_config_renders_commitlog_mode(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, cassandra={"port": 19042}, stack={"cassandra_commitlog_sync": "group"})
+    cas = stack.Cassandra(settings)
+    cas.conf_dir.mkdir(parents=True)
+    text = cas.render_config().read_text()
+    assert "native_transport_port: 19042" in text
+    assert "commitlog_sync: group" in text and "commitlog_sync_group_window: 15ms" in text
+    assert "$" not in text.replace("${", "")
+
+
+def test_taken_port_gives_a_clear_error() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(StackError, match=rf"port 127.0.0.1:{port} is already taken .*TRENDS_X"):
+            stack.ensure_port_free("127.0.0.1", port, "kafka (clients)", "TRENDS_X")
+
+
+def test_missing_java_gives_a_clear_error(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, stack={"java_home": tmp_path / "no-jdk"})
+    with pytest.raises(StackError, match="Java was not found"):
+        stack.find_java(settings)
+
+
+def test_status_of_a_never_started_stack(tmp_path: Path) -> None:
+    for st in stack.status(Settings(data_dir=tmp_path)):
+        assert st.state == "stopped" and st.pid is None
+
+
+def test_stale_pid_file_is_ignored(tmp_path: Path) -> None:
+    kafka = stack.Kafka(Settings(data_dir=tmp_path))
+    kafka.home.mkdir(parents=True)
+    kafka.pid_file.write_text("1\n")  # pid 1 runs, but not with our config on its command line
+    assert kafka.pid() is None
+    assert not kafka.pid_file.exists()
+    assert kafka.stop() is False

@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from infra.settings import Settings
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("TRENDS_"):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)  # no stray .env file
+
+
+def test_defaults_describe_the_local_stack() -> None:
+    s = Settings()
+    assert s.kafka.bootstrap_servers == "127.0.0.1:9092"
+    assert s.kafka.events_retention_ms == -1
+    assert s.cassandra.contact_points == ["127.0.0.1"]
+    assert s.spark.master == "local[2]"
+    assert s.data_dir.is_absolute()
+    assert s.checkpoint_root == str(s.data_dir / "checkpoints")
+
+
+def test_nested_env_vars_configure_clusters(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRENDS_KAFKA__BOOTSTRAP_SERVERS", "k1:9092,k2:9092,k3:9092")
+    monkeypatch.setenv("TRENDS_KAFKA__REPLICATION_FACTOR", "3")
+    monkeypatch.setenv("TRENDS_CASSANDRA__CONTACT_POINTS", '["10.1.0.1", "10.1.0.2"]')
+    monkeypatch.setenv("TRENDS_CASSANDRA__REPLICATION_STRATEGY", "NetworkTopologyStrategy")
+    monkeypatch.setenv("TRENDS_CASSANDRA__DATACENTER_REPLICATION", '{"dc1": 3, "dc2": 2}')
+    monkeypatch.setenv("TRENDS_SPARK__MASTER", "spark://master:7077")
+    monkeypatch.setenv("TRENDS_SPARK__CHECKPOINT_ROOT", "s3a://bucket/checkpoints")
+    s = Settings()
+    assert s.kafka.first_broker == ("k1", 9092)
+    assert s.kafka.client_config()["bootstrap.servers"] == "k1:9092,k2:9092,k3:9092"
+    assert s.cassandra.contact_points == ["10.1.0.1", "10.1.0.2"]
+    assert s.cassandra.replication_map() == {"class": "NetworkTopologyStrategy", "dc1": 3, "dc2": 2}
+    assert s.spark.master == "spark://master:7077"
+    assert s.checkpoint_root == "s3a://bucket/checkpoints"
+
+
+def test_env_file_is_read(tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text("TRENDS_KAFKA__EVENTS_TOPIC=clicks\nTRENDS_LOG_LEVEL=DEBUG\n")
+    s = Settings()
+    assert s.kafka.events_topic == "clicks"
+    assert s.log_level == "DEBUG"
+
+
+def test_secrets_are_masked_unless_revealed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRENDS_KAFKA__SASL_MECHANISM", "SCRAM-SHA-512")
+    monkeypatch.setenv("TRENDS_KAFKA__SASL_USERNAME", "svc")
+    monkeypatch.setenv("TRENDS_KAFKA__SASL_PASSWORD", "hunter2")
+    monkeypatch.setenv("TRENDS_CASSANDRA__PASSWORD", "s3cret")
+    s = Settings()
+    assert "hunter2" not in repr(s) and "s3cret" not in repr(s)
+    assert s.kafka.client_config(reveal_secrets=False)["sasl.password"] == "**********"
+    assert s.kafka.client_config()["sasl.password"] == "hunter2"
+    assert 'password="hunter2"' in s.kafka.spark_options()["kafka.sasl.jaas.config"]
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("TRENDS_KAFKA__PARTITIONS", "0"),
+        ("TRENDS_CASSANDRA__KEYSPACE", "Bad-Name"),
+        ("TRENDS_CASSANDRA__READ_CONSISTENCY", "SOMETIMES"),
+        ("TRENDS_STACK__KAFKA_CLUSTER_ID", "short"),
+    ],
+)
+def test_bad_values_are_rejected(monkeypatch: pytest.MonkeyPatch, var: str, value: str) -> None:
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ValidationError):
+        Settings()
