@@ -78,3 +78,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "services" in Path(str(item.fspath)).parts:
             item.add_marker(pytest.mark.services)
+
+
+@pytest.fixture(scope="session")
+def spark(settings: Settings) -> Iterator[object]:
+    """Return one local SparkSession for the whole run (starting a JVM costs seconds)."""
+    from infra.spark import get_spark
+
+    session = get_spark(settings, "tests")
+    yield session
+    session.stop()

@@ -53,7 +53,9 @@ def test_migration_discovery_rejects_bad_names_and_duplicates(tmp_path: Path) ->
 
 
 def test_kafka_config_renders_kraft_single_node(tmp_path: Path) -> None:
-    settings = Settings(data_dir=tmp_path, kafka={"bootstrap_servers": "127.0.0.1:19092"})
+    settings = Settings(
+        data_dir=tmp_path, kafka={"bootstrap_servers": "127.0.0.1:19092"}, stack={"kafka_controller_port": 9093}
+    )
     kafka = stack.Kafka(settings)
     kafka.conf_dir.mkdir(parents=True)
     text = kafka.render_config().read_text()
