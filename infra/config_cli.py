@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import click
@@ -49,6 +50,23 @@ def markdown_table() -> str:
     return "\n".join(lines)
 
 
+TABLE_START = "<!-- settings-table:start -->"
+TABLE_END = "<!-- settings-table:end -->"
+
+
+def write_readme_table(path: Path) -> bool:
+    """Replace the settings table between the markers of a README; return whether it changed."""
+    text = path.read_text(encoding="utf-8")
+    head, sep, rest = text.partition(TABLE_START)
+    _, sep2, tail = rest.partition(TABLE_END)
+    if not sep or not sep2:
+        msg = f"{path} has no {TABLE_START} … {TABLE_END} markers"
+        raise click.ClickException(msg)
+    new = f"{head}{TABLE_START}\n{markdown_table()}\n{TABLE_END}{tail}"
+    path.write_text(new, encoding="utf-8")
+    return new != text
+
+
 def _masked(value: Any) -> Any:
     if isinstance(value, SecretStr):
         return "**********"
@@ -59,9 +77,18 @@ def _masked(value: Any) -> Any:
 
 @click.command()
 @click.option("--markdown", is_flag=True, help="Print the table of every setting, env var and default.")
+@click.option(
+    "--update-readme",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Rewrite the settings table inside this README.",
+)
 @click.pass_obj
-def config(settings: Settings, markdown: bool) -> None:
+def config(settings: Settings, markdown: bool, update_readme: Path | None) -> None:
     """Show the effective settings (secrets masked) as JSON."""
+    if update_readme is not None:
+        changed = write_readme_table(update_readme)
+        click.echo(f"{update_readme}: {'updated' if changed else 'already current'}")
+        return
     if markdown:
         click.echo(markdown_table())
         return

@@ -78,7 +78,7 @@ def stream_to_cassandra(spark: SparkSession, settings: Settings, topic: str, run
     :returns: the number of rows written.
     """
     from cassandra.concurrent import execute_concurrent_with_args  # noqa: PLC0415
-    from pyspark.sql import functions as F  # noqa: N812, PLC0415
+    from pyspark.sql import functions as F  # noqa: PLC0415
     from pyspark.sql.types import StringType, StructField, StructType  # noqa: PLC0415
 
     schema = StructType(

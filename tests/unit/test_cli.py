@@ -57,7 +57,7 @@ def test_readme_configuration_table_is_current() -> None:
     text = README.read_text()
     match = re.search(r"<!-- settings-table:start -->\n(.*?)\n<!-- settings-table:end -->", text, re.S)
     assert match, "README lacks the generated settings table markers"
-    assert match.group(1).strip() == markdown_table().strip(), "run: trends config --markdown, paste into README"
+    assert match.group(1).strip() == markdown_table().strip(), "run: trends config --update-readme README.md"
 
 
 def test_every_setting_is_documented() -> None:
