@@ -148,7 +148,10 @@ class SparkSettings(BaseModel):
     master: str = Field("local[2]", description="Spark master URL: local[N], spark://host:port, k8s://…, yarn.")
     app_name: str = Field("trends", description="Application name prefix shown in the Spark UI.")
     shuffle_partitions: int = Field(
-        4, ge=1, description="spark.sql.shuffle.partitions (also the state store partitions of new queries)."
+        2,
+        ge=1,
+        description="spark.sql.shuffle.partitions: about the executor cores in total. It also fixes the state store "
+        "partitions of a new streaming query for the life of its checkpoint.",
     )
     driver_memory: str = Field("1g", description="spark.driver.memory (only effective when Spark starts the JVM).")
     extra_jars: list[str] = Field(
@@ -205,6 +208,99 @@ class StackSettings(BaseModel):
     )
 
 
+class IngestSettings(BaseModel):
+    """How ingestion validates and produces: allowed clock skew, record key and producer tuning."""
+
+    max_future_skew_s: float = Field(
+        300.0,
+        ge=0,
+        le=3600,
+        description="Events whose time is more than this many seconds in the future are dead-lettered "
+        "(reason future_time). At most 3600: the broker rejects timestamps over 1 h ahead by default.",
+    )
+    key_field: Literal["item", "user", "id", "none"] = Field(
+        "item",
+        description="Event field that keys records in the events topic (`none`: no key, sticky partitioning). "
+        "Keying by item keeps an item's events in one partition.",
+    )
+    compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = Field(
+        "lz4", description="compression.type of the producer (lz4: cheap on CPU, good on JSON)."
+    )
+    linger_ms: float = Field(
+        5.0, ge=0, description="linger.ms: how long the producer waits to fill a batch (throughput vs latency)."
+    )
+    batch_size: int = Field(131072, ge=1024, description="batch.size in bytes of one partition's record batch.")
+    queue_max_messages: int = Field(
+        500000,
+        ge=1000,
+        description="queue.buffering.max.messages: records the producer buffers locally before it applies "
+        "back-pressure (poll and retry).",
+    )
+    queue_max_kbytes: int = Field(262144, ge=1024, description="queue.buffering.max.kbytes: local buffer bound in KiB.")
+    message_timeout_ms: int = Field(
+        300000,
+        ge=1000,
+        description="message.timeout.ms: how long a record may wait for an acknowledgement (retries included, e.g. "
+        "across a broker restart) before it counts as failed.",
+    )
+    progress_interval_s: float = Field(
+        2.0, gt=0, description="Seconds between progress lines of `trends ingest` (rate, sent, rejected)."
+    )
+
+
+class ViewSettings(BaseModel):
+    """What the views aggregate, shared by both layers (changing it calls for a batch reprocess)."""
+
+    slice_dims: list[str] = Field(
+        default_factory=list,
+        description="Event dimensions that get a slice of their own besides the global one "
+        '(JSON list, e.g. \'["origin", "carrier"]\'); a slice is named `origin=JFK`.',
+    )
+    top_k_items: int = Field(
+        1024,
+        ge=8,
+        le=65536,
+        description="Items tracked by each frequent-items sketch; its count error is at most about "
+        "3.5/that x the bucket's events.",
+    )
+
+
+class SpeedSettings(BaseModel):
+    """The streaming job: source, trigger, lateness, TTL and metrics."""
+
+    query_name: str = Field(
+        "speed_view",
+        pattern=r"^[a-z][a-z0-9_]{0,63}$",
+        description="Name of the streaming query; also its checkpoint folder under the checkpoint root.",
+    )
+    trigger_seconds: float = Field(2.0, gt=0, description="Micro-batch trigger interval in seconds.")
+    max_offsets_per_trigger: int = Field(
+        200_000, ge=1, description="Most Kafka records one micro-batch reads (bounds catch-up batches)."
+    )
+    starting_offsets: str = Field(
+        "earliest",
+        description="Where a query without a checkpoint starts: earliest, latest or a per-partition JSON. "
+        "Ignored once a checkpoint exists.",
+    )
+    allowed_lateness_s: int = Field(
+        600,
+        ge=0,
+        description="Watermark delay: events up to this many seconds behind the newest event time are still "
+        "counted (and deduplicated); later ones are dropped and counted as dropped.",
+    )
+    view_ttl_s: int = Field(
+        14 * 24 * 3600,
+        ge=3600,
+        description="TTL of speed view rows; must exceed the batch layer's lag so every bucket stays served.",
+    )
+    metrics_port: int = Field(
+        9108, ge=0, description="Loopback port of the /metrics endpoint of `trends speed run` (0: none)."
+    )
+    stop_timeout_s: float = Field(
+        60.0, gt=0, description="On SIGTERM/Ctrl-C, how long to let the running micro-batch finish before stopping."
+    )
+
+
 class Settings(BaseSettings):
     """Root of the settings tree."""
 
@@ -229,6 +325,9 @@ class Settings(BaseSettings):
     cassandra: CassandraSettings = Field(default_factory=CassandraSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
     stack: StackSettings = Field(default_factory=StackSettings)
+    ingest: IngestSettings = Field(default_factory=IngestSettings)
+    views: ViewSettings = Field(default_factory=ViewSettings)
+    speed: SpeedSettings = Field(default_factory=SpeedSettings)
 
     @field_validator("data_dir", "cache_dir")
     @classmethod

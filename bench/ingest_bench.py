@@ -1,0 +1,149 @@
+"""Ingestion throughput against Kafka's own ProducerPerformance on the same broker, in the same run.
+
+Run with the stack up: ``.venv/bin/python bench/ingest_bench.py [--records N]``. It measures
+
+1. ``org.apache.kafka.tools.ProducerPerformance`` (kafka-tools jars of the stack): N records of 150 bytes, acks=all,
+   lz4, linger.ms=5, batch.size=131072, as fast as possible, into a throw-away topic;
+2. ``trends ingest generate --fast -n N`` (~150-byte JSON events, the same producer settings) into another;
+3. ``trends ingest file`` of a generated N-line JSONL file (validation of every line included);
+
+and prints the rates and the ratio of (2) to (1). Figures only: nothing is asserted, timing is not a test.
+All topics are created for the run and deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from infra import jars, stack, topics
+from infra.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+TRENDS = ROOT / ".venv" / "bin" / "trends"
+RECORD_SIZE = 150
+PRODUCER_PROPS = {"acks": "all", "compression.type": "lz4", "linger.ms": "5", "batch.size": "131072"}
+SUMMARY_RE = re.compile(r"sent\s+([\d,]+) events in ([\d.]+) s \(([\d,]+) events/s\)")
+PERF_RE = re.compile(r"(\d+) records sent, ([\d.]+) records/sec")
+
+
+def producer_performance(settings: Settings, topic: str, records: int) -> float:
+    """Run Kafka's ProducerPerformance; return its records/s."""
+    java = stack.find_java(settings)
+    classpath = str(jars.bundle_dir(settings, jars.KAFKA) / "*")
+    props = [f"bootstrap.servers={settings.kafka.bootstrap_servers}", *(f"{k}={v}" for k, v in PRODUCER_PROPS.items())]
+    cmd = [
+        java,
+        "-Xmx512m",
+        "-cp",
+        classpath,
+        "org.apache.kafka.tools.ProducerPerformance",
+        "--topic",
+        topic,
+        "--num-records",
+        str(records),
+        "--record-size",
+        str(RECORD_SIZE),
+        "--throughput",
+        "-1",
+        "--producer-props",
+        *props,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True)
+    matches = PERF_RE.findall(proc.stdout)
+    if not matches:
+        sys.exit(f"could not read ProducerPerformance's result:\n{proc.stdout}\n{proc.stderr}")
+    sent, rate = matches[-1]
+    print(f"ProducerPerformance: {int(sent):,} records of {RECORD_SIZE} B -> {float(rate):,.0f} records/s")
+    return float(rate)
+
+
+def trends(args: list[str], env: dict[str, str]) -> tuple[str, float]:
+    """Run a ``trends`` command; return its output and wall-clock seconds."""
+    t0 = time.monotonic()
+    proc = subprocess.run([str(TRENDS), *args], capture_output=True, text=True, timeout=1800, check=False, env=env)
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        sys.exit(f"trends {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc.stdout + proc.stderr, wall
+
+
+def summary_rate(output: str) -> tuple[int, float, float]:
+    """Return (events, seconds, events/s) of a ``trends ingest`` summary."""
+    match = SUMMARY_RE.search(output)
+    if not match:
+        sys.exit(f"no summary in:\n{output}")
+    return int(match[1].replace(",", "")), float(match[2]), float(match[3].replace(",", ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000, help="records per measurement")
+    args = parser.parse_args()
+    n = args.records
+    settings = Settings()
+    run = uuid.uuid4().hex[:8]
+    events_spec, dlq_spec = topics.topic_specs(settings.kafka)
+    parts, rf = settings.kafka.partitions, settings.kafka.replication_factor
+    names = {
+        "perf": f"bench.perf.{run}",
+        "gen": f"bench.gen.{run}",
+        "file": f"bench.file.{run}",
+        "dlq": f"bench.dlq.{run}",
+    }
+    specs = [
+        topics.TopicSpec(names["perf"], parts, rf, {}),
+        topics.TopicSpec(names["gen"], parts, rf, events_spec.config),
+        topics.TopicSpec(names["file"], parts, rf, events_spec.config),
+        topics.TopicSpec(names["dlq"], parts, rf, dlq_spec.config),
+    ]
+    topics.ensure_topics(settings.kafka, specs)
+    env = {
+        **os.environ,
+        "TRENDS_INGEST__COMPRESSION_TYPE": PRODUCER_PROPS["compression.type"],
+        "TRENDS_INGEST__LINGER_MS": PRODUCER_PROPS["linger.ms"],
+        "TRENDS_INGEST__BATCH_SIZE": PRODUCER_PROPS["batch.size"],
+        "TRENDS_LOG_LEVEL": "WARNING",
+    }
+    print(f"broker {settings.kafka.bootstrap_servers}, {parts} partitions, {n:,} records, acks=all, lz4, linger 5 ms")
+    try:
+        baseline = producer_performance(settings, names["perf"], n)
+
+        out, wall = trends(
+            ["ingest", "generate", "--fast", "-n", str(n), "--topic", names["gen"], "--dlq-topic", names["dlq"]], env
+        )
+        sent, seconds, rate = summary_rate(out)
+        print(
+            f"trends ingest generate: {sent:,} events -> {rate:,.0f} events/s "
+            f"(producer {seconds:.1f} s; {sent / wall:,.0f}/s over the whole command, {wall:.1f} s with start-up)"
+        )
+        print(f"ratio generate / ProducerPerformance: {rate / baseline:.2f} (goal >= 0.5)")
+
+        with tempfile.TemporaryDirectory(prefix="ingest-bench-") as tmp:
+            path = Path(tmp) / "events.jsonl"
+            _, gen_wall = trends(["ingest", "generate", "--fast", "-n", str(n), "-o", str(path)], env)
+            size_mb = path.stat().st_size / 1e6
+            print(f"generated {path.name}: {n:,} lines, {size_mb:.0f} MB in {gen_wall:.1f} s")
+            out, wall = trends(
+                ["ingest", "file", str(path), "--no-progress", "--topic", names["file"], "--dlq-topic", names["dlq"]],
+                env,
+            )
+            sent, seconds, rate = summary_rate(out)
+            print(
+                f"trends ingest file: {sent:,} events -> {rate:,.0f} events/s "
+                f"(read+validate+produce {seconds:.1f} s; {wall:.1f} s with start-up); "
+                f"ratio to ProducerPerformance {rate / baseline:.2f}"
+            )
+    finally:
+        topics.delete_topics(settings.kafka, list(names.values()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,453 @@
+"""``trends ingest``: generate synthetic events, replay files, and inspect the dead-letter topic."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import re
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import IO, Any, BinaryIO, cast
+
+import click
+
+from infra.settings import Settings
+
+WHEN_HELP = "ISO-8601 (a date alone is UTC midnight; a time without offset is UTC), `now`, or relative like -365d, -2h"
+_RELATIVE_RE = re.compile(r"^(?P<sign>[-+])(?P<n>\d+(\.\d+)?)(?P<unit>[smhdw])$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_when(text: str, now: datetime | None = None) -> datetime:
+    """Parse a CLI time: ISO-8601, ``now`` or a relative offset like ``-365d``.
+
+    :raises click.BadParameter: when it is none of these.
+    """
+    from ingestion.model import parse_time
+
+    now = now or datetime.now(UTC)
+    text = text.strip()
+    if text == "now":
+        return now
+    match = _RELATIVE_RE.match(text)
+    if match:
+        seconds = float(match["n"]) * _UNITS[match["unit"]]
+        return now + timedelta(seconds=seconds if match["sign"] == "+" else -seconds)
+    try:
+        return parse_time(text, "iso", UTC)
+    except ValueError as exc:  # PydanticCustomError is a ValueError
+        msg = f"{text!r} is not a time ({WHEN_HELP})"
+        raise click.BadParameter(msg) from exc
+
+
+def scoped(
+    settings: Settings, topic: str | None, dlq_topic: str | None, key_field: str | None, **ingest: Any
+) -> Settings:
+    """Return settings with the CLI's topic, key and producer overrides applied."""
+    kafka = {k: v for k, v in (("events_topic", topic), ("dlq_topic", dlq_topic)) if v}
+    ingest = {k: v for k, v in ingest.items() if v is not None}
+    if key_field:
+        ingest["key_field"] = key_field
+    return settings.model_copy(
+        update={
+            "kafka": settings.kafka.model_copy(update=kafka),
+            "ingest": settings.ingest.model_copy(update=ingest),
+        }
+    )
+
+
+def _topic_options(fn: Any) -> Any:
+    fn = click.option("--topic", help="Events topic (default: TRENDS_KAFKA__EVENTS_TOPIC).")(fn)
+    fn = click.option("--dlq-topic", help="Dead-letter topic (default: TRENDS_KAFKA__DLQ_TOPIC).")(fn)
+    fn = click.option(
+        "--key-field",
+        type=click.Choice(["item", "user", "id", "none"]),
+        help="Field that keys the records (default: TRENDS_INGEST__KEY_FIELD).",
+    )(fn)
+    return fn
+
+
+def _print_summary(lines: list[str], *, err: bool) -> None:
+    for line in lines:
+        click.echo(line, err=err)
+
+
+@click.group()
+def ingest() -> None:
+    """Feed events into Kafka: a synthetic stream, files of past events, stdin; inspect dead letters.
+
+    Every record reaches the events topic once or the dead-letter topic with a reason; a summary (sent, failed,
+    invalid per reason, events/s) ends each run. Ctrl-C stops reading and flushes what is queued.
+    """
+
+
+GENERATE_EXAMPLES = """\b
+Examples:
+  trends ingest generate --rate 2000 --duration 600 --burst '@150:10:2:3' --truth truth.json
+  trends ingest generate --start -365d --end -364d --event-rate 50 --fast
+  trends ingest generate --fast -n 1000000 -o events.jsonl.gz
+"""
+FILE_EXAMPLES = """\b
+Examples:
+  trends ingest file events.jsonl.gz
+  trends ingest file clicks.csv -m id=event_id -m ts=timestamp -m item=page -m user=uid \\
+      -m value=latency_ms --dim country --time-format epoch_ms --speed 60
+  zcat old.jsonl.gz | trends ingest file -
+"""
+DLQ_EXAMPLES = """\b
+Examples:
+  trends ingest dlq
+  trends ingest dlq --since -1h --reason bad_time --raw-out fix-me.jsonl
+"""
+
+
+@ingest.command(epilog=GENERATE_EXAMPLES)
+@click.option("-n", "--count", type=click.IntRange(min=0), help="Number of events.")
+@click.option("--duration", type=click.FloatRange(min=0), help="Seconds: wall clock (live) or event time (historical).")
+@click.option("--rate", type=click.FloatRange(min=0), help="Events per second; 0 = as fast as possible. [live: 1000]")
+@click.option("--fast", is_flag=True, help="As fast as possible (same as --rate 0).")
+@click.option("--start", help=f"First event time of a historical stream: {WHEN_HELP}.")
+@click.option("--end", help="End (exclusive) of a historical stream's event time.")
+@click.option("--event-rate", type=click.FloatRange(min=0.001), help="Historical: events per event-time second.")
+@click.option("--seed", type=int, default=42, show_default=True, help="Random seed: same seed, same stream.")
+@click.option("--items", type=click.IntRange(min=1), default=10_000, show_default=True, help="Distinct items.")
+@click.option("--zipf", type=float, default=1.1, show_default=True, help="Zipf exponent of item popularity.")
+@click.option("--users", type=click.IntRange(min=1), default=100_000, show_default=True, help="Distinct users.")
+@click.option(
+    "--burst",
+    "bursts",
+    multiple=True,
+    help="Planted trend ITEM:FACTOR:START_MIN:DURATION_MIN, e.g. '#t150:8:10:5' or '@150:8:10:5' (repeatable).",
+)
+@click.option("--truth", type=click.Path(dir_okay=False, path_type=Path), help="Write the ground truth JSON here.")
+@click.option(
+    "-o",
+    "--output",
+    help="Write JSON lines to this file (.gz compresses; '-' = stdout) instead of producing to Kafka.",
+)
+@_topic_options
+@click.pass_obj
+def generate(
+    settings: Settings,
+    *,
+    count: int | None,
+    duration: float | None,
+    rate: float | None,
+    fast: bool,
+    start: str | None,
+    end: str | None,
+    event_rate: float | None,
+    seed: int,
+    items: int,
+    zipf: float,
+    users: int,
+    bursts: tuple[str, ...],
+    truth: Path | None,
+    output: str | None,
+    topic: str | None,
+    dlq_topic: str | None,
+    key_field: str | None,
+) -> None:
+    """Generate a synthetic stream: Zipf items, users, values, dimensions and planted bursts.
+
+    Live (default): event time is the wall clock, paced at --rate (1000/s unless --fast). Historical (--start):
+    event time runs from --start at --event-rate events per second, produced as fast as possible unless --rate.
+    """
+    from ingestion import generator as gen
+
+    settings = scoped(settings, topic, dlq_topic, key_field)
+    now = datetime.now(UTC)
+    historical_start = parse_when(start, now) if start else None
+    if end and historical_start is None:
+        msg = "--end needs --start (a historical stream)"
+        raise click.UsageError(msg)
+    pace = None if fast or rate == 0 else rate if rate is not None else (None if historical_start else 1000.0)
+    try:
+        config = gen.GeneratorConfig(
+            seed=seed,
+            count=count,
+            duration_s=duration if historical_start else None,
+            rate=pace,
+            start=historical_start,
+            end=parse_when(end, now) if end else None,
+            event_rate=event_rate,
+            items=items,
+            zipf_s=zipf,
+            users=users,
+            bursts=tuple(gen.Burst.parse(b) for b in bursts),
+            key_field=settings.ingest.key_field,
+        )
+        config.check(now, timedelta(seconds=settings.ingest.max_future_skew_s))
+    except gen.GeneratorError as exc:
+        raise click.UsageError(str(exc)) from exc
+    wall_duration = None if historical_start else duration
+    if output is not None:
+        stopped = _generate_to_file(settings, config, output, wall_duration, truth)
+    else:
+        stopped = _generate_to_kafka(settings, config, wall_duration, truth)
+    if stopped:
+        sys.exit(130)
+
+
+def _generate_to_file(
+    settings: Settings, config: Any, output: str, wall_duration: float | None, truth: Path | None
+) -> bool:
+    from ingestion import generator as gen
+    from ingestion.progress import Progress, graceful_stop
+
+    stream = gen.SyntheticStream(config)
+    progress = Progress(settings.ingest.progress_interval_s)
+    total = config.total()
+    with graceful_stop() as stopper, _open_output(output) as out:
+        stats = gen.run(
+            stream,
+            gen.jsonl_writer(out),
+            rate=config.rate,
+            duration_s=wall_duration,
+            should_stop=stopper,
+            on_progress=lambda s: progress.update(s.emitted, fraction=s.emitted / total if total else None),
+            progress_interval_s=settings.ingest.progress_interval_s,
+        )
+    progress.done()
+    if truth is not None:
+        gen.write_truth(stream, truth)
+    rate_text = f"{stats.emitted / stats.elapsed_s:,.0f} events/s" if stats.elapsed_s else ""
+    click.echo(f"wrote {stats.emitted:,} events to {output} in {stats.elapsed_s:.1f} s ({rate_text})", err=True)
+    return stats.stopped
+
+
+def _generate_to_kafka(settings: Settings, config: Any, wall_duration: float | None, truth: Path | None) -> bool:
+    from ingestion import generator as gen
+    from ingestion.producer import DeliveryError, EventProducer
+    from ingestion.progress import Progress, graceful_stop
+
+    stream = gen.SyntheticStream(config)
+    progress = Progress(settings.ingest.progress_interval_s)
+    total = config.total()
+    producer = EventProducer(settings)
+    producer.check_topics()
+    try:
+        with graceful_stop() as stopper:
+            stats = gen.run(
+                stream,
+                lambda c: producer.produce_many(c.values, c.keys, c.ts_ms),
+                rate=config.rate,
+                duration_s=wall_duration,
+                wait=producer.poll,
+                should_stop=stopper,
+                on_progress=lambda s: progress.update(
+                    s.emitted, producer.summary, fraction=s.emitted / total if total else None
+                ),
+                progress_interval_s=settings.ingest.progress_interval_s,
+            )
+            producer.summary.interrupted = stats.stopped
+            progress.done()
+            summary = producer.close()  # flushes; raises DeliveryError after the last flush
+    except DeliveryError as exc:
+        progress.done()
+        _print_summary(exc.summary.lines(), err=False)
+        raise
+    finally:
+        if truth is not None:
+            gen.write_truth(stream, truth)
+    _print_summary(summary.lines(), err=False)
+    if truth is not None:
+        click.echo(f"ground truth: {truth}")
+    return stats.stopped
+
+
+@contextlib.contextmanager
+def _open_output(output: str) -> Iterator[BinaryIO]:
+    if output == "-":
+        yield sys.stdout.buffer
+        sys.stdout.buffer.flush()
+    elif output.endswith(".gz"):
+        with gzip.open(output, "wb", compresslevel=4) as fh:
+            yield cast("BinaryIO", fh)
+    else:
+        with Path(output).open("wb") as fh:
+            yield fh
+
+
+@ingest.command(name="file", epilog=FILE_EXAMPLES)
+@click.argument("path")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), help="Input format (default: from the name).")
+@click.option(
+    "-m",
+    "--map",
+    "pairs",
+    multiple=True,
+    metavar="FIELD=COLUMN",
+    help="Source column of an event field (id, ts, item, user, value); repeatable. Unmapped fields use their name.",
+)
+@click.option("--dim", "dims", multiple=True, metavar="NAME[=COLUMN]", help="A column to use as a dimension.")
+@click.option("--dims-column", default="dims", show_default=True, help="Column holding a JSON object of dimensions.")
+@click.option(
+    "--time-format",
+    default="auto",
+    show_default=True,
+    help="auto (ISO with offset, or epoch s/ms), iso, epoch_s, epoch_ms, epoch_us, or a strptime pattern.",
+)
+@click.option("--assume-tz", help="IANA zone of times written without an offset (default: reject them).")
+@click.option(
+    "--speed", type=click.FloatRange(min=0, min_open=True), help="Replay paced by event time, N times faster."
+)
+@click.option("--limit", type=click.IntRange(min=1), help="Stop after this many records.")
+@click.option("--no-progress", is_flag=True, help="Do not print progress lines.")
+@_topic_options
+@click.pass_obj
+def file_(
+    settings: Settings,
+    *,
+    path: str,
+    fmt: str | None,
+    pairs: tuple[str, ...],
+    dims: tuple[str, ...],
+    dims_column: str,
+    time_format: str,
+    assume_tz: str | None,
+    speed: float | None,
+    limit: int | None,
+    no_progress: bool,
+    topic: str | None,
+    dlq_topic: str | None,
+    key_field: str | None,
+) -> None:
+    """Replay a JSONL or CSV file (gzip too; '-' reads stdin) of events, historical times included.
+
+    Invalid records go to the dead-letter topic with the original bytes, a reason, the file and line.
+    """
+    from ingestion import files
+    from ingestion.mapping import ColumnMapping, MappingError
+    from ingestion.producer import DeliveryError, EventProducer
+    from ingestion.progress import Progress, graceful_stop
+
+    settings = scoped(settings, topic, dlq_topic, key_field)
+    try:
+        mapping = ColumnMapping.parse(
+            pairs, dims, dims_column=dims_column or None, time_format=time_format, assume_tz=assume_tz
+        )
+        files.detect_format(path, fmt)
+    except (MappingError, files.SourceError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    progress = Progress(settings.ingest.progress_interval_s, enabled=not no_progress)
+    producer = EventProducer(settings)
+    producer.check_topics()
+
+    def show(stats: files.ReplayStats, source: files.OpenSource) -> None:
+        fraction = source.position() / source.size if source.position and source.size else None
+        progress.update(stats.records, producer.summary, fraction=fraction)
+
+    stats = files.ReplayStats()
+    try:
+        with graceful_stop() as stopper:
+            try:
+                stats = files.replay(
+                    settings,
+                    producer,
+                    path,
+                    fmt=fmt,
+                    mapping=mapping,
+                    speed=speed,
+                    limit=limit,
+                    should_stop=stopper,
+                    on_progress=show,
+                )
+            finally:
+                producer.summary.interrupted = stopper.stop
+                progress.done()
+                summary = producer.close()  # flush even when reading failed
+    except DeliveryError as exc:
+        _print_summary(exc.summary.lines(), err=False)
+        raise
+    _print_summary([f"read      {stats.records:>12,} records from {path}", *summary.lines()], err=False)
+    if stats.stopped:
+        sys.exit(130)
+
+
+@ingest.command(epilog=DLQ_EXAMPLES)
+@click.option("--topic", help="Dead-letter topic (default: TRENDS_KAFKA__DLQ_TOPIC).")
+@click.option("--since", help=f"Only records rejected since: {WHEN_HELP}.")
+@click.option("--reason", help="Only this reason code.")
+@click.option("--limit", type=click.IntRange(min=1), help="Read at most this many records.")
+@click.option("--samples", type=click.IntRange(min=0), default=3, show_default=True, help="Samples per reason.")
+@click.option("--json", "as_json", is_flag=True, help="Print every matching record as a JSON line instead.")
+@click.option(
+    "--raw-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the original bytes of matching records here, one per line, to fix and replay.",
+)
+@click.pass_obj
+def dlq(
+    settings: Settings,
+    *,
+    topic: str | None,
+    since: str | None,
+    reason: str | None,
+    limit: int | None,
+    samples: int,
+    as_json: bool,
+    raw_out: Path | None,
+) -> None:
+    """Show the dead-letter records: counts per reason and source, and samples to fix and replay."""
+    from ingestion.dlq import read_dead_letters, report
+
+    letters = read_dead_letters(settings, topic, since=parse_when(since) if since else None, limit=limit)
+    selected = (x for x in letters if reason is None or x.reason == reason)
+    raw_fh: IO[bytes] | None = raw_out.open("wb") if raw_out else None
+    try:
+
+        def tee() -> Iterator[Any]:
+            for letter in selected:
+                if raw_fh is not None:
+                    raw_fh.write(letter.raw + b"\n")
+                if as_json:
+                    click.echo(json.dumps(_letter_dict(letter), ensure_ascii=False))
+                yield letter
+
+        result = report(tee(), samples_per_reason=samples)
+    finally:
+        if raw_fh is not None:
+            raw_fh.close()
+    if as_json:
+        return
+    name = topic or settings.kafka.dlq_topic
+    click.echo(f"{result.total:,} dead-letter record(s) in {name}" + (f" with reason {reason}" if reason else ""))
+    if result.total:
+        click.echo("\nby reason:")
+        for code, n in result.by_reason.most_common():
+            click.echo(f"  {code:<20} {n:>10,}")
+        click.echo("\nby source:")
+        for source, n in result.by_source.most_common(10):
+            click.echo(f"  {source:<50} {n:>10,}")
+    for code, kept in result.samples.items():
+        if not kept:
+            continue
+        click.echo(f"\n{code}:")
+        for letter in kept:
+            where = f"{letter.source}:{letter.line}" if letter.line is not None else letter.source
+            raw = letter.raw[:160].decode("utf-8", "backslashreplace")
+            more = f" … ({letter.raw_size:,} bytes)" if letter.raw_size > 160 else ""
+            click.echo(f"  {where}  {letter.detail[:160]}\n    {raw}{more}")
+    if raw_out is not None:
+        click.echo(f"\nwrote the original records to {raw_out}")
+
+
+def _letter_dict(letter: Any) -> dict[str, Any]:
+    from ingestion.model import format_ts
+
+    return {
+        "reason": letter.reason,
+        "detail": letter.detail,
+        "source": letter.source,
+        "line": letter.line,
+        "rejected_at": format_ts(letter.rejected_at),
+        "raw": letter.raw.decode("utf-8", "backslashreplace"),
+        "raw_size": letter.raw_size,
+        "truncated": letter.truncated,
+        "partition": letter.partition,
+        "offset": letter.offset,
+    }

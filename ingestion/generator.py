@@ -1,0 +1,441 @@
+"""A seeded synthetic event stream with Zipf popularity and planted trending bursts, and its ground truth.
+
+Items ``#t1 … #tN`` are drawn with Zipf popularity (``#t1`` the most popular), users likewise, values from a
+log-normal (a latency in ms), and two dimensions (``country``, ``device``). A :class:`Burst` makes one item
+``factor`` times as frequent from minute ``start_minute`` of the stream for ``duration_minutes`` minutes; the
+total rate stays the same. The ground truth (bursts with their windows and actual counts) is written as JSON so
+tests and demos can check that the pipeline finds what was planted.
+
+Two clocks:
+
+- *live* (no ``start``): event time is the wall clock when the event is made, so a paced stream looks like a
+  real producer; burst windows are minutes after the stream started.
+- *historical* (``start`` given): event time runs from ``start`` at ``event_rate`` events per second of event
+  time, independent of how fast they are produced — last year's logs, backfilled as fast as possible.
+
+The same seed and settings give the same items, users, values and dimensions (and, in historical mode, the same
+times and ids), because numbers are drawn in fixed-size chunks from one seeded generator.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, BinaryIO, Final
+
+import numpy as np
+
+from ingestion.model import EVENT_SCHEMA_VERSION, format_ts, ts_millis
+
+logger = logging.getLogger(__name__)
+
+CHUNK: Final = 4096  # numbers are drawn in chunks of this size, whatever the pacing (reproducibility)
+PACE_SLICE_S: Final = 0.02  # a paced stream releases events in slices of this many seconds
+COUNTRIES: Final = ("US", "IN", "BR", "DE", "GB", "FR", "JP", "ID", "MX", "IT", "ES", "CA", "KR", "NG", "PL")
+DEVICES: Final = ("android", "ios", "web")
+DEVICE_WEIGHTS: Final = (0.5, 0.3, 0.2)
+_BURST_RE = re.compile(r"^(?P<item>.+):(?P<factor>[\d.]+):(?P<start>[\d.]+):(?P<duration>[\d.]+)$")
+
+
+class GeneratorError(ValueError):
+    """The generator's configuration is inconsistent."""
+
+
+def item_name(rank: int) -> str:
+    """Return the name of the item of a popularity rank (1 = most popular)."""
+    return f"#t{rank}"
+
+
+@dataclass(frozen=True)
+class Burst:
+    """Item ``item`` rises ``factor``-fold from minute ``start_minute`` for ``duration_minutes`` minutes."""
+
+    item: str
+    factor: float
+    start_minute: float
+    duration_minutes: float
+
+    @classmethod
+    def parse(cls, text: str) -> Burst:
+        """Parse ``ITEM:FACTOR:START_MINUTE:DURATION_MINUTES`` (e.g. ``#t150:8:10:5``; ``@150`` = rank 150).
+
+        :raises GeneratorError: on a malformed spec.
+        """
+        match = _BURST_RE.match(text.strip())
+        if not match:
+            msg = f"burst {text!r} is not ITEM:FACTOR:START_MINUTE:DURATION_MINUTES (e.g. '#t150:8:10:5')"
+            raise GeneratorError(msg)
+        item = match["item"]
+        if item.startswith("@") and item[1:].isdigit():
+            item = item_name(int(item[1:]))
+        burst = cls(item, float(match["factor"]), float(match["start"]), float(match["duration"]))
+        if burst.factor < 1 or burst.duration_minutes <= 0:
+            msg = f"burst {text!r}: the factor must be >= 1 and the duration > 0"
+            raise GeneratorError(msg)
+        return burst
+
+
+@dataclass(frozen=True)
+class GeneratorConfig:
+    """What to generate. See the module docstring for the two clocks.
+
+    :arg count: number of events (``None``: until ``duration_s``, the ``end`` or, live, forever).
+    :arg duration_s: live: seconds of wall clock; historical: seconds of event time.
+    :arg rate: events per wall-clock second (``None``: as fast as possible).
+    :arg start: first event time of a historical stream (aware); ``None`` for a live stream.
+    :arg end: end (exclusive) of a historical stream's event time.
+    :arg event_rate: historical: events per second of event time (default: ``rate``, else 100).
+    """
+
+    seed: int = 42
+    count: int | None = None
+    duration_s: float | None = None
+    rate: float | None = 1000.0
+    start: datetime | None = None
+    end: datetime | None = None
+    event_rate: float | None = None
+    items: int = 10_000
+    zipf_s: float = 1.1
+    users: int = 100_000
+    user_zipf_s: float = 0.8
+    value_mu: float = 4.0  # log-normal latency: median e^4 ≈ 55 ms
+    value_sigma: float = 0.8
+    bursts: tuple[Burst, ...] = ()
+    key_field: str = "item"
+
+    @property
+    def historical(self) -> bool:
+        """Tell whether event time is synthetic (from ``start``) rather than the wall clock."""
+        return self.start is not None
+
+    @property
+    def events_per_event_second(self) -> float:
+        """Return the density of event time in a historical stream."""
+        return self.event_rate or self.rate or 100.0
+
+    def total(self) -> int | None:
+        """Return how many events the stream has, if it is bounded by count or event time."""
+        if self.count is not None:
+            return self.count
+        if self.historical and self.start is not None:
+            if self.end is not None:
+                return max(0, math.floor((self.end - self.start).total_seconds() * self.events_per_event_second))
+            if self.duration_s is not None:
+                return math.floor(self.duration_s * self.events_per_event_second)
+        return None
+
+    def check(self, now: datetime, max_future_skew: timedelta) -> None:
+        """Refuse inconsistent settings before any event is made.
+
+        :raises GeneratorError: with what to change.
+        """
+        if self.items < 1 or self.users < 1:
+            msg = "items and users must be at least 1"
+            raise GeneratorError(msg)
+        if self.rate is not None and self.rate <= 0:
+            msg = "the rate must be positive (or None for as fast as possible)"
+            raise GeneratorError(msg)
+        if self.start is not None and self.start.tzinfo is None:
+            msg = "the start time needs a UTC offset"
+            raise GeneratorError(msg)
+        if self.historical:
+            total = self.total()
+            if total is None or self.start is None:
+                msg = "a historical stream needs an end, a duration or a count"
+                raise GeneratorError(msg)
+            last = self.start + timedelta(seconds=total / self.events_per_event_second)
+            if last > now + max_future_skew:
+                msg = (
+                    f"the stream would reach {format_ts(last)}, beyond now + the allowed future skew; "
+                    "end it earlier or lower the count"
+                )
+                raise GeneratorError(msg)
+        known = {item_name(r) for r in range(1, self.items + 1)}
+        for burst in self.bursts:
+            if burst.item not in known:
+                msg = f"burst item {burst.item} is not one of #t1..#t{self.items}"
+                raise GeneratorError(msg)
+
+
+@dataclass
+class Chunk:
+    """A slice of the stream, ready to produce: normalized JSON values, keys and record timestamps."""
+
+    values: list[bytes]
+    keys: list[bytes | None]
+    ts_ms: list[int]
+
+
+@dataclass
+class BurstTruth:
+    """One planted burst as it really happened."""
+
+    item: str
+    rank: int
+    factor: float
+    start_minute: float
+    duration_minutes: float
+    window_start: str
+    window_end: str
+    base_probability: float
+    expected_lift: float  # factor / (1 + (factor - 1) * p): the total rate is kept, so the lift is a bit lower
+    events_in_window: int = 0  # events of the item inside the window
+    all_events_in_window: int = 0  # events of any item inside the window
+
+
+@dataclass
+class GroundTruth:
+    """What the generator did, written as JSON next to the stream."""
+
+    seed: int
+    mode: str
+    start: str
+    end: str
+    count: int
+    items: int
+    zipf_s: float
+    users: int
+    first_event_id: str
+    bursts: list[BurstTruth] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        """Return the ground truth as indented JSON."""
+        return json.dumps(asdict(self), indent=2)
+
+
+def _zipf_cdf(n: int, s: float) -> np.ndarray[Any, np.dtype[np.float64]]:
+    weights = np.arange(1, n + 1, dtype=np.float64) ** -s
+    cdf = np.cumsum(weights)
+    cdf /= cdf[-1]
+    return cdf
+
+
+class SyntheticStream:
+    """The generator: iterate :meth:`chunks`, then read :attr:`truth`."""
+
+    def __init__(self, config: GeneratorConfig, *, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self._clock = clock
+        self._rng = np.random.default_rng(config.seed)
+        # A second stream for the bursts, so planting a burst leaves every other draw of the stream unchanged.
+        self._burst_rng = np.random.default_rng([config.seed, 1])
+        self._item_cdf = _zipf_cdf(config.items, config.zipf_s)
+        self._user_cdf = _zipf_cdf(config.users, config.user_zipf_s)
+        self._country_cdf = _zipf_cdf(len(COUNTRIES), 1.0)
+        self._device_cdf = np.cumsum(DEVICE_WEIGHTS) / sum(DEVICE_WEIGHTS)
+        self._item_json = [json.dumps(item_name(r)) for r in range(1, config.items + 1)]
+        self._item_keys = [item_name(r).encode() for r in range(1, config.items + 1)]
+        self._user_names = [f"u{u}" for u in range(1, config.users + 1)]
+        self._dims_json = [
+            f'{{"country":"{c}","device":"{d}"}}' for c in COUNTRIES for d in DEVICES
+        ]  # index: country * len(DEVICES) + device
+        self._start_ms = ts_millis(config.start) if config.start is not None else int(self._clock() * 1000)
+        self._id_prefix = f"g{config.seed}-{self._start_ms}-"
+        probabilities = np.diff(self._item_cdf, prepend=0.0)
+        self._bursts: list[tuple[int, int, int, float, BurstTruth]] = []
+        for burst in config.bursts:
+            rank = int(burst.item[2:])
+            p = float(probabilities[rank - 1])
+            lo = self._start_ms + round(burst.start_minute * 60_000)
+            hi = lo + round(burst.duration_minutes * 60_000)
+            q = (burst.factor - 1) * p / (1 + (burst.factor - 1) * p)  # P(override) so the item's share is k-fold
+            truth = BurstTruth(
+                item=burst.item,
+                rank=rank,
+                factor=burst.factor,
+                start_minute=burst.start_minute,
+                duration_minutes=burst.duration_minutes,
+                window_start=format_ts(datetime.fromtimestamp(lo / 1000, UTC)),
+                window_end=format_ts(datetime.fromtimestamp(hi / 1000, UTC)),
+                base_probability=p,
+                expected_lift=burst.factor / (1 + (burst.factor - 1) * p),
+            )
+            self._bursts.append((rank - 1, lo, hi, q, truth))
+        self.emitted = 0
+        self._last_ts = self._start_ms
+
+    @property
+    def start_ms(self) -> int:
+        """Return the stream's first event time (epoch ms)."""
+        return self._start_ms
+
+    def _draw(self, n: int) -> dict[str, list[Any]]:
+        """Draw the random parts of the next ``n`` events (always CHUNK-sized draws, sliced)."""
+        rng = self._rng
+        return {
+            "item": np.searchsorted(self._item_cdf, rng.random(n), side="right").tolist(),
+            "burst": self._burst_rng.random((len(self._bursts), n)),
+            "user": np.searchsorted(self._user_cdf, rng.random(n), side="right").tolist(),
+            "value": np.round(rng.lognormal(self.config.value_mu, self.config.value_sigma, n), 2).tolist(),
+            "dims": (
+                np.searchsorted(self._country_cdf, rng.random(n), side="right") * len(DEVICES)
+                + np.searchsorted(self._device_cdf, rng.random(n), side="right")
+            ).tolist(),
+        }
+
+    def _timestamps(self, first: int, n: int) -> np.ndarray[Any, np.dtype[np.int64]]:
+        if self.config.historical:
+            index = np.arange(first, first + n, dtype=np.int64)
+            return self._start_ms + (index * 1000 / self.config.events_per_event_second).astype(np.int64)
+        now = max(int(self._clock() * 1000), self._last_ts)  # never backwards, even if the clock is
+        return np.full(n, now, dtype=np.int64)
+
+    def chunks(self, sizes: Iterator[int] | None = None) -> Iterator[Chunk]:
+        """Yield the stream in chunks (of at most :data:`CHUNK` events, or the sizes asked for, capped so).
+
+        :arg sizes: how many events each next chunk should hold (pacing asks for small ones).
+        """
+        total = self.config.total()
+        drawn: dict[str, Any] | None = None
+        used = 0
+        while total is None or self.emitted < total:
+            want = next(sizes) if sizes is not None else CHUNK
+            if drawn is None or used >= CHUNK:
+                drawn, used = self._draw(CHUNK), 0
+            n = min(want, CHUNK - used, (total - self.emitted) if total is not None else CHUNK)
+            yield self._format(drawn, used, n)
+            used += n
+
+    def _format(self, drawn: dict[str, Any], offset: int, n: int) -> Chunk:
+        first = self.emitted
+        ts = self._timestamps(first, n)
+        items = drawn["item"][offset : offset + n]
+        for row, (idx, lo, hi, q, truth) in enumerate(self._bursts):
+            in_window = (ts >= lo) & (ts < hi)
+            if not in_window.any():
+                continue
+            chosen = in_window & (drawn["burst"][row][offset : offset + n] < q)
+            items = np.where(chosen, idx, np.asarray(items)).tolist()
+            truth.all_events_in_window += int(in_window.sum())
+            truth.events_in_window += int((in_window & (np.asarray(items) == idx)).sum())
+        ts_list = ts.tolist()
+        users = drawn["user"][offset : offset + n]
+        values = drawn["value"][offset : offset + n]
+        dims = drawn["dims"][offset : offset + n]
+        item_json, user_names, dims_json, prefix = self._item_json, self._user_names, self._dims_json, self._id_prefix
+        out: list[bytes] = []
+        last_sec = -1
+        head = ""
+        for i in range(n):
+            t = ts_list[i]
+            sec = t // 1000
+            if sec != last_sec:
+                last_sec = sec
+                head = datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+            out.append(
+                f'{{"v":{EVENT_SCHEMA_VERSION},"id":"{prefix}{first + i}","ts":"{head}.{t % 1000:03d}Z",'
+                f'"item":{item_json[items[i]]},"user":"{user_names[users[i]]}","value":{values[i]},'
+                f'"dims":{dims_json[dims[i]]}}}'.encode()
+            )
+        keys: list[bytes | None]
+        key_field = self.config.key_field
+        if key_field == "item":
+            item_keys = self._item_keys
+            keys = [item_keys[i] for i in items]
+        elif key_field == "user":
+            keys = [user_names[u].encode() for u in users]
+        elif key_field == "id":
+            keys = [f"{prefix}{first + i}".encode() for i in range(n)]
+        else:
+            keys = [None] * n
+        self.emitted += n
+        if ts_list:
+            self._last_ts = ts_list[-1]
+        return Chunk(out, keys, ts_list)
+
+    def truth(self) -> GroundTruth:
+        """Return the ground truth of what has been generated so far."""
+        last = self._last_ts
+        return GroundTruth(
+            seed=self.config.seed,
+            mode="historical" if self.config.historical else "live",
+            start=format_ts(datetime.fromtimestamp(self._start_ms / 1000, UTC)),
+            end=format_ts(datetime.fromtimestamp(last / 1000, UTC)),
+            count=self.emitted,
+            items=self.config.items,
+            zipf_s=self.config.zipf_s,
+            users=self.config.users,
+            first_event_id=f"{self._id_prefix}0",
+            bursts=[b[4] for b in self._bursts],
+        )
+
+
+@dataclass
+class RunStats:
+    """How a generator run went (the producer's summary has the delivery side)."""
+
+    emitted: int = 0
+    elapsed_s: float = 0.0
+    stopped: bool = False
+
+
+def run(
+    stream: SyntheticStream,
+    emit: Callable[[Chunk], None],
+    *,
+    rate: float | None,
+    duration_s: float | None = None,
+    wait: Callable[[float], None] = time.sleep,
+    should_stop: Callable[[], bool] = lambda: False,
+    on_progress: Callable[[RunStats], None] | None = None,
+    progress_interval_s: float = 2.0,
+) -> RunStats:
+    """Drive a stream into ``emit`` (a producer or a file), paced at ``rate`` events/s or as fast as possible.
+
+    :arg duration_s: stop after this many wall-clock seconds (live streams).
+    :arg wait: how to pass time while pacing (a producer's ``poll`` keeps serving delivery reports).
+    :arg should_stop: checked between chunks; true stops the run (Ctrl-C).
+    """
+    stats = RunStats()
+    t0 = time.monotonic()
+    last_progress = t0
+    slice_size = max(1, min(CHUNK, math.ceil(rate * PACE_SLICE_S))) if rate else CHUNK
+
+    def sizes() -> Iterator[int]:
+        while True:
+            yield slice_size
+
+    for chunk in stream.chunks(sizes()):
+        emit(chunk)
+        stats.emitted += len(chunk.values)
+        now = time.monotonic()
+        if on_progress is not None and now - last_progress >= progress_interval_s:
+            last_progress = now
+            stats.elapsed_s = now - t0
+            on_progress(stats)
+        if should_stop():
+            stats.stopped = True
+            break
+        if duration_s is not None and now - t0 >= duration_s:
+            break
+        if rate:
+            due = t0 + stats.emitted / rate
+            while (delay := due - time.monotonic()) > 0 and not should_stop():
+                wait(min(delay, 0.2))
+    stats.elapsed_s = time.monotonic() - t0
+    if on_progress is not None:
+        on_progress(stats)
+    return stats
+
+
+def write_truth(stream: SyntheticStream, path: Path) -> None:
+    """Write the stream's ground truth as JSON (atomically: a reader never sees half a file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(stream.truth().to_json() + "\n")
+    tmp.replace(path)
+
+
+def jsonl_writer(out: BinaryIO) -> Callable[[Chunk], None]:
+    """Return an ``emit`` that writes chunks as JSON lines to a binary stream."""
+
+    def emit(chunk: Chunk) -> None:
+        out.write(b"\n".join(chunk.values) + b"\n")
+
+    return emit

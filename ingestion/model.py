@@ -1,0 +1,290 @@
+"""The one event model of the pipeline, its limits, its normalized JSON and the Spark schema derived from it.
+
+Every record on the events topic is an :class:`Event` serialized by :meth:`Event.to_json`: compact JSON with the
+schema version ``v``, the event time ``ts`` as ISO-8601 UTC with milliseconds, and only the optional fields that
+are present. Both Spark layers parse it with :func:`spark_schema`, which walks this model, so a field added here
+reaches them without a second schema to keep in step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import types
+import typing
+from datetime import UTC, datetime, timedelta, tzinfo
+from typing import TYPE_CHECKING, Annotated, Any, Final
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
+from pydantic_core import PydanticCustomError
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import DataType, StructType
+
+EVENT_SCHEMA_VERSION: Final = 1
+
+# Limits. A raw input record (a JSON line, a CSV row) larger than MAX_RECORD_BYTES is rejected before parsing, and
+# the normalized event always stays far below Kafka's 1 MB message limit.
+MAX_RECORD_BYTES: Final = 16 * 1024
+MAX_ID_CHARS: Final = 128
+MAX_ITEM_CHARS: Final = 256
+MAX_USER_CHARS: Final = 128
+MAX_DIMS: Final = 16
+MAX_DIM_KEY_CHARS: Final = 64
+MAX_DIM_VALUE_CHARS: Final = 256
+# Dimension names become slice names in the views, so they are plain identifiers.
+DIM_KEY_PATTERN: Final = r"^[A-Za-z_][A-Za-z0-9_.\-]*$"
+# Kafka record timestamps are non-negative milliseconds; years past 9999 do not fit ISO-8601.
+MIN_TS: Final = datetime(1970, 1, 1, tzinfo=UTC)
+MAX_TS: Final = datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC)
+# Epoch numbers at least this large are milliseconds, smaller ones seconds: 1e11 s is the year 5138, while 1e11 ms
+# is March 1973, so real event times of either unit fall on the right side.
+EPOCH_MS_THRESHOLD: Final = 100_000_000_000
+
+TIME_FORMATS: Final = ("auto", "iso", "epoch_s", "epoch_ms", "epoch_us")
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_MS = timedelta(milliseconds=1)
+_NUMBER_RE = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+class _TimeError(ValueError):
+    """An event time that does not parse; its message is the detail of the ``bad_time`` reject."""
+
+
+def _from_epoch(number: float, unit: str) -> datetime:
+    if isinstance(number, float) and not math.isfinite(number):
+        msg = f"{number} is not a finite number"
+        raise _TimeError(msg)
+    if unit == "auto":
+        unit = "epoch_ms" if abs(number) >= EPOCH_MS_THRESHOLD else "epoch_s"
+    try:
+        if isinstance(number, int):  # exact integer arithmetic, no float rounding of large epochs
+            millis = {"epoch_s": number * 1000, "epoch_ms": number, "epoch_us": number // 1000}[unit]
+        else:
+            millis = math.floor(number * {"epoch_s": 1000.0, "epoch_ms": 1.0, "epoch_us": 0.001}[unit])
+        return _EPOCH + timedelta(milliseconds=millis)
+    except (OverflowError, ValueError) as exc:
+        msg = f"{number} is out of range as {unit}"
+        raise _TimeError(msg) from exc
+
+
+def _from_text(text: str, time_format: str) -> datetime:
+    if not text:
+        msg = "empty"
+        raise _TimeError(msg)
+    if time_format.startswith("epoch_") or (time_format == "auto" and _NUMBER_RE.match(text)):
+        if not _NUMBER_RE.match(text):
+            msg = f"{text[:40]!r} is not a number"
+            raise _TimeError(msg)
+        return _from_epoch(float(text) if any(c in text for c in ".eE") else int(text), time_format)
+    try:
+        if time_format in ("auto", "iso"):
+            return datetime.fromisoformat(text)
+        return datetime.strptime(text, time_format)  # noqa: DTZ007 - the zone is checked by the caller
+    except ValueError as exc:
+        msg = f"{text[:40]!r} is not ISO-8601" if time_format in ("auto", "iso") else f"{text[:40]!r} {exc}"
+        raise _TimeError(msg) from exc
+
+
+def _to_datetime(value: Any, time_format: str) -> datetime:
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if time_format not in ("auto", "epoch_s", "epoch_ms", "epoch_us"):
+            msg = f"a number is not a {time_format} time"
+            raise _TimeError(msg)
+        return _from_epoch(value, time_format)
+    if isinstance(value, str):
+        return _from_text(value.strip(), time_format)
+    msg = f"a {type(value).__name__} is not a time"
+    raise _TimeError(msg)
+
+
+def parse_time(value: Any, time_format: str = "auto", assume_tz: tzinfo | None = None) -> datetime:
+    """Turn an event time into an aware UTC datetime truncated to milliseconds.
+
+    Accepted: ISO-8601 strings with an offset or ``Z``; epoch seconds or milliseconds as numbers or numeric
+    strings (``auto`` tells them apart by magnitude, see :data:`EPOCH_MS_THRESHOLD`); aware datetimes; and, with
+    a ``strptime`` pattern as ``time_format``, any text layout.
+
+    :arg time_format: ``auto``, ``iso``, ``epoch_s``, ``epoch_ms``, ``epoch_us`` or a ``strptime`` pattern.
+    :arg assume_tz: zone of times written without an offset; without it such times are rejected, because
+        guessing a zone silently shifts every event.
+    :raises PydanticCustomError: of type ``bad_time`` when the value is not a time in range.
+    """
+    try:
+        parsed = _to_datetime(value, time_format)
+        if parsed.tzinfo is None or parsed.utcoffset() is None:
+            if assume_tz is None:
+                msg = "no UTC offset (add Z or +hh:mm, or give the zone of the source)"
+                raise _TimeError(msg)
+            parsed = parsed.replace(tzinfo=assume_tz)
+        parsed = parsed.astimezone(UTC)
+        parsed = parsed.replace(microsecond=parsed.microsecond // 1000 * 1000)
+        if not MIN_TS <= parsed <= MAX_TS:
+            msg = f"{parsed.isoformat()} is outside {MIN_TS.year}..{MAX_TS.year}"
+            raise _TimeError(msg)
+    except (_TimeError, OverflowError) as exc:
+        kind, template = "bad_time", "unparseable event time: {detail}"
+        raise PydanticCustomError(kind, template, {"detail": str(exc)}) from exc
+    return parsed
+
+
+def format_ts(ts: datetime) -> str:
+    """Return the normalized text of an event time: ISO-8601 UTC with milliseconds and ``Z``."""
+    if ts.tzinfo is not UTC:
+        ts = ts.astimezone(UTC)
+    return ts.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
+
+
+def ts_millis(ts: datetime) -> int:
+    """Return an aware datetime as epoch milliseconds (the Kafka record timestamp), exactly."""
+    return (ts - _EPOCH) // _ONE_MS
+
+
+def _no_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        kind, msg = "float_type", "a boolean is not a number"
+        raise PydanticCustomError(kind, msg)
+    return value
+
+
+def _time(value: Any) -> datetime:
+    # Fast path for the normalized form ("…T…Z"), which most records use; everything else goes the long way.
+    if type(value) is str and len(value) >= 20 and value[-1] == "Z":
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            return parse_time(value)
+        if parsed.year >= MIN_TS.year:
+            micro = parsed.microsecond
+            return parsed.replace(microsecond=micro - micro % 1000) if micro % 1000 else parsed
+    return parse_time(value)
+
+
+def content_id(ts: datetime, item: str, user: str | None, value: float | None, dims: dict[str, str]) -> str:
+    """Return a deterministic event id from the content, for sources without ids.
+
+    Replaying the same source twice gives the same ids, so the batch layer's dedupe drops the second copy. Two
+    genuinely distinct events with identical content (same millisecond, item, user, value, dims) share an id.
+    """
+    canonical = json.dumps(
+        [ts_millis(ts), item, user, value, sorted(dims.items())], ensure_ascii=False, separators=(",", ":")
+    )
+    return "c-" + hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
+
+
+DimName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_DIM_KEY_CHARS, pattern=DIM_KEY_PATTERN)]
+DimValue = Annotated[str, StringConstraints(max_length=MAX_DIM_VALUE_CHARS)]
+
+
+class Event(BaseModel):
+    """One event: something (``item``) happened at ``ts``, optionally by ``user``, with a ``value`` and ``dims``.
+
+    Input is lenient where it is unambiguous (numbers for string fields, numeric strings for ``value``, epoch
+    or ISO times) and strict elsewhere (no booleans as numbers, no NaN/Inf, no naive times, bounded sizes).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", coerce_numbers_to_str=True)
+
+    v: int = Field(EVENT_SCHEMA_VERSION, ge=1, le=EVENT_SCHEMA_VERSION, description="Schema version.")
+    id: str = Field(
+        "",
+        max_length=MAX_ID_CHARS,
+        description="Unique event id, for dedupe; derived from the content when the source has none.",
+    )
+    ts: Annotated[datetime, BeforeValidator(_time)] = Field(description="Event time (UTC, millisecond precision).")
+    item: str = Field(min_length=1, max_length=MAX_ITEM_CHARS, description="What may trend.")
+    user: str | None = Field(None, min_length=1, max_length=MAX_USER_CHARS, description="The actor.")
+    value: Annotated[float | None, BeforeValidator(_no_bool)] = Field(
+        None, allow_inf_nan=False, description="A measurement (latency, amount, delay…)."
+    )
+    dims: dict[DimName, DimValue] = Field(
+        default_factory=dict, max_length=MAX_DIMS, description="Dimensions to slice by (name -> value)."
+    )
+
+    @model_validator(mode="after")
+    def _fill_id(self) -> Event:
+        if not self.id:
+            object.__setattr__(self, "id", content_id(self.ts, self.item, self.user, self.value, self.dims))
+        return self
+
+    @property
+    def ts_ms(self) -> int:
+        """Return the event time as epoch milliseconds (the Kafka record timestamp)."""
+        return ts_millis(self.ts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the normalized event as plain JSON types (absent optional fields left out)."""
+        out: dict[str, Any] = {"v": self.v, "id": self.id, "ts": format_ts(self.ts), "item": self.item}
+        if self.user is not None:
+            out["user"] = self.user
+        if self.value is not None:
+            out["value"] = self.value
+        if self.dims:
+            out["dims"] = self.dims
+        return out
+
+    def to_json(self) -> bytes:
+        """Return the normalized event as the UTF-8 JSON written to Kafka."""
+        return _ENCODER.encode(self.to_dict()).encode()
+
+    def key(self, field: str) -> bytes | None:
+        """Return the record key: the named field's value (``none`` or an absent user: no key)."""
+        if field == "none":
+            return None
+        value = getattr(self, field)
+        return None if value is None else str(value).encode()
+
+
+def _spark_type(annotation: Any) -> tuple[DataType, bool]:
+    """Map a model field's annotation to a Spark type; return it and whether it is nullable."""
+    from pyspark.sql import types as T  # noqa: PLC0415 - heavy and only needed by the Spark layers
+
+    nullable = False
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _spark_type(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) != 1:
+            msg = f"cannot map union {annotation!r} to a Spark type"
+            raise TypeError(msg)
+        return _spark_type(args[0])[0], True
+    if origin is dict:
+        key, val = typing.get_args(annotation)
+        return T.MapType(_spark_type(key)[0], _spark_type(val)[0], valueContainsNull=False), nullable
+    simple: dict[Any, DataType] = {
+        str: T.StringType(),
+        int: T.IntegerType(),
+        float: T.DoubleType(),
+        bool: T.BooleanType(),
+        datetime: T.TimestampType(),
+    }
+    if annotation in simple:
+        return simple[annotation], nullable
+    msg = f"cannot map {annotation!r} to a Spark type"
+    raise TypeError(msg)
+
+
+def spark_schema() -> StructType:
+    """Return the Spark schema of the normalized event JSON, derived field by field from :class:`Event`.
+
+    Parse with ``from_json(col("value").cast("string"), spark_schema(), SPARK_JSON_OPTIONS)``; ``ts`` comes out
+    as a ``TimestampType`` (Spark's default JSON timestamp pattern reads our ``…T…[.SSS]Z`` text).
+    """
+    from pyspark.sql.types import StructField, StructType  # noqa: PLC0415
+
+    fields = []
+    for name, info in Event.model_fields.items():
+        spark_type, nullable = _spark_type(info.annotation)
+        # "dims" defaults to {} in Python but is left out of the JSON when empty, so Spark sees null.
+        fields.append(StructField(name, spark_type, nullable or not info.is_required()))
+    return StructType(fields)
+
+
+SPARK_JSON_OPTIONS: Final = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss[.SSS]XXX", "mode": "PERMISSIVE"}

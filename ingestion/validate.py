@@ -1,0 +1,195 @@
+"""Turn raw input records into valid events or rejects — never an exception.
+
+Invalid input is data (bytewax's ``oks``/``errs`` split): each record becomes either an :class:`~ingestion.model.Event`
+or a :class:`Reject` that keeps the original bytes, a :class:`Reason` code, a human detail and where the record
+came from, for the dead-letter topic. Everything here is pure: the current time is an argument.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_core import PydanticCustomError
+
+from ingestion.mapping import DEFAULT_MAPPING, ColumnMapping
+from ingestion.model import MAX_RECORD_BYTES, Event, format_ts
+
+logger = logging.getLogger(__name__)
+
+MAX_DETAIL_CHARS = 500
+
+
+class Reason(StrEnum):
+    """Why a record was dead-lettered (stable codes: operators filter and count by them)."""
+
+    NOT_UTF8 = "not_utf8"
+    OVERSIZE_RECORD = "oversize_record"
+    MALFORMED_JSON = "malformed_json"
+    MALFORMED_CSV = "malformed_csv"
+    MISSING_FIELD = "missing_field"
+    INVALID_FIELD = "invalid_field"
+    OVERSIZE_FIELD = "oversize_field"
+    BAD_TIME = "bad_time"
+    FUTURE_TIME = "future_time"
+    NON_FINITE = "non_finite"
+    BROKER_REJECTED = "broker_rejected"
+    INTERNAL_ERROR = "internal_error"
+
+
+# pydantic error type -> reason; anything else is INVALID_FIELD.
+_ERROR_REASONS = {
+    "missing": Reason.MISSING_FIELD,
+    "bad_time": Reason.BAD_TIME,
+    "finite_number": Reason.NON_FINITE,
+    "string_too_long": Reason.OVERSIZE_FIELD,
+    "too_long": Reason.OVERSIZE_FIELD,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """A record that cannot become an event, with what an operator needs to fix and replay it.
+
+    :arg raw: the original bytes of the record (a JSON line without its newline, a CSV row).
+    :arg reason: the machine-readable cause.
+    :arg detail: the human-readable cause (truncated to :data:`MAX_DETAIL_CHARS`).
+    :arg source: where it came from (a file path, ``-`` for stdin, ``generator``…).
+    :arg line: the 1-based line number in the source where the record starts, if any.
+    :arg rejected_at: when it was rejected (UTC).
+    :arg raw_size: the size of the whole original record when ``raw`` holds only its start.
+    """
+
+    raw: bytes
+    reason: Reason
+    detail: str
+    source: str
+    line: int | None
+    rejected_at: datetime
+    raw_size: int | None = None
+
+
+@dataclass(frozen=True)
+class Context:
+    """What validation needs besides the record: the mapping, the clock and the allowed future skew."""
+
+    source: str
+    now: datetime = field(default_factory=lambda: datetime.now(UTC))
+    max_future_skew: timedelta = timedelta(minutes=5)
+    mapping: ColumnMapping = DEFAULT_MAPPING
+
+    @property
+    def latest_allowed(self) -> datetime:
+        """Return the latest event time accepted now."""
+        return self.now + self.max_future_skew
+
+
+Outcome = Event | Reject
+
+
+def _reject(raw: bytes, reason: Reason, detail: str, ctx: Context, line: int | None, size: int | None = None) -> Reject:
+    return Reject(raw, reason, detail[:MAX_DETAIL_CHARS], ctx.source, line, ctx.now, size)
+
+
+def _from_validation_error(exc: ValidationError) -> tuple[Reason, str]:
+    errors = exc.errors(include_url=False, include_input=False)
+    first = errors[0]
+    reason = _ERROR_REASONS.get(first["type"], Reason.INVALID_FIELD)
+    detail = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'record'}: {e['msg']}" for e in errors)
+    return reason, detail
+
+
+def validate_fields(fields: Mapping[str, Any], raw: bytes, ctx: Context, line: int | None) -> Outcome:
+    """Validate a record already split into source columns (a parsed JSON object, a CSV row as a dict)."""
+    try:
+        try:
+            mapped = ctx.mapping.apply(fields, empty_is_missing=isinstance(fields, _CsvRow))
+            event = Event.model_validate(mapped)
+        except PydanticCustomError as exc:  # an explicit time format did not parse
+            return _reject(raw, Reason.BAD_TIME, f"ts: {exc.message()}", ctx, line)
+        except ValidationError as exc:
+            reason, detail = _from_validation_error(exc)
+            return _reject(raw, reason, detail, ctx, line)
+        if event.ts > ctx.latest_allowed:
+            detail = (
+                f"event time {format_ts(event.ts)} is more than {ctx.max_future_skew.total_seconds():.0f} s "
+                f"after now ({format_ts(ctx.now)})"
+            )
+            return _reject(raw, Reason.FUTURE_TIME, detail, ctx, line)
+    except Exception as exc:  # the last guard: one bad record must never stop ingestion
+        logger.exception("validation failed unexpectedly on %s line %s", ctx.source, line)
+        return _reject(raw, Reason.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}", ctx, line)
+    return event
+
+
+def _decode(raw: bytes, ctx: Context, line: int | None, size: int | None) -> str | Reject:
+    if (size is not None and size > MAX_RECORD_BYTES) or len(raw) > MAX_RECORD_BYTES:
+        total = size if size is not None else len(raw)
+        detail = f"record of {total} bytes exceeds {MAX_RECORD_BYTES} bytes"
+        return _reject(raw[:MAX_RECORD_BYTES], Reason.OVERSIZE_RECORD, detail, ctx, line, total)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return _reject(raw, Reason.NOT_UTF8, f"invalid UTF-8 at byte {exc.start}: {exc.reason}", ctx, line)
+
+
+def validate_json(raw: bytes, ctx: Context, line: int | None = None, *, size: int | None = None) -> Outcome:
+    """Validate one JSON record (a JSONL line without its line break).
+
+    :arg size: the full size of the record when ``raw`` is only its start (a reader cut an overlong line).
+    """
+    text = _decode(raw, ctx, line, size)
+    if isinstance(text, Reject):
+        return text
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        return _reject(raw, Reason.MALFORMED_JSON, f"not JSON: {exc}", ctx, line)
+    if not isinstance(obj, dict):
+        return _reject(raw, Reason.MALFORMED_JSON, f"a JSON {type(obj).__name__} is not an object", ctx, line)
+    return validate_fields(obj, raw, ctx, line)
+
+
+def validate_csv(
+    raw: bytes,
+    header: Sequence[str],
+    ctx: Context,
+    line: int | None = None,
+    *,
+    size: int | None = None,
+    dialect: type[csv.Dialect] | csv.Dialect | str = "excel",
+) -> Outcome:
+    """Validate one CSV record (one row, possibly spanning lines inside quotes) against the file's header."""
+    text = _decode(raw, ctx, line, size)
+    if isinstance(text, Reject):
+        return text
+    try:
+        rows = list(csv.reader(io.StringIO(text, newline=""), dialect, strict=True))
+    except csv.Error as exc:
+        return _reject(raw, Reason.MALFORMED_CSV, f"not CSV: {exc}", ctx, line)
+    if len(rows) != 1:
+        return _reject(raw, Reason.MALFORMED_CSV, f"{len(rows)} rows in one record", ctx, line)
+    row = rows[0]
+    if len(row) != len(header):
+        detail = f"{len(row)} columns, the header has {len(header)}"
+        return _reject(raw, Reason.MALFORMED_CSV, detail, ctx, line)
+    return validate_fields(_CsvRow(zip(header, row, strict=True)), raw, ctx, line)
+
+
+class _CsvRow(dict[str, str]):
+    """A CSV row as a dict; its type tells the mapping that empty cells mean "absent"."""
+
+
+def split(outcomes: Sequence[Outcome]) -> tuple[list[Event], list[Reject]]:
+    """Split outcomes into the valid events and the rejects."""
+    oks = [o for o in outcomes if isinstance(o, Event)]
+    errs = [o for o in outcomes if isinstance(o, Reject)]
+    return oks, errs

@@ -1,0 +1,135 @@
+"""Validation never raises: every kind of bad input becomes a Reject with its reason, source and raw bytes."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from ingestion.mapping import ColumnMapping
+from ingestion.model import MAX_RECORD_BYTES, Event
+from ingestion.validate import Context, Reason, Reject, split, validate_csv, validate_fields, validate_json
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+CTX = Context(source="events.jsonl", now=NOW, max_future_skew=timedelta(minutes=5))
+GOOD = b'{"id": "e1", "ts": "2026-11-22T11:00:00Z", "item": "#kafka", "user": "u1", "value": 3.5}'
+
+# One line per kind of bad JSON input, with the reason it must get.
+BAD_JSON: list[tuple[bytes, Reason]] = [
+    (b'{"id": "e2", "ts": "2026-11-22T11:00:00Z", "item": "#x"', Reason.MALFORMED_JSON),
+    (b"[1, 2, 3]", Reason.MALFORMED_JSON),
+    (b'"just a string"', Reason.MALFORMED_JSON),
+    (b'{"ts": "2026-11-22T11:00:00Z"}', Reason.MISSING_FIELD),
+    (b'{"item": "#x"}', Reason.MISSING_FIELD),
+    (b'{"ts": "2026-11-22T11:00:00Z", "item": "#x", "value": "fast"}', Reason.INVALID_FIELD),
+    (b'{"ts": "2026-11-22T11:00:00Z", "item": "#x", "user": {"id": 1}}', Reason.INVALID_FIELD),
+    (b'{"ts": "2026-11-22T11:00:00Z", "item": "#x", "dims": "DE"}', Reason.INVALID_FIELD),
+    (b'{"ts": "last tuesday", "item": "#x"}', Reason.BAD_TIME),
+    (b'{"ts": "2026-11-22T11:00:00", "item": "#x"}', Reason.BAD_TIME),  # no offset
+    (b'{"ts": "2026-11-22T12:06:00Z", "item": "#x"}', Reason.FUTURE_TIME),
+    (b'{"ts": "2026-11-22T11:00:00Z", "item": "#x", "value": NaN}', Reason.NON_FINITE),
+    (b'{"ts": "2026-11-22T11:00:00Z", "item": "#x", "value": Infinity}', Reason.NON_FINITE),
+    (b'{"ts": "2026-11-22T11:00:00Z", "item": "#x", "value": -Infinity}', Reason.NON_FINITE),
+    (b'{"ts": "2026-11-22T11:00:00Z", "item": "' + b"x" * 300 + b'"}', Reason.OVERSIZE_FIELD),
+    (
+        b'{"ts": "2026-11-22T11:00:00Z", "item": "#x", "pad": "' + b"p" * MAX_RECORD_BYTES + b'"}',
+        Reason.OVERSIZE_RECORD,
+    ),
+    (b'{"ts": "2026-11-22T11:00:00Z", "item": "caf\xe9"}', Reason.NOT_UTF8),
+    (b"\xff\xfe{}", Reason.NOT_UTF8),
+]
+
+
+def test_a_good_record_is_an_event() -> None:
+    event = validate_json(GOOD, CTX, 1)
+    assert isinstance(event, Event)
+    assert (event.id, event.item, event.user, event.value) == ("e1", "#kafka", "u1", 3.5)
+
+
+@pytest.mark.parametrize(("raw", "reason"), BAD_JSON, ids=[f"{r.value}-{i}" for i, (_, r) in enumerate(BAD_JSON)])
+def test_each_kind_of_bad_json_is_rejected_with_its_reason(raw: bytes, reason: Reason) -> None:
+    outcome = validate_json(raw, CTX, 17)
+    assert isinstance(outcome, Reject), outcome
+    assert outcome.reason == reason, outcome.detail
+    assert (outcome.source, outcome.line, outcome.rejected_at) == ("events.jsonl", 17, NOW)
+    assert outcome.detail
+    if reason is Reason.OVERSIZE_RECORD:
+        assert outcome.raw == raw[:MAX_RECORD_BYTES] and outcome.raw_size == len(raw)
+    else:
+        assert outcome.raw == raw  # the original bytes, untouched
+
+
+def test_a_cut_overlong_line_is_oversize_with_its_full_size() -> None:
+    outcome = validate_json(b'{"item": "x"', CTX, 3, size=10 * MAX_RECORD_BYTES)
+    assert isinstance(outcome, Reject)
+    assert (outcome.reason, outcome.raw_size) == (Reason.OVERSIZE_RECORD, 10 * MAX_RECORD_BYTES)
+
+
+def test_the_future_skew_is_a_boundary_not_a_guess() -> None:
+    at_limit = json.dumps({"ts": "2026-11-22T12:05:00Z", "item": "x"}).encode()
+    past_limit = json.dumps({"ts": "2026-11-22T12:05:00.001Z", "item": "x"}).encode()
+    assert isinstance(validate_json(at_limit, CTX), Event)
+    assert isinstance(validate_json(past_limit, CTX), Reject)
+    year_old = json.dumps({"ts": "2025-11-22T12:00:00Z", "item": "x"}).encode()
+    assert isinstance(validate_json(year_old, CTX), Event)  # historical events are welcome
+
+
+HEADER = ["event_id", "when", "page", "uid", "latency", "country"]
+CSV_CTX = Context(
+    source="clicks.csv",
+    now=NOW,
+    mapping=ColumnMapping.parse(
+        ["id=event_id", "ts=when", "item=page", "user=uid", "value=latency"], ["country"], time_format="epoch_ms"
+    ),
+)
+
+
+def test_csv_rows_map_onto_events_and_empty_cells_are_absent() -> None:
+    event = validate_csv(b"e1,1795345200000,/home,u1,12.5,DE", HEADER, CSV_CTX, 2)
+    assert isinstance(event, Event)
+    assert (event.id, event.item, event.user, event.value, event.dims) == ("e1", "/home", "u1", 12.5, {"country": "DE"})
+    sparse = validate_csv(b',1795345200000,"/a,b",,,', HEADER, CSV_CTX, 3)
+    assert isinstance(sparse, Event)
+    assert (sparse.item, sparse.user, sparse.value, sparse.dims) == ("/a,b", None, None, {})
+    assert sparse.id.startswith("c-")
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"e1,1795345200000,/home,u1,12.5", Reason.MALFORMED_CSV),  # a column short
+        (b"e1,1795345200000,/home,u1,12.5,DE,extra", Reason.MALFORMED_CSV),
+        (b'e1,1795345200000,"/home,u1,12.5,DE', Reason.MALFORMED_CSV),  # unterminated quote
+        (b"e1,1795345200000,,u1,12.5,DE", Reason.MISSING_FIELD),
+        (b"e1,yesterday,/home,u1,12.5,DE", Reason.BAD_TIME),
+        (b"e1,1795345200000,/home,u1,NaN,DE", Reason.NON_FINITE),
+        (b"e1,1795345200000,/home,u1,inf,DE", Reason.NON_FINITE),
+        (b"e1,1795345200000,/home,u1,slow,DE", Reason.INVALID_FIELD),
+        (b"e1,1795345200000,/h\xf6me,u1,1,DE", Reason.NOT_UTF8),
+        (b"e1,1795345200000,/home,u1,1," + b"D" * 300, Reason.OVERSIZE_FIELD),
+    ],
+)
+def test_each_kind_of_bad_csv_row_is_rejected_with_its_reason(raw: bytes, reason: Reason) -> None:
+    outcome = validate_csv(raw, HEADER, CSV_CTX, 9)
+    assert isinstance(outcome, Reject), outcome
+    assert (outcome.reason, outcome.raw, outcome.source, outcome.line) == (reason, raw, "clicks.csv", 9)
+
+
+def test_validation_never_raises_even_on_absurd_input() -> None:
+    class Weird(dict[str, object]):
+        def get(self, *_args: object, **_kwargs: object) -> object:
+            msg = "boom"
+            raise RuntimeError(msg)
+
+    outcome = validate_fields(Weird(), b"?", CTX, 1)
+    assert isinstance(outcome, Reject)
+    assert outcome.reason is Reason.INTERNAL_ERROR
+    deep = b"[" * 100_000 + b"]" * 100_000
+    assert isinstance(validate_json(deep[:MAX_RECORD_BYTES], CTX), Reject)
+
+
+def test_split_gives_oks_and_errs() -> None:
+    outcomes = [validate_json(GOOD, CTX), validate_json(b"nope", CTX)]
+    oks, errs = split(outcomes)
+    assert len(oks) == 1 and len(errs) == 1 and errs[0].reason is Reason.MALFORMED_JSON
