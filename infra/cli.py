@@ -23,6 +23,8 @@ SUBCOMMANDS = {
     "stack": "infra.stack_cli:stack",
     "config": "infra.config_cli:config",
     "demo": "infra.demo:demo",
+    "ingest": "ingestion.cli:ingest",
+    "speed": "speed_layer.cli:speed",
 }
 
 

@@ -1,0 +1,283 @@
+"""Speed layer benchmark: throughput against a bare Kafka -> noop query, and produce-to-Cassandra latency.
+
+Run: ``.venv/bin/python bench/speed_bench.py [--events 1000000]`` with the stack up (``trends stack up``).
+
+1. Throughput: the same topic of N events is read twice in one SparkSession with the same settings — once by a
+   bare ``readStream.format("kafka") -> writeStream.format("noop")`` query, once by the speed layer (parse,
+   watermark, dedupe, the four sketches, RocksDB state, update mode, Cassandra upserts) — both with
+   ``availableNow`` and the same ``maxOffsetsPerTrigger``. Prints rows/s of each and the ratio (goal >= 0.6).
+2. Latency: ``trends speed run`` with a 1 s trigger in its own process while events are produced at half the
+   sustained rate measured in 1; the newest event time visible in Cassandra is polled every 50 ms, and each
+   produced timestamp's latency is the time until Cassandra shows it. Prints p50/p99 (goal <= 2 s / <= 5 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from infra import migrations, topics
+from infra.cassandra import session, table
+from infra.settings import Settings
+from ingestion.model import format_ts
+
+ORIGINS = ["JFK", "LAX", "SFO", "ORD", "ATL"]
+
+
+def event_json(rng: random.Random, i: int, ts: datetime, items: list[str], weights: list[float]) -> bytes:
+    event = {
+        "v": 1,
+        "id": f"b{i}",
+        "ts": format_ts(ts),
+        "item": rng.choices(items, weights)[0],
+        "user": f"u{rng.randrange(100_000)}",
+        "value": round(rng.lognormvariate(3, 1), 3),
+        "dims": {"origin": rng.choice(ORIGINS)},
+    }
+    return json.dumps(event, separators=(",", ":")).encode()
+
+
+def fill_topic(settings: Settings, topic: str, count: int) -> None:
+    rng = random.Random(7)
+    items = [f"#item{i}" for i in range(2000)]
+    weights = [1 / (i + 1) for i in range(len(items))]
+    producer = Producer(
+        {
+            **settings.kafka.client_config(),
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "batch.size": 131072,
+            "compression.type": "lz4",
+        }
+    )
+    start = datetime.now(UTC) - timedelta(hours=2)
+    step = timedelta(hours=1) / count  # one hour of event time, in order
+    t0 = time.monotonic()
+    for i in range(count):
+        ts = start + step * i
+        while True:
+            try:
+                producer.produce(
+                    topic, value=event_json(rng, i, ts, items, weights), timestamp=int(ts.timestamp() * 1000)
+                )
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    assert producer.flush(120) == 0
+    print(f"filled {topic} with {count:,} events in {time.monotonic() - t0:.1f} s")
+
+
+def throughput(settings: Settings, count: int) -> tuple[float, float]:
+    from infra.spark import get_spark
+    from speed_layer import job
+    from speed_layer.sink import SpeedViewSink
+
+    spark = get_spark(settings, "bench")
+    try:
+        # warm-up: JIT and connector classes, so the first measured query is not penalised
+        spark.read.format("kafka").options(**settings.kafka.spark_options()).option(
+            "subscribe", settings.kafka.events_topic
+        ).load().limit(1000).count()
+
+        t0 = time.monotonic()
+        bare = (
+            spark.readStream.format("kafka")
+            .options(**settings.kafka.spark_options())
+            .option("subscribe", settings.kafka.events_topic)
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", str(settings.speed.max_offsets_per_trigger))
+            .load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", f"{settings.checkpoint_root}/bench-bare-{uuid.uuid4().hex[:6]}")
+            .trigger(availableNow=True)
+            .start()
+        )
+        bare.awaitTermination()
+        bare_s = time.monotonic() - t0
+        bare_rows = sum(p["numInputRows"] for p in bare.recentProgress)
+        assert bare_rows == count, (bare_rows, count)
+
+        sink = SpeedViewSink(settings, settings.speed.query_name, settings.speed.view_ttl_s)
+        t0 = time.monotonic()
+        query = job.start(spark, settings, sink, available_now=True)
+        query.awaitTermination()
+        speed_s = time.monotonic() - t0
+        speed_rows = sum(p["numInputRows"] for p in query.recentProgress)
+        sink.close()
+        assert speed_rows == count, (speed_rows, count)
+    finally:
+        spark.stop()
+    return count / bare_s, count / speed_s
+
+
+def latency(settings: Settings, env: dict[str, str], rate: float, seconds: float) -> list[float]:
+    trends = str(Path(sys.executable).parent / "trends")
+    log = (settings.data_dir / "bench-speed-latency.log").open("wb")
+    proc = subprocess.Popen(
+        [trends, "speed", "run", "--trigger", "1", "--starting-offsets", "latest"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    produced: list[float] = []
+    visible: dict[float, float] = {}
+    stop = threading.Event()
+    try:
+        with session(settings) as sess:
+            progress = sess.prepare(f"SELECT newest_event_ts FROM {table(settings, 'speed_progress')} WHERE query = ?")
+            # wait for the job to be up: its first (empty) batches write progress
+            deadline = time.monotonic() + 90
+            producer = Producer(
+                {**settings.kafka.client_config(), "enable.idempotence": True, "acks": "all", "linger.ms": 5}
+            )
+            rng = random.Random(3)
+            items = [f"#item{i}" for i in range(2000)]
+            weights = [1 / (i + 1) for i in range(len(items))]
+            warm = 0
+            while time.monotonic() < deadline:
+                ts = datetime.now(UTC)
+                producer.produce(
+                    settings.kafka.events_topic,
+                    value=event_json(rng, warm, ts, items, weights),
+                    timestamp=int(ts.timestamp() * 1000),
+                )
+                producer.flush(5)
+                warm += 1
+                row = sess.execute(progress, (settings.speed.query_name,)).one()
+                if row and row.newest_event_ts and row.newest_event_ts.replace(tzinfo=UTC) >= ts - timedelta(seconds=1):
+                    break
+                time.sleep(1)
+            else:
+                raise RuntimeError("the speed job did not start writing within 90 s")
+
+            def poll() -> None:
+                while not stop.is_set():
+                    row = sess.execute(progress, (settings.speed.query_name,)).one()
+                    now = time.time()
+                    if row and row.newest_event_ts:
+                        newest = row.newest_event_ts.replace(tzinfo=UTC).timestamp()
+                        for t in produced:
+                            if t not in visible and t <= newest:
+                                visible[t] = now
+                    time.sleep(0.05)
+
+            poller = threading.Thread(target=poll, daemon=True)
+            poller.start()
+            interval = 1.0 / rate
+            t_start = time.monotonic()
+            i = 10_000_000
+            next_sample = 0.0
+            while time.monotonic() - t_start < seconds:
+                ts = datetime.now(UTC)
+                producer.produce(
+                    settings.kafka.events_topic,
+                    value=event_json(rng, i, ts, items, weights),
+                    timestamp=int(ts.timestamp() * 1000),
+                )
+                i += 1
+                elapsed = time.monotonic() - t_start
+                if elapsed >= next_sample:  # sample a timestamp every 100 ms for latency
+                    produced.append(ts.replace(microsecond=ts.microsecond // 1000 * 1000).timestamp())
+                    next_sample += 0.1
+                producer.poll(0)
+                lag = (i - 10_000_000) * interval - elapsed
+                if lag > 0:
+                    time.sleep(lag)
+            producer.flush(30)
+            time.sleep(8)
+            stop.set()
+            poller.join(5)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    missing = [t for t in produced if t not in visible]
+    if missing:
+        print(f"warning: {len(missing)} sampled events never became visible")
+    return [visible[t] - t for t in produced if t in visible]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--latency-seconds", type=float, default=60)
+    args = parser.parse_args()
+
+    base = Settings()
+    run = uuid.uuid4().hex[:6]
+    topic = f"bench.speed.{run}"
+    keyspace = f"bench_{run}"
+    settings = base.model_copy(
+        update={
+            "kafka": base.kafka.model_copy(update={"events_topic": topic}),
+            "cassandra": base.cassandra.model_copy(update={"keyspace": keyspace}),
+            "speed": base.speed.model_copy(update={"query_name": f"bench_{run}", "metrics_port": 0}),
+            "views": base.views.model_copy(update={"slice_dims": ["origin"]}),
+            "spark": base.spark.model_copy(update={"checkpoint_root": str(base.data_dir / "bench-checkpoints" / run)}),
+        }
+    )
+    topics.ensure_topics(settings.kafka, [topics.TopicSpec(topic, base.kafka.partitions, 1, {"retention.ms": "-1"})])
+    migrations.migrate(settings)
+    try:
+        fill_topic(settings, topic, args.events)
+        bare, speed = throughput(settings, args.events)
+        print(
+            f"\nthroughput  bare Kafka->noop: {bare:,.0f} rows/s   speed layer: {speed:,.0f} rows/s   "
+            f"ratio {speed / bare:.2f} (goal >= 0.6)"
+        )
+
+        lat_topic = f"bench.latency.{run}"
+        topics.ensure_topics(settings.kafka, [topics.TopicSpec(lat_topic, base.kafka.partitions, 1, {})])
+        lat_settings = settings.model_copy(
+            update={
+                "kafka": settings.kafka.model_copy(update={"events_topic": lat_topic}),
+                "speed": settings.speed.model_copy(update={"query_name": f"bench_lat_{run}"}),
+            }
+        )
+        env = {
+            **os.environ,
+            "TRENDS_KAFKA__EVENTS_TOPIC": lat_topic,
+            "TRENDS_CASSANDRA__KEYSPACE": keyspace,
+            "TRENDS_SPEED__QUERY_NAME": f"bench_lat_{run}",
+            "TRENDS_SPEED__METRICS_PORT": "0",
+            "TRENDS_VIEWS__SLICE_DIMS": '["origin"]',
+            "TRENDS_SPARK__CHECKPOINT_ROOT": str(base.data_dir / "bench-checkpoints" / run),
+        }
+        rate = speed / 2
+        lat = sorted(latency(lat_settings, env, rate, args.latency_seconds))
+        if lat:
+            p50 = statistics.median(lat)
+            p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+            print(
+                f"latency at {rate:,.0f} events/s (half the sustained rate), 1 s trigger, {len(lat)} samples: "
+                f"p50 {p50:.2f} s   p99 {p99:.2f} s   (goal p50 <= 2 s, p99 <= 5 s)"
+            )
+    finally:
+        for name in (topic, f"bench.latency.{run}"):
+            try:
+                topics.delete_topics(settings.kafka, [name])
+            except Exception as exc:  # noqa: BLE001 - clean-up of a topic that may not exist
+                print(f"(topic {name} not deleted: {exc})")
+        with session(settings) as sess:
+            sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+
+
+if __name__ == "__main__":
+    main()

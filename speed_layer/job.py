@@ -1,0 +1,207 @@
+"""The speed layer: Kafka -> parse -> watermark + dedupe -> the shared views aggregation -> Cassandra.
+
+``extract`` (Kafka source) and ``load`` (the ``foreachBatch`` sink) are the I/O edges; ``transform`` is pure and is
+the same :func:`views.aggregation.aggregate` the batch layer runs. State lives in the RocksDB state store under the
+checkpoint, so a restart — clean or after SIGKILL — resumes exactly where the last committed batch ended.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from infra.settings import Settings
+from infra.spark import get_spark
+from speed_layer.metrics import PARSE_METRICS, BatchMetrics, MetricsRegistry, serve_metrics
+from speed_layer.sink import SpeedViewSink
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+logger = logging.getLogger(__name__)
+
+
+def extract(spark: SparkSession, settings: Settings) -> DataFrame:
+    """Return the streaming frame of raw records of the events topic."""
+    speed = settings.speed
+    return (
+        spark.readStream.format("kafka")
+        .options(**settings.kafka.spark_options())
+        .option("subscribe", settings.kafka.events_topic)
+        .option("startingOffsets", speed.starting_offsets)
+        .option("maxOffsetsPerTrigger", str(speed.max_offsets_per_trigger))
+        # Offsets deleted by retention before we read them are data loss: fail loudly, never skip silently.
+        .option("failOnDataLoss", "true")
+        .load()
+    )
+
+
+def transform(records: DataFrame, settings: Settings) -> DataFrame:
+    """Parse, count unparseable rows, watermark, dedupe ids within the watermark and aggregate into view rows."""
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    from views.aggregation import aggregate  # noqa: PLC0415
+    from views.events import parse_events, valid_events  # noqa: PLC0415
+
+    parsed = parse_events(records).observe(
+        PARSE_METRICS,
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(F.when(F.col("parsed_ok"), 0).otherwise(1)).alias("unparseable"),
+    )
+    events = (
+        valid_events(parsed)
+        .withWatermark("ts", f"{settings.speed.allowed_lateness_s} seconds")
+        .dropDuplicatesWithinWatermark(["id"])
+    )
+    return aggregate(events, settings.views.slice_dims, settings.views.top_k_items)
+
+
+def checkpoint_location(settings: Settings) -> str:
+    """Return the durable checkpoint folder (offsets, commits, state) of the speed query."""
+    return f"{settings.checkpoint_root}/{settings.speed.query_name}"
+
+
+@dataclass
+class RunSummary:
+    """What a run of the speed job did."""
+
+    batches: int
+    input_rows: int
+    dropped_late_rows: int
+    unparseable_rows: int
+    seconds: float
+    stopped_by_signal: bool
+
+
+class _ProgressListener:
+    """Adapter from Spark's listener callbacks to the metrics registry, the log and the sink's watermark."""
+
+    def __init__(self, registry: MetricsRegistry, sink: SpeedViewSink, textfile: Path | None) -> None:
+        self.registry = registry
+        self.sink = sink
+        self.textfile = textfile
+
+    def on_progress(self, progress: dict[str, Any]) -> None:
+        metrics = BatchMetrics.from_progress(progress)
+        self.registry.newest_event_ts = self.sink.newest_event_ts
+        self.registry.record(metrics)
+        if metrics.watermark is not None:
+            self.sink.watermark = metrics.watermark
+        logger.info("%s", metrics.log_line())
+        if self.textfile is not None:
+            try:
+                self.registry.write_textfile(self.textfile)
+            except OSError:
+                logger.warning("could not write metrics textfile %s", self.textfile, exc_info=True)
+
+
+def _make_spark_listener(adapter: _ProgressListener) -> Any:
+    from pyspark.sql.streaming.listener import StreamingQueryListener  # noqa: PLC0415
+
+    class Listener(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - Spark's names
+            logger.info("speed query started (id %s, run %s)", event.id, event.runId)
+
+        def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+            adapter.on_progress(json.loads(event.progress.json))
+
+        def onQueryIdle(self, event: Any) -> None:  # noqa: N802
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
+            if event.exception:
+                logger.error("speed query terminated with an error: %s", event.exception)
+
+    return Listener()
+
+
+def start(
+    spark: SparkSession, settings: Settings, sink: SpeedViewSink, *, available_now: bool = False
+) -> StreamingQuery:
+    """Start the streaming query (processing-time trigger, or ``availableNow`` to drain what is there and stop)."""
+    view = transform(extract(spark, settings), settings)
+    writer = (
+        view.writeStream.queryName(settings.speed.query_name)
+        .outputMode("update")
+        .foreachBatch(sink)
+        .option("checkpointLocation", checkpoint_location(settings))
+    )
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{settings.speed.trigger_seconds} seconds")
+    return writer.start()
+
+
+def _trigger_active(query: StreamingQuery) -> bool:
+    try:
+        return bool(query.status.get("isTriggerActive"))
+    except Exception:  # noqa: BLE001 - a stopped query has no status
+        return False
+
+
+def stop_gracefully(query: StreamingQuery, timeout_s: float) -> None:
+    """Let the running micro-batch finish (bounded), then stop; an unfinished batch is replayed on restart."""
+    deadline = time.monotonic() + timeout_s
+    while query.isActive and _trigger_active(query) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if query.isActive:
+        query.stop()
+
+
+def run(settings: Settings, *, available_now: bool = False, max_seconds: float | None = None) -> RunSummary:
+    """Run the speed job until SIGTERM/Ctrl-C, ``max_seconds``, or (``available_now``) the topic is drained.
+
+    :raises pyspark.errors.StreamingQueryException: when the query fails (e.g. Cassandra unreachable): the
+        failed batch was not committed and is replayed on the next start.
+    """
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        logger.info("received signal %s: finishing the current micro-batch, then stopping", signum)
+        stop.set()
+
+    spark = get_spark(settings, "speed")
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    registry = MetricsRegistry(settings.speed.query_name)
+    sink = SpeedViewSink(settings, settings.speed.query_name, settings.speed.view_ttl_s)
+    adapter = _ProgressListener(registry, sink, settings.data_dir / "metrics" / "speed_layer.prom")
+    listener = _make_spark_listener(adapter)
+    spark.streams.addListener(listener)
+    server = serve_metrics(registry, "127.0.0.1", settings.speed.metrics_port) if settings.speed.metrics_port else None
+    started = time.monotonic()
+    query = start(spark, settings, sink, available_now=available_now)
+    try:
+        while query.isActive:
+            if stop.is_set() or (max_seconds is not None and time.monotonic() - started > max_seconds):
+                stop_gracefully(query, settings.speed.stop_timeout_s)
+                break
+            query.awaitTermination(1)
+        query.awaitTermination(5)
+        error = query.exception()
+        if error is not None:
+            raise error
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if server is not None:
+            server.shutdown()
+        spark.streams.removeListener(listener)
+        sink.close()
+        spark.stop()  # also drains the listener bus before the Python callback server goes away
+    return RunSummary(
+        batches=registry.batches,
+        input_rows=registry.input_rows_total,
+        dropped_late_rows=registry.dropped_late_total,
+        unparseable_rows=registry.unparseable_total,
+        seconds=time.monotonic() - started,
+        stopped_by_signal=stop.is_set(),
+    )

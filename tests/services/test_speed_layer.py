@@ -1,0 +1,228 @@
+"""The speed layer against real Kafka, Spark and Cassandra, run as `trends speed run` in its own process.
+
+Exactly once: random SIGKILLs of the whole job (driver and JVM) while it works, restarts from the checkpoint,
+then exact counts and sketches within their bounds. Late events and duplicates: counted once, dropped and
+counted as dropped.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+
+from infra.cassandra import session, table
+from infra.settings import Settings
+from ingestion.model import Event
+from views import sketches
+
+pytestmark = pytest.mark.spark
+
+TRENDS = str(Path(sys.executable).parent / "trends")
+
+
+@dataclass
+class Truth:
+    """Exact answers per (slice, minute)."""
+
+    events: Counter[tuple[str, datetime]] = field(default_factory=Counter)
+    users: dict[tuple[str, datetime], set[str]] = field(default_factory=lambda: defaultdict(set))
+    values: dict[tuple[str, datetime], list[float]] = field(default_factory=lambda: defaultdict(list))
+    items: dict[tuple[str, datetime], Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+
+    def add(self, e: Event) -> None:
+        minute = e.ts.replace(second=0, microsecond=0)
+        for sl in ["*", *(f"{k}={v}" for k, v in e.dims.items() if k == "origin")]:
+            key = (sl, minute)
+            self.events[key] += 1
+            if e.user:
+                self.users[key].add(e.user)
+            if e.value is not None:
+                self.values[key].append(e.value)
+            self.items[key][e.item] += 1
+
+
+@dataclass
+class SpeedEnv:
+    settings: Settings
+    env: dict[str, str]
+    logs: Path
+
+    def produce(self, events: list[Event], duplicate_every: int = 0) -> None:
+        producer = Producer({**self.settings.kafka.client_config(), "enable.idempotence": True, "acks": "all"})
+        for i, e in enumerate(events):
+            copies = 2 if duplicate_every and i % duplicate_every == 0 else 1
+            for _ in range(copies):
+                producer.produce(self.settings.kafka.events_topic, key=e.item, value=e.to_json(), timestamp=e.ts_ms)
+            if i % 5000 == 0:
+                producer.poll(0)
+        assert producer.flush(60) == 0
+
+    def start(self, *args: str) -> subprocess.Popen[bytes]:
+        log = (self.logs / f"speed-{time.monotonic_ns()}.log").open("wb")
+        return subprocess.Popen(
+            [TRENDS, "speed", "run", *args], env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def drain(self, timeout: float = 240) -> str:
+        """Run with --available-now until the topic is processed; return the job's output."""
+        proc = subprocess.run(
+            [TRENDS, "speed", "run", "--available-now"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stderr
+
+    def view(self) -> dict[tuple[str, datetime], object]:
+        with session(self.settings) as sess:
+            rows = sess.execute(
+                f"SELECT slice, bucket_start, events, users_hll, values_kll, items_fi FROM "
+                f"{table(self.settings, 'speed_view')}"
+            )
+            return {(r.slice, r.bucket_start.replace(tzinfo=UTC)): r for r in rows}
+
+
+@pytest.fixture
+def speed_env(
+    stack_up: Settings, new_topic: Callable[..., str], keyspace_settings: Settings, tmp_path: Path
+) -> Iterator[SpeedEnv]:
+    """A private topic, keyspace, checkpoint and query for one test, passed to the job as TRENDS_* variables."""
+    from infra import migrations
+
+    migrations.migrate(keyspace_settings)
+    topic = new_topic(partitions=4)
+    query = f"test_{uuid.uuid4().hex[:8]}"
+    overrides = {
+        "TRENDS_KAFKA__EVENTS_TOPIC": topic,
+        "TRENDS_CASSANDRA__KEYSPACE": keyspace_settings.cassandra.keyspace,
+        "TRENDS_SPEED__QUERY_NAME": query,
+        "TRENDS_SPEED__METRICS_PORT": "0",
+        "TRENDS_SPEED__TRIGGER_SECONDS": "1",
+        "TRENDS_SPEED__MAX_OFFSETS_PER_TRIGGER": "3000",
+        "TRENDS_SPARK__CHECKPOINT_ROOT": str(tmp_path / "checkpoints"),
+        "TRENDS_VIEWS__SLICE_DIMS": '["origin"]',
+    }
+    env = {**os.environ, **overrides}
+    settings = keyspace_settings.model_copy(
+        update={
+            "kafka": keyspace_settings.kafka.model_copy(update={"events_topic": topic}),
+            "speed": keyspace_settings.speed.model_copy(update={"query_name": query}),
+        }
+    )
+    yield SpeedEnv(settings, env, tmp_path)
+
+
+def make_events(rng: random.Random, count: int, start: datetime, minutes: int, prefix: str) -> list[Event]:
+    items = [f"#tag{i}" for i in range(40)]
+    weights = [1 / (i + 1) for i in range(len(items))]
+    events = []
+    for i in range(count):
+        ts = start + timedelta(milliseconds=rng.randrange(minutes * 60_000))
+        events.append(
+            Event(
+                id=f"{prefix}-{i}",
+                ts=ts,
+                item=rng.choices(items, weights)[0],
+                user=f"user{rng.randrange(3000)}" if rng.random() < 0.95 else None,
+                value=round(rng.lognormvariate(3, 1), 3) if rng.random() < 0.9 else None,
+                dims={"origin": rng.choice(["JFK", "LAX", "SFO"])} if rng.random() < 0.8 else {},
+            )
+        )
+    return events
+
+
+def assert_view_matches(view: dict[tuple[str, datetime], object], truth: Truth) -> None:
+    assert set(view) == set(truth.events), "buckets differ"
+    for key, exact in truth.events.items():
+        row = view[key]
+        assert row.events == exact, (key, row.events, exact)  # type: ignore[attr-defined]
+        est = sketches.users([row.users_hll], num_std_dev=3)  # type: ignore[attr-defined]
+        n_users = len(truth.users[key])
+        assert est.lower <= n_users <= est.upper, (key, est, n_users)
+        values = sorted(truth.values[key])
+        if values:
+            eps = sketches.kll_rank_error([row.values_kll])  # type: ignore[attr-defined]
+            for q in (0.5, 0.9, 0.99):
+                got = sketches.quantiles([row.values_kll], [q])[0]  # type: ignore[attr-defined]
+                rank = sum(v <= got for v in values) / len(values)
+                assert q - eps - 1 / len(values) <= rank <= q + eps + 1 / len(values), (key, q, rank)
+        top, max_error = sketches.top_items([row.items_fi], limit=100)  # type: ignore[attr-defined]
+        listed = {t.item: t for t in top}
+        for item, count in truth.items[key].items():
+            if item in listed:
+                assert listed[item].lower <= count <= listed[item].upper, (key, item)
+            else:
+                assert count <= max_error, (key, item, count)
+
+
+def test_exactly_once_across_random_sigkills(speed_env: SpeedEnv) -> None:
+    seed = int(os.environ.get("TRENDS_TEST_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+    print(f"seed {seed}")
+    start = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=8)
+    events = make_events(rng, 30_000, start, minutes=6, prefix="x")
+    truth = Truth()
+    for e in events:
+        truth.add(e)
+    speed_env.produce(events, duplicate_every=10)  # 10% re-sent: duplicates must count once
+
+    checkpoint = Path(speed_env.env["TRENDS_SPARK__CHECKPOINT_ROOT"]) / speed_env.settings.speed.query_name
+
+    def committed() -> int:
+        commits = checkpoint / "commits"
+        return len([p for p in commits.iterdir() if p.name.isdigit()]) if commits.exists() else 0
+
+    for _ in range(3):  # each round: start, let it commit at least one more batch, kill at a random moment after
+        before = committed()
+        proc = speed_env.start()
+        deadline = time.monotonic() + 180
+        while committed() <= before and time.monotonic() < deadline:
+            assert proc.poll() is None, "the job died by itself"
+            time.sleep(0.2)
+        assert committed() > before, "no batch committed within 180 s"
+        time.sleep(rng.uniform(0, 2.5))  # mid-batch, between batches, inside foreachBatch: wherever it lands
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    planned = len([p for p in (checkpoint / "offsets").iterdir() if p.name.isdigit()])
+    print(f"before the drain: {planned} batches planned, {committed()} committed")
+    assert committed() < 12, "the data ran out before the kills: the kills did not interrupt real work"
+    out = speed_env.drain()
+    assert "stopped after" in out
+    assert_view_matches(speed_env.view(), truth)
+
+
+def test_late_events_and_duplicates(speed_env: SpeedEnv) -> None:
+    env = speed_env
+    env.env["TRENDS_SPEED__ALLOWED_LATENESS_S"] = "120"
+    t0 = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=30)
+    first = [Event(id=f"a{i}", ts=t0 + timedelta(minutes=10, seconds=i), item="#a", user=f"u{i}") for i in range(10)]
+    env.produce(first)
+    env.drain()  # watermark is now t0+10m+9s - 120s
+    inside = Event(id="late-ok", ts=t0 + timedelta(minutes=9), item="#late", user="u1")  # 69 s behind: counted
+    too_late = Event(id="late-drop", ts=t0 + timedelta(minutes=5), item="#late", user="u1")  # 309 s: dropped
+    dup = first[3]  # the same id again inside the watermark: counted once
+    env.produce([inside, too_late, dup, dup])
+    out = env.drain()
+    dropped = int(re.search(r"(\d+) dropped as too late", out).group(1))  # type: ignore[union-attr]
+    assert dropped == 1, out
+    view = env.view()
+    assert view[("*", t0 + timedelta(minutes=10))].events == 10  # type: ignore[attr-defined]
+    assert view[("*", t0 + timedelta(minutes=9))].events == 1  # type: ignore[attr-defined]
+    assert ("*", t0 + timedelta(minutes=5)) not in view

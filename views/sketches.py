@@ -1,0 +1,109 @@
+"""Read and merge the views' sketches in Python, with the error bounds every answer must state.
+
+The Spark side writes Apache DataSketches binaries (see :mod:`views.aggregation`); this module is the one place
+that knows how to turn them into numbers with bounds. It needs no Spark.
+
+Bounds (stated in answers, and what the tests check against):
+
+* HLL, lg_k 12: relative standard error 1.62% (after unions too); :func:`users` gives the sketch's own bounds at
+  the requested number of standard deviations.
+* KLL (k 200): normalized rank error 1.33% at 99% confidence for a single quantile: a returned q-quantile has
+  a true rank in q ± :func:`kll_rank_error`.
+* Frequent items: each count is within [lower, upper] (both returned); an item not listed has a count of at most
+  the sketch's maximum error.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import datasketches as ds
+
+HLL_LG_K = 12
+HLL_RSE = 1.04 / (2 ** (HLL_LG_K / 2))  # 1.625% for lg_k 12
+KLL_K = 200  # Spark's kll_sketch_agg_double default
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A distinct-count estimate with bounds."""
+
+    value: float
+    lower: float
+    upper: float
+
+
+@dataclass(frozen=True)
+class ItemCount:
+    """An item's estimated count with guaranteed bounds."""
+
+    item: str
+    estimate: int
+    lower: int
+    upper: int
+
+
+def merge_hll(blobs: Iterable[bytes]) -> ds.hll_sketch:
+    """Return the union of HLL sketches (order-independent)."""
+    union = ds.hll_union(HLL_LG_K)
+    for blob in blobs:
+        union.update(ds.hll_sketch.deserialize(bytes(blob)))
+    return union.get_result(ds.tgt_hll_type.HLL_8)
+
+
+def users(blobs: Iterable[bytes], num_std_dev: int = 2) -> Estimate:
+    """Return the distinct users of merged HLL sketches, with bounds at ``num_std_dev`` standard deviations."""
+    sketch = merge_hll(blobs)
+    return Estimate(sketch.get_estimate(), sketch.get_lower_bound(num_std_dev), sketch.get_upper_bound(num_std_dev))
+
+
+def merge_kll(blobs: Iterable[bytes]) -> ds.kll_doubles_sketch:
+    """Return the merge of KLL doubles sketches."""
+    merged: ds.kll_doubles_sketch | None = None
+    for blob in blobs:
+        sketch = ds.kll_doubles_sketch.deserialize(bytes(blob))
+        if merged is None:
+            merged = sketch
+        else:
+            merged.merge(sketch)
+    return merged if merged is not None else ds.kll_doubles_sketch()
+
+
+def quantiles(blobs: Iterable[bytes], ranks: Sequence[float]) -> list[float | None]:
+    """Return the values at the given normalized ranks (None when no values were seen)."""
+    sketch = merge_kll(blobs)
+    if sketch.is_empty():
+        return [None for _ in ranks]
+    return [float(sketch.get_quantile(r)) for r in ranks]
+
+
+def kll_rank_error(blobs: Iterable[bytes] | None = None) -> float:
+    """Return the normalized rank error (single quantile, 99% confidence) of the merged sketch."""
+    sketch = merge_kll(blobs or [])
+    if sketch.is_empty():
+        return float(ds.kll_doubles_sketch.get_normalized_rank_error(KLL_K, False))
+    return float(sketch.normalized_rank_error(False))
+
+
+def merge_items(blobs: Iterable[bytes]) -> ds.frequent_strings_sketch | None:
+    """Return the merge of frequent-items sketches (None when there are none)."""
+    merged: ds.frequent_strings_sketch | None = None
+    for blob in blobs:
+        sketch = ds.frequent_strings_sketch.deserialize(bytes(blob))
+        if merged is None:
+            merged = sketch
+        else:
+            merged.merge(sketch)
+    return merged
+
+
+def top_items(blobs: Iterable[bytes], limit: int) -> tuple[list[ItemCount], int]:
+    """Return the most frequent items with bounds, and the maximum error of any count (items not listed included)."""
+    sketch = merge_items(blobs)
+    if sketch is None or sketch.is_empty():
+        return [], 0
+    rows = sketch.get_frequent_items(ds.frequent_items_error_type.NO_FALSE_NEGATIVES)
+    items = [ItemCount(item, int(est), int(lo), int(hi)) for item, est, lo, hi in rows[:limit]]
+    return items, math.ceil(sketch.epsilon * sketch.total_weight)
