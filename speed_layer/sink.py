@@ -95,7 +95,7 @@ class SpeedViewSink:
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         """Write one micro-batch (Spark calls this on the driver)."""
-        result = self.write_rows(batch.toLocalIterator(), batch_id)
+        result = self.write_rows(batch.toLocalIterator(prefetchPartitions=True), batch_id)
         logger.debug("batch %s wrote %d bucket rows", batch_id, result.rows)
 
     def write_rows(self, rows: Iterable[Any], batch_id: int) -> BatchResult:
