@@ -25,6 +25,7 @@ SUBCOMMANDS = {
     "demo": "infra.demo:demo",
     "ingest": "ingestion.cli:ingest",
     "speed": "speed_layer.cli:speed",
+    "batch": "batch_layer.cli:batch",
 }
 
 

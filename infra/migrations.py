@@ -101,7 +101,7 @@ def migrate(settings: Settings, folder: Path = CQL_DIR) -> list[Migration]:
         done = applied(sess)
         ledger = table(settings, "schema_migrations")  # keyspace name validated by settings
         record = sess.prepare(
-            f"INSERT INTO {ledger} (version, name, checksum, applied_at) VALUES (?, ?, ?, toTimestamp(now()))"  # noqa: S608
+            f"INSERT INTO {ledger} (version, name, checksum, applied_at) VALUES (?, ?, ?, toTimestamp(now()))"
         )
         newly = []
         for mig in migrations:

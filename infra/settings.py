@@ -301,6 +301,33 @@ class SpeedSettings(BaseModel):
     )
 
 
+class BatchSettings(BaseModel):
+    """The batch layer: interval lateness and grace, versions kept, code version in the lineage."""
+
+    lateness_s: int = Field(
+        3600,
+        ge=0,
+        description="How far (seconds) the offset range of an interval is widened on both sides: events arriving "
+        "up to this late are counted. Larger than the speed layer's allowance, so the batch corrects what the "
+        "speed layer dropped as late.",
+    )
+    grace_s: int = Field(
+        3600,
+        ge=0,
+        description="An interval [start, end) is closed when every partition's newest event time has passed "
+        "end + this many seconds (never less than the lateness).",
+    )
+    keep_versions: int = Field(
+        2, ge=1, le=10, description="Versions of an interval kept after a rerun (the current one included)."
+    )
+    code_version: str | None = Field(
+        None, description="Code version written into the lineage. Default: the package version and git commit."
+    )
+    spark_conn_id: str = Field(
+        "trends_spark", description="Airflow connection of the Spark master that the DAG's recompute task submits to."
+    )
+
+
 class Settings(BaseSettings):
     """Root of the settings tree."""
 
@@ -328,6 +355,7 @@ class Settings(BaseSettings):
     ingest: IngestSettings = Field(default_factory=IngestSettings)
     views: ViewSettings = Field(default_factory=ViewSettings)
     speed: SpeedSettings = Field(default_factory=SpeedSettings)
+    batch: BatchSettings = Field(default_factory=BatchSettings)
 
     @field_validator("data_dir", "cache_dir")
     @classmethod

@@ -65,7 +65,7 @@ def status(settings: Settings) -> None:
     from infra.cassandra import READ_PROFILE, session, table
 
     with session(settings) as sess:
-        rows = list(sess.execute(f"SELECT * FROM {table(settings, 'speed_progress')}", execution_profile=READ_PROFILE))  # noqa: S608
+        rows = list(sess.execute(f"SELECT * FROM {table(settings, 'speed_progress')}", execution_profile=READ_PROFILE))
     if not rows:
         click.echo("the speed layer has not written anything yet")
         return

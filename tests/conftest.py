@@ -44,7 +44,8 @@ def new_topic(stack_up: Settings) -> Iterator[Callable[..., str]]:
 
     def make(partitions: int = 2, config: dict[str, str] | None = None) -> str:
         name = f"test.{uuid.uuid4().hex[:10]}"
-        spec = topics.TopicSpec(name, partitions, stack_up.kafka.replication_factor, config or {})
+        # Like the events topic: Kafka retention is by record timestamp, and tests use year-old events.
+        spec = topics.TopicSpec(name, partitions, stack_up.kafka.replication_factor, config or {"retention.ms": "-1"})
         topics.ensure_topics(stack_up.kafka, [spec])
         created.append(name)
         return name

@@ -107,3 +107,15 @@ def top_items(blobs: Iterable[bytes], limit: int) -> tuple[list[ItemCount], int]
     rows = sketch.get_frequent_items(ds.frequent_items_error_type.NO_FALSE_NEGATIVES)
     items = [ItemCount(item, int(est), int(lo), int(hi)) for item, est, lo, hi in rows[:limit]]
     return items, math.ceil(sketch.epsilon * sketch.total_weight)
+
+
+def merge_all(rows: Iterable[tuple[bytes, bytes, bytes]]) -> tuple[bytes, bytes, bytes]:
+    """Merge (users_hll, values_kll, items_fi) triples into one triple of serialized sketches."""
+    hlls, klls, fis = [], [], []
+    for hll, kll, fi in rows:
+        hlls.append(hll)
+        klls.append(kll)
+        fis.append(fi)
+    items = merge_items(fis)
+    items_blob = bytes(items.serialize()) if items is not None else b""
+    return bytes(merge_hll(hlls).serialize_compact()), bytes(merge_kll(klls).serialize()), items_blob
