@@ -61,8 +61,14 @@ def get_spark(settings: Settings, app: str) -> SparkSession:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if settings.spark.local_ip:
         os.environ.setdefault("SPARK_LOCAL_IP", settings.spark.local_ip)
+    conf = spark_conf(settings, app)
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        # Launched by spark-submit (e.g. Airflow's SparkSubmitOperator): the driver JVM already runs with the
+        # submitter's master, memory and --jars; don't override them.
+        for key in ("spark.master", "spark.driver.memory", "spark.driver.extraJavaOptions"):
+            conf.pop(key, None)
     builder = SparkSession.builder
-    for key, value in spark_conf(settings, app).items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

@@ -1,0 +1,58 @@
+"""The DAG folder parses with no import errors, no network at parse time, and the expected shape."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+PROBE = r"""
+import json, socket
+def refuse(*args, **kwargs):
+    raise AssertionError(f"network access at DAG parse time: {args}")
+socket.socket.connect = refuse
+socket.create_connection = refuse
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder="dags")
+dag = bag.dags.get("trends_batch")
+out = {"errors": {k: str(v) for k, v in bag.import_errors.items()}, "dags": sorted(bag.dags)}
+if dag is not None:
+    tt = dag.timetable
+    out.update(
+        tasks={t.task_id: sorted(t.downstream_task_ids) for t in dag.tasks},
+        timetable=type(tt).__name__,
+        cron=tt._expression, tz=str(tt._timezone),
+        max_active_runs=dag.max_active_runs, catchup=dag.catchup,
+        retries={t.task_id: t.retries for t in dag.tasks},
+        recompute=type(dag.get_task("recompute")).__name__,
+        sensor_mode=dag.get_task("wait_until_closed").mode,
+    )
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_dag_folder_parses_with_the_expected_dag(tmp_path: Path) -> None:
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE], cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    out = json.loads(line.removeprefix("RESULT "))
+    assert out["errors"] == {}
+    assert out["dags"] == ["trends_batch"]
+    assert out["tasks"] == {
+        "wait_until_closed": ["recompute"],
+        "recompute": ["verify"],
+        "verify": ["advance_watermark"],
+        "advance_watermark": [],
+    }
+    assert (out["timetable"], out["cron"], out["tz"]) == ("CronDataIntervalTimetable", "0 * * * *", "UTC")
+    assert out["max_active_runs"] <= 2 and out["catchup"] is False
+    assert all(n >= 2 for n in out["retries"].values())
+    assert out["recompute"] == "SparkSubmitOperator"
+    assert out["sensor_mode"] == "reschedule"
