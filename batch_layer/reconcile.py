@@ -70,7 +70,10 @@ def reconcile(settings: Settings, hour: datetime, max_examples: int = 10) -> Rec
         )
         rec = Reconciliation(hour, str(run_id))
         for sl in ["*", *(s for s in slices if s != "*")]:
-            batch = {utc(r.bucket_start): r for r in sess.execute(batch_q, (sl, hour, run_id), execution_profile=READ_PROFILE)}
+            batch = {
+                utc(r.bucket_start): r
+                for r in sess.execute(batch_q, (sl, hour, run_id), execution_profile=READ_PROFILE)
+            }
             speed = {
                 utc(r.bucket_start): r
                 for r in sess.execute(speed_q, (sl, hour.date(), hour, hour + HOUR), execution_profile=READ_PROFILE)
