@@ -26,6 +26,7 @@ SUBCOMMANDS = {
     "ingest": "ingestion.cli:ingest",
     "speed": "speed_layer.cli:speed",
     "batch": "batch_layer.cli:batch",
+    "query": "serving.cli:query",
 }
 
 

@@ -61,6 +61,7 @@ def plan(
     batch_hours: set[datetime],
     current_days: set[date],
     speed_fresh_until: datetime | None,
+    coarsest: Resolution = "day",
 ) -> list[Span]:
     """Split ``[start, end)`` (whole minutes) into spans served by the batch view, the speed view, or gaps.
 
@@ -68,6 +69,7 @@ def plan(
     :arg batch_hours: hours (below the boundary) with a completed batch run.
     :arg current_days: days whose daily rollup matches the current hour runs.
     :arg speed_fresh_until: end of the minute of the newest event the speed layer has written (None: nothing).
+    :arg coarsest: the coarsest rollup allowed (a time series at hourly resolution must not use daily rows).
     """
     if start.tzinfo is None or end.tzinfo is None:
         msg = "window bounds must be timezone-aware"
@@ -77,17 +79,22 @@ def plan(
         msg = f"window [{start}, {end}) must be non-empty and on whole minutes"
         raise ValueError(msg)
     split = start if boundary is None else min(max(boundary.astimezone(UTC), start), end)
-    spans = _batch_spans(start, split, batch_hours, current_days) + _speed_spans(split, end, speed_fresh_until)
+    spans = _batch_spans(start, split, batch_hours, current_days, coarsest) + _speed_spans(
+        split, end, speed_fresh_until
+    )
     return _coalesce(spans)
 
 
-def _batch_spans(start: datetime, end: datetime, hours: set[datetime], days: set[date]) -> list[Span]:
+def _batch_spans(
+    start: datetime, end: datetime, hours: set[datetime], days: set[date], coarsest: Resolution
+) -> list[Span]:
     spans: list[Span] = []
     t = start
     while t < end:
         day_start = floor(t, DAY)
         if (
-            t == day_start
+            coarsest == "day"
+            and t == day_start
             and t + DAY <= end
             and day_start.date() in days
             and all(day_start + i * HOUR in hours for i in range(24))
@@ -99,7 +106,7 @@ def _batch_spans(start: datetime, end: datetime, hours: set[datetime], days: set
         stop = min(hour + HOUR, end)
         if hour not in hours:
             spans.append(Span(t, stop, "gap", "minute", "no completed batch run for this hour"))
-        elif t == hour and stop == hour + HOUR:
+        elif coarsest != "minute" and t == hour and stop == hour + HOUR:
             spans.append(Span(t, stop, "batch", "hour"))
         else:
             spans.append(Span(t, stop, "batch", "minute"))

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 from confluent_kafka import Consumer
 
@@ -33,3 +38,26 @@ def consume_all(settings: Settings, topic: str, expect: int, timeout_s: float = 
     finally:
         consumer.close()
     return values
+
+
+def speed_drain(settings: Settings, tmp_path: Path, lateness_s: int = 600) -> str:
+    """Run the real speed layer over what the topic holds now (same checkpoint each call)."""
+    overrides = {
+        "TRENDS_KAFKA__EVENTS_TOPIC": settings.kafka.events_topic,
+        "TRENDS_CASSANDRA__KEYSPACE": settings.cassandra.keyspace,
+        "TRENDS_SPEED__QUERY_NAME": settings.speed.query_name,
+        "TRENDS_SPEED__METRICS_PORT": "0",
+        "TRENDS_SPEED__ALLOWED_LATENESS_S": str(lateness_s),
+        "TRENDS_SPARK__CHECKPOINT_ROOT": str(tmp_path / "checkpoints"),
+        "TRENDS_VIEWS__SLICE_DIMS": json.dumps(settings.views.slice_dims),
+    }
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "trends"), "speed", "run", "--available-now"],
+        env={**os.environ, **overrides},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stderr

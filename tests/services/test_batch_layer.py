@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -24,6 +21,7 @@ from infra import migrations
 from infra.cassandra import session, table
 from infra.settings import Settings
 from ingestion.model import Event
+from tests.helpers import speed_drain
 from views import sketches
 
 pytestmark = pytest.mark.spark
@@ -140,28 +138,6 @@ def test_recompute_hours_with_lineage_watermark_and_idempotent_rerun(batch_env: 
     assert [r.status for r in env.runs(H0 + HOUR)] == ["completed", "completed"]
 
 
-def speed_drain(env: BatchEnv, tmp_path: Path) -> str:
-    """Run the real speed layer over what the topic holds now (same checkpoint each call)."""
-    overrides = {
-        "TRENDS_KAFKA__EVENTS_TOPIC": env.settings.kafka.events_topic,
-        "TRENDS_CASSANDRA__KEYSPACE": env.settings.cassandra.keyspace,
-        "TRENDS_SPEED__QUERY_NAME": "batch_test",
-        "TRENDS_SPEED__METRICS_PORT": "0",
-        "TRENDS_SPEED__ALLOWED_LATENESS_S": "600",
-        "TRENDS_SPARK__CHECKPOINT_ROOT": str(tmp_path / "checkpoints"),
-    }
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "trends"), "speed", "run", "--available-now"],
-        env={**os.environ, **overrides},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stderr
-
-
 def speed_events(env: BatchEnv, hour: datetime) -> int:
     with session(env.settings) as sess:
         rows = sess.execute(
@@ -177,10 +153,10 @@ def test_batch_corrects_a_late_event_and_a_duplicate_the_speed_layer_dropped(
     env = batch_env
     env.produce(events_for(H0, 100, "a"), partition=0)
     env.produce(events_for(H0 + 2 * HOUR, 5, "later"), partition=0)  # the stream moves on by two hours
-    speed_drain(env, tmp_path)  # speed watermark: H0 + 2h - 10 min
+    speed_drain(env.settings, tmp_path)  # speed watermark: H0 + 2h - 10 min
     late = Event(id="late-1", ts=H0 + timedelta(minutes=30), item="#late", user="u-late")
     env.produce([late, late], partition=1)  # 90 minutes behind the stream, and re-sent: the speed layer drops both
-    out = speed_drain(env, tmp_path)
+    out = speed_drain(env.settings, tmp_path)
     assert "2 dropped as too late" in out, out[-2000:]
     assert speed_events(env, H0) == 100
 

@@ -84,3 +84,12 @@ def test_rejects_bad_windows() -> None:
         plan(T0 + timedelta(seconds=5), T0 + HOUR, None, set(), set(), None)
     with pytest.raises(ValueError, match="timezone"):
         plan(T0.replace(tzinfo=None), T0 + HOUR, None, set(), set(), None)
+
+
+def test_series_resolution_limits_rollups() -> None:
+    hours = {T0 + h * HOUR for h in range(48)}
+    days = {T0.date(), (T0 + DAY).date()}
+    spans = plan(T0, T0 + 2 * DAY, T0 + 2 * DAY, hours, days, None, coarsest="hour")
+    assert {s.resolution for s in spans} == {"hour"}
+    spans = plan(T0, T0 + 2 * HOUR, T0 + 2 * DAY, hours, days, None, coarsest="minute")
+    assert {s.resolution for s in spans} == {"minute"}

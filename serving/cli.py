@@ -1,0 +1,204 @@
+"""``trends query``: merged answers from the batch and speed views, as a table or ``--json``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, is_dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import click
+
+from infra.settings import Settings
+
+MAX_WINDOW = timedelta(days=31)
+
+
+def _window(last: str | None, start: datetime | None, end: datetime | None) -> tuple[datetime, datetime]:
+    from serving.merge import MINUTE, floor
+    from serving.queries import parse_last
+
+    if last and (start or end):
+        msg = "give either --last or --start/--end"
+        raise click.UsageError(msg)
+    if last:
+        try:
+            length = parse_last(last)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--last") from exc
+        stop = floor(datetime.now(UTC), MINUTE) + MINUTE
+        start, end = stop - length, stop
+    if start is None or end is None:
+        msg = "give --last (e.g. 1h) or both --start and --end"
+        raise click.UsageError(msg)
+    start, end = floor(start, MINUTE), floor(end, MINUTE)
+    if end <= start:
+        msg = f"the window is empty or reversed: {start.isoformat()} .. {end.isoformat()}"
+        raise click.UsageError(msg)
+    if end - start > MAX_WINDOW:
+        msg = f"the window is longer than {MAX_WINDOW.days} days"
+        raise click.UsageError(msg)
+    return start, end
+
+
+def _jsonable(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return _jsonable(asdict(value))
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+@contextmanager
+def _reader(settings: Settings) -> Iterator[Any]:
+    from infra.cassandra import session
+    from serving.store import ViewReader
+
+    with session(settings) as sess:
+        yield ViewReader(settings, sess)
+
+
+def window_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Add --last/--start/--end/--slice/--json to a query command."""
+    from batch_layer.cli import UTC_TIME
+
+    for opt in reversed(
+        [
+            click.option("--last", help="Window ending now: 15m, 1h, 24h, 7d."),
+            click.option("--start", type=UTC_TIME, help="Window start (ISO-8601 with offset)."),
+            click.option("--end", type=UTC_TIME, help="Window end, exclusive."),
+            click.option("--slice", "slice_", default="*", show_default=True, help="`*` or a slice like origin=JFK."),
+            click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts."),
+        ]
+    ):
+        fn = opt(fn)
+    return fn
+
+
+def _provenance_lines(p: Any) -> list[str]:
+    lines = [
+        f"boundary {p.boundary}{' (pinned)' if p.boundary_pinned else ''}; speed newest event {p.speed_newest_event}"
+    ]
+    for s in p.spans:
+        lines.append(f"  {s['layer']:5} {s['resolution']:6} {s['start']:%Y-%m-%d %H:%M} .. {s['end']:%Y-%m-%d %H:%M}")
+    for g in p.gaps:
+        lines.append(f"  GAP   {g['start']:%Y-%m-%d %H:%M} .. {g['end']:%Y-%m-%d %H:%M}  ({g.get('reason', '')})")
+    return lines
+
+
+@click.group()
+def query() -> None:
+    """Ask the merged views: summary, trending, series."""
+
+
+@query.command()
+@window_options
+@click.option("--rank", "ranks", multiple=True, type=click.FloatRange(0, 1), help="Quantile ranks (repeatable).")
+@click.option("--top", default=10, show_default=True, type=click.IntRange(1, 1000), help="Top-N items.")
+@click.pass_obj
+def summary(
+    settings: Settings,
+    last: str | None,
+    start: datetime | None,
+    end: datetime | None,
+    slice_: str,
+    as_json: bool,
+    ranks: tuple[float, ...],
+    top: int,
+) -> None:
+    """Show the count, distinct users, value quantiles and top items of a window."""
+    from serving import queries
+
+    start, end = _window(last, start, end)
+    with _reader(settings) as reader:
+        ans = queries.summary(queries.load(reader, start, end, slice_), ranks or (0.5, 0.9, 0.99), top)
+    if as_json:
+        click.echo(json.dumps(_jsonable(ans), indent=2))
+        return
+    click.echo(f"{slice_} {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M} UTC")
+    click.echo(f"events  {ans.events} (exact)")
+    click.echo(
+        f"users   {ans.users:.0f}  [{ans.users_lower:.0f}, {ans.users_upper:.0f}] (HLL, RSE {ans.users_rse:.2%})"
+    )
+    qs = ", ".join(f"p{float(r) * 100:g}={v:.3f}" if v is not None else f"p{r}=-" for r, v in ans.quantiles.items())
+    click.echo(f"values  {qs}  (rank error ±{ans.quantile_rank_error:.2%})")
+    click.echo(f"top items (count within [lower, upper]; unlisted items ≤ {ans.items_max_error}):")
+    for t in ans.top_items:
+        click.echo(f"  {t['item']:30} {t['estimate']:>8}  [{t['lower']}, {t['upper']}]")
+    for line in _provenance_lines(ans.provenance):
+        click.echo(line)
+
+
+@query.command()
+@window_options
+@click.option("--baseline", default="24h", show_default=True, help="Length of the baseline window before it.")
+@click.option("--limit", default=10, show_default=True, type=click.IntRange(1, 200), help="Items to show.")
+@click.option("--min-support", default=5, show_default=True, type=click.IntRange(1), help="Least recent events.")
+@click.pass_obj
+def trending(
+    settings: Settings,
+    last: str | None,
+    start: datetime | None,
+    end: datetime | None,
+    slice_: str,
+    as_json: bool,
+    baseline: str,
+    limit: int,
+    min_support: int,
+) -> None:
+    """Rank the items rising in the window against the baseline window just before it."""
+    from serving import queries
+
+    start, end = _window(last, start, end)
+    try:
+        base_len = queries.parse_last(baseline)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--baseline") from exc
+    with _reader(settings) as reader:
+        recent = queries.load(reader, start, end, slice_)
+        base = queries.load(reader, start - base_len, start, slice_)
+        ans = queries.trending(recent, base, limit, min_support)
+    if as_json:
+        click.echo(json.dumps(_jsonable(ans), indent=2))
+        return
+    click.echo(f"trending in {slice_} {start:%Y-%m-%d %H:%M} .. {end:%H:%M} vs the {baseline} before ({ans.score})")
+    for i, t in enumerate(ans.items, 1):
+        click.echo(f"{i:3}. {t.item:30} lift {t.lift:8.2f}  recent {t.recent:>7} baseline {t.baseline:>7}")
+    for line in _provenance_lines(ans.provenance["recent"]):
+        click.echo(line)
+
+
+@query.command()
+@window_options
+@click.option("--resolution", type=click.Choice(["minute", "hour", "day"]), default="hour", show_default=True)
+@click.option("--item", help="Count only this item.")
+@click.pass_obj
+def series(
+    settings: Settings,
+    last: str | None,
+    start: datetime | None,
+    end: datetime | None,
+    slice_: str,
+    as_json: bool,
+    resolution: str,
+    item: str | None,
+) -> None:
+    """Show counts per minute, hour or day (of all events or of one item)."""
+    from serving import queries
+
+    start, end = _window(last, start, end)
+    with _reader(settings) as reader:
+        ans = queries.series(queries.load(reader, start, end, slice_, coarsest=resolution), resolution, item)
+    if as_json:
+        click.echo(json.dumps(_jsonable(ans), indent=2))
+        return
+    for p in ans.points:
+        click.echo(f"{p['start']:%Y-%m-%d %H:%M}  {p['count']:>9}")
+    for line in _provenance_lines(ans.provenance):
+        click.echo(line)

@@ -1,0 +1,231 @@
+"""Answers over the merged views: counts, distinct users, quantiles, top-N, trending items and time series.
+
+Every answer carries its provenance (which spans came from which layer, the boundary, the speed layer's
+freshness), its gaps, and its error bounds, so a reader can tell a fresh approximate figure from an exact one.
+
+Trending score: ``lift = (recent + 1) / (baseline * len(recent)/len(baseline) + 1)`` — the item's count in the
+recent window against its count in the baseline window scaled to the same length, with one pseudo-event on both
+sides so an item with no baseline gets a finite lift that grows with its recent count, and noise on tiny counts
+cannot dominate. Items need ``min_support`` recent events; they rank by lift, then recent count.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import datasketches as ds
+
+from serving.merge import DAY, HOUR, MINUTE, Span, floor, plan
+from serving.store import Bucket, Coverage, ViewReader
+from views import sketches
+
+logger = logging.getLogger(__name__)
+
+RESOLUTIONS = {"minute": MINUTE, "hour": HOUR, "day": DAY}
+
+
+@dataclass
+class Provenance:
+    """Which layer served which span, and the state of both layers."""
+
+    spans: list[dict[str, Any]]
+    gaps: list[dict[str, Any]]
+    boundary: datetime | None
+    boundary_pinned: bool
+    speed_newest_event: datetime | None
+    speed_updated_at: datetime | None
+
+    @classmethod
+    def of(cls, spans: list[Span], cov: Coverage) -> Provenance:
+        """Describe a plan and the coverage it was made with."""
+
+        def d(s: Span) -> dict[str, Any]:
+            out: dict[str, Any] = {"start": s.start, "end": s.end, "layer": s.layer, "resolution": s.resolution}
+            if s.reason:
+                out["reason"] = s.reason
+            return out
+
+        return cls(
+            spans=[d(s) for s in spans if s.layer != "gap"],
+            gaps=[d(s) for s in spans if s.layer == "gap"],
+            boundary=cov.boundary,
+            boundary_pinned=cov.pinned,
+            speed_newest_event=cov.speed_newest_event,
+            speed_updated_at=cov.speed_updated_at,
+        )
+
+
+@dataclass
+class Window:
+    """A query window and the rows that answer it."""
+
+    start: datetime
+    end: datetime
+    slice: str
+    buckets: list[Bucket]
+    provenance: Provenance
+
+
+def load(reader: ViewReader, start: datetime, end: datetime, slice_: str, coarsest: str = "day") -> Window:
+    """Plan the window with the merge rule (rollups no coarser than ``coarsest``) and read its rows."""
+    cov = reader.coverage(start, end, slice_)
+    spans = plan(
+        start,
+        end,
+        cov.boundary,
+        cov.batch_hours,
+        cov.current_days,
+        cov.speed_fresh_until,
+        coarsest,  # type: ignore[arg-type]
+    )
+    return Window(start, end, slice_, reader.read(spans, slice_), Provenance.of(spans, cov))
+
+
+@dataclass
+class Summary:
+    """Count, distinct users, value quantiles and top items of a window, with bounds and provenance."""
+
+    start: datetime
+    end: datetime
+    slice: str
+    events: int
+    users: float
+    users_lower: float
+    users_upper: float
+    users_rse: float
+    quantiles: dict[str, float | None]
+    quantile_rank_error: float
+    top_items: list[dict[str, Any]]
+    items_max_error: int
+    provenance: Provenance
+
+
+def summary(w: Window, ranks: Sequence[float] = (0.5, 0.9, 0.99), top_n: int = 10) -> Summary:
+    """Answer the window's count (exact), users (HLL), quantiles (KLL) and top-N items (frequent items)."""
+    hll = [b.users_hll for b in w.buckets]
+    kll = [b.values_kll for b in w.buckets]
+    users = sketches.users(hll, num_std_dev=2)
+    top, max_error = sketches.top_items([b.items_fi for b in w.buckets], limit=top_n)
+    return Summary(
+        start=w.start,
+        end=w.end,
+        slice=w.slice,
+        events=sum(b.events for b in w.buckets),
+        users=users.value,
+        users_lower=users.lower,
+        users_upper=users.upper,
+        users_rse=sketches.HLL_RSE,
+        quantiles={str(r): q for r, q in zip(ranks, sketches.quantiles(kll, ranks), strict=True)},
+        quantile_rank_error=sketches.kll_rank_error(kll),
+        top_items=[asdict(t) for t in top],
+        items_max_error=max_error,
+        provenance=w.provenance,
+    )
+
+
+@dataclass
+class TrendingItem:
+    """One item's rise from the baseline to the recent window."""
+
+    item: str
+    recent: int
+    baseline: int
+    lift: float
+    recent_lower: int
+    recent_upper: int
+
+
+@dataclass
+class Trending:
+    """Trending items with the windows, the score's definition and both windows' provenance."""
+
+    recent_start: datetime
+    recent_end: datetime
+    baseline_start: datetime
+    baseline_end: datetime
+    slice: str
+    items: list[TrendingItem]
+    min_support: int
+    items_max_error: int
+    provenance: dict[str, Provenance] = field(default_factory=dict)
+    score: str = "lift = (recent + 1) / (baseline * len_recent / len_baseline + 1)"
+
+
+def trending(recent: Window, baseline: Window, limit: int = 10, min_support: int = 5) -> Trending:
+    """Rank items by their lift from the baseline window to the recent window."""
+    recent_fi = sketches.merge_items(b.items_fi for b in recent.buckets)
+    base_fi = sketches.merge_items(b.items_fi for b in baseline.buckets)
+    scale = (recent.end - recent.start) / (baseline.end - baseline.start)
+    items: list[TrendingItem] = []
+    max_error = 0
+    if recent_fi is not None and not recent_fi.is_empty():
+        max_error = round(recent_fi.epsilon * recent_fi.total_weight)
+        for item, est, lo, hi in recent_fi.get_frequent_items(ds.frequent_items_error_type.NO_FALSE_NEGATIVES):
+            if est < min_support:
+                continue
+            base = int(base_fi.get_estimate(item)) if base_fi is not None else 0
+            lift = (est + 1) / (base * scale + 1)
+            items.append(TrendingItem(item, int(est), base, round(lift, 4), int(lo), int(hi)))
+    items.sort(key=lambda t: (-t.lift, -t.recent, t.item))
+    return Trending(
+        recent.start,
+        recent.end,
+        baseline.start,
+        baseline.end,
+        recent.slice,
+        items[:limit],
+        min_support,
+        max_error,
+        {"recent": recent.provenance, "baseline": baseline.provenance},
+    )
+
+
+@dataclass
+class Series:
+    """Counts per bucket at a chosen resolution (of one item, or of all events)."""
+
+    start: datetime
+    end: datetime
+    slice: str
+    resolution: str
+    item: str | None
+    points: list[dict[str, Any]]
+    provenance: Provenance
+
+
+def series(w: Window, resolution: str = "hour", item: str | None = None) -> Series:
+    """Return counts per bucket of a window loaded with ``coarsest`` = the resolution (or finer).
+
+    :arg item: count only this item (frequent-items estimates, bounded by the sketches' error).
+    """
+    step = RESOLUTIONS[resolution]
+    counts: dict[datetime, int] = defaultdict(int)
+    for b in w.buckets:
+        if item is None:
+            n = b.events
+        else:
+            n = int(ds.frequent_strings_sketch.deserialize(b.items_fi).get_estimate(item)) if b.items_fi else 0
+        counts[floor(b.start, step)] += n
+    points = []
+    t = floor(w.start, step)
+    while t < w.end:
+        points.append({"start": t, "count": counts.get(t, 0)})
+        t += step
+    return Series(w.start, w.end, w.slice, resolution, item, points, w.provenance)
+
+
+def parse_last(text: str) -> timedelta:
+    """Parse ``15m``, ``1h``, ``24h``, ``7d`` into a duration.
+
+    :raises ValueError: on anything else.
+    """
+    units = {"m": 60, "h": 3600, "d": 86400}
+    if len(text) < 2 or text[-1] not in units or not text[:-1].isdigit() or int(text[:-1]) <= 0:
+        msg = f"{text!r} is not a duration like 15m, 1h, 24h or 7d"
+        raise ValueError(msg)
+    return timedelta(seconds=int(text[:-1]) * units[text[-1]])

@@ -1,0 +1,173 @@
+"""Read both views from Cassandra for a merge plan: the boundary, coverage, freshness and the rows of each span.
+
+All statements are prepared once per reader and bound; every read uses the read consistency profile. A reader
+holds one session (the API keeps one for its lifetime).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from batch_layer.store import fingerprint_of, utc
+from infra.cassandra import READ_PROFILE, table
+from infra.settings import Settings
+from serving.merge import DAY, HOUR, Span, floor
+
+if TYPE_CHECKING:
+    from cassandra.cluster import Session
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One row of a view as a query sees it."""
+
+    start: datetime
+    resolution: str
+    layer: str
+    events: int
+    users_hll: bytes
+    values_kll: bytes
+    items_fi: bytes
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """What the merge rule needs to know about both layers for a window."""
+
+    boundary: datetime | None
+    pinned: bool
+    batch_low: datetime | None
+    batch_hours: set[datetime]
+    current_days: set[date]
+    speed_newest_event: datetime | None
+    speed_updated_at: datetime | None
+
+    @property
+    def speed_fresh_until(self) -> datetime | None:
+        """Return the end of the minute of the newest event the speed layer has written."""
+        if self.speed_newest_event is None:
+            return None
+        return floor(self.speed_newest_event, timedelta(minutes=1)) + timedelta(minutes=1)
+
+
+def _days(start: datetime, end: datetime) -> list[date]:
+    d, out = floor(start, DAY), []
+    while d < end:
+        out.append(d.date())
+        d += DAY
+    return out
+
+
+class ViewReader:
+    """Prepared reads of the speed and batch views."""
+
+    def __init__(self, settings: Settings, sess: Session) -> None:
+        self.settings = settings
+        self.sess = sess
+        p = sess.prepare
+        self.q_watermark = p(f"SELECT low, watermark, pinned FROM {table(settings, 'batch_watermark')} WHERE name = ?")
+        self.q_pointers = p(f"SELECT hour, run_id FROM {table(settings, 'batch_intervals')} WHERE day = ?")
+        self.q_progress = p(
+            f"SELECT newest_event_ts, updated_at FROM {table(settings, 'speed_progress')} WHERE query = ?"
+        )
+        self.q_days = p(
+            f"SELECT day, hour_runs, events, users_hll, values_kll, items_fi FROM {table(settings, 'batch_days')} "
+            "WHERE slice = ? AND month = ? AND day >= ? AND day < ?"
+        )
+        self.q_hours = p(
+            f"SELECT hour, run_id, events, users_hll, values_kll, items_fi FROM {table(settings, 'batch_hours')} "
+            "WHERE slice = ? AND day = ? AND hour >= ? AND hour < ?"
+        )
+        self.q_minutes = p(
+            f"SELECT bucket_start, events, users_hll, values_kll, items_fi FROM {table(settings, 'batch_minutes')} "
+            "WHERE slice = ? AND hour = ? AND run_id = ? AND bucket_start >= ? AND bucket_start < ?"
+        )
+        self.q_speed = p(
+            f"SELECT bucket_start, events, users_hll, values_kll, items_fi FROM {table(settings, 'speed_view')} "
+            "WHERE slice = ? AND day = ? AND bucket_start >= ? AND bucket_start < ?"
+        )
+        self.q_day_rollups = p(
+            f"SELECT day, hour_runs FROM {table(settings, 'batch_days')} WHERE slice = ? AND month = ?"
+        )
+        self._pointers: dict[date, dict[datetime, Any]] = {}
+
+    def _exec(self, stmt: Any, params: tuple[Any, ...]) -> Iterable[Any]:
+        return self.sess.execute(stmt, params, execution_profile=READ_PROFILE)  # type: ignore[no-any-return]
+
+    def pointers(self, day: date) -> dict[datetime, Any]:
+        """Return the current batch run per completed hour of a day (cached per reader)."""
+        if day not in self._pointers:
+            self._pointers[day] = {utc(r.hour): r.run_id for r in self._exec(self.q_pointers, (day,))}  # type: ignore[misc]
+        return self._pointers[day]
+
+    def coverage(self, start: datetime, end: datetime, slice_: str) -> Coverage:
+        """Read the boundary, the completed hours, current daily rollups and the speed freshness."""
+        row = next(iter(self._exec(self.q_watermark, ("batch",))), None)
+        low, mark, pinned = (utc(row.low), utc(row.watermark), utc(row.pinned)) if row else (None, None, None)
+        boundary = pinned or mark
+        hours: set[datetime] = set()
+        current: set[date] = set()
+        months: dict[str, list[date]] = {}
+        for day in _days(start, end):
+            pts = self.pointers(day)
+            hours |= set(pts)
+            months.setdefault(day.strftime("%Y-%m"), []).append(day)
+        for month, days in months.items():
+            wanted = set(days)
+            for r in self._exec(self.q_day_rollups, (slice_, month)):
+                if r.day in wanted and r.hour_runs == fingerprint_of(self.pointers(r.day)):
+                    current.add(r.day)
+        prog = next(iter(self._exec(self.q_progress, (self.settings.speed.query_name,))), None)
+        return Coverage(
+            boundary=boundary,
+            pinned=pinned is not None,
+            batch_low=low,
+            batch_hours=hours,
+            current_days=current,
+            speed_newest_event=utc(prog.newest_event_ts) if prog else None,
+            speed_updated_at=utc(prog.updated_at) if prog else None,
+        )
+
+    def read(self, spans: list[Span], slice_: str) -> list[Bucket]:
+        """Return the rows that serve the spans (gaps read nothing)."""
+        out: list[Bucket] = []
+        for span in spans:
+            if span.layer == "gap":
+                continue
+            if span.layer == "speed":
+                for day in _days(span.start, span.end):
+                    for r in self._exec(self.q_speed, (slice_, day, span.start, span.end)):
+                        out.append(self._bucket(utc(r.bucket_start), "minute", "speed", r))  # type: ignore[arg-type]
+            elif span.resolution == "day":
+                day = span.start.date()
+                for r in self._exec(self.q_days, (slice_, day.strftime("%Y-%m"), day, day + timedelta(days=1))):
+                    out.append(self._bucket(span.start, "day", "batch", r))
+            elif span.resolution == "hour":
+                run = self.pointers(span.start.date()).get(span.start)
+                for r in self._exec(self.q_hours, (slice_, span.start.date(), span.start, span.end)):
+                    if r.run_id == run:
+                        out.append(self._bucket(span.start, "hour", "batch", r))
+            else:
+                hour = floor(span.start, HOUR)
+                run = self.pointers(hour.date()).get(hour)
+                for r in self._exec(self.q_minutes, (slice_, hour, run, span.start, span.end)):
+                    out.append(self._bucket(utc(r.bucket_start), "minute", "batch", r))  # type: ignore[arg-type]
+        return out
+
+    @staticmethod
+    def _bucket(start: datetime, resolution: str, layer: str, r: Any) -> Bucket:
+        return Bucket(
+            start.astimezone(UTC),
+            resolution,
+            layer,
+            int(r.events),
+            bytes(r.users_hll),
+            bytes(r.values_kll),
+            bytes(r.items_fi),
+        )
