@@ -226,3 +226,46 @@ def test_late_events_and_duplicates(speed_env: SpeedEnv) -> None:
     assert view[("*", t0 + timedelta(minutes=10))].events == 10  # type: ignore[attr-defined]
     assert view[("*", t0 + timedelta(minutes=9))].events == 1  # type: ignore[attr-defined]
     assert ("*", t0 + timedelta(minutes=5)) not in view
+
+
+def test_sigterm_finishes_cleanly_with_metrics_and_freshness(speed_env: SpeedEnv) -> None:
+    import urllib.request
+
+    from tests.helpers import free_port
+
+    env = speed_env
+    port = free_port()
+    env.env["TRENDS_SPEED__METRICS_PORT"] = str(port)
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=3)
+    events = [
+        Event(id=f"t{i}", ts=start + timedelta(milliseconds=i * 20), item="#t", user=f"u{i % 9}") for i in range(9000)
+    ]
+    env.produce(events)
+    proc = env.start()
+    try:
+        deadline = time.monotonic() + 120
+        text = ""
+        while time.monotonic() < deadline and "trends_speed_input_rows_total" not in text:
+            assert proc.poll() is None, "the job died by itself"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+                    text = resp.read().decode()
+            except OSError:
+                time.sleep(0.5)
+        assert f'trends_speed_batches_total{{query="{env.settings.speed.query_name}"}}' in text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(90) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    log = sorted(env.logs.glob("speed-*.log"))[-1].read_text()
+    assert "received signal 15" in log and "stopped after" in log
+    env.drain()  # the restart resumes from the checkpoint: every event counted once
+    assert sum(r.events for (sl, _), r in env.view().items() if sl == "*") == len(events)  # type: ignore[attr-defined]
+    with session(env.settings) as sess:
+        row = sess.execute(
+            f"SELECT newest_event_ts, updated_at FROM {table(env.settings, 'speed_progress')} WHERE query = %s",
+            (env.settings.speed.query_name,),
+        ).one()
+    assert row.newest_event_ts.replace(tzinfo=UTC) == max(e.ts for e in events)
+    assert row.updated_at is not None

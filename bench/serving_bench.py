@@ -1,0 +1,157 @@
+"""Serving benchmark: trending-query latency over 1 h, 24 h and 7 d windows with 7 days of minute buckets stored.
+
+Run: ``.venv/bin/python bench/serving_bench.py`` with the stack up. It fills a throw-away keyspace with 7 days of
+per-minute sketches in both views (batch: minutes, hourly and daily rollups up to a watermark two hours ago; speed:
+every minute), then times the trending query (recent window vs the window of the same length before it) through
+the library, as the API runs it, and prints p50/p99 per window (goal p99 <= 20 / 50 / 100 ms). Beside it, the bare
+baseline: the same Cassandra reads of the same rows without planning or merging, and the ratio of the two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import datasketches as ds
+
+from batch_layer.store import BatchStore
+from infra import migrations
+from infra.cassandra import session, table
+from infra.settings import Settings
+from serving import queries
+from serving.merge import DAY, HOUR, MINUTE, floor
+from serving.store import ViewReader
+
+ITEMS = [f"#item{i}" for i in range(500)]
+WEIGHTS = [1 / (i + 1) for i in range(len(ITEMS))]
+
+
+def minute_sketches(rng: random.Random, events: int) -> tuple[bytes, bytes, bytes]:
+    hll = ds.hll_sketch(12, ds.tgt_hll_type.HLL_8)
+    kll = ds.kll_doubles_sketch(200)
+    fi = ds.frequent_strings_sketch(10)
+    for item in rng.choices(ITEMS, WEIGHTS, k=events):
+        hll.update(f"u{rng.randrange(20_000)}")
+        kll.update(rng.lognormvariate(3, 1))
+        fi.update(item)
+    return bytes(hll.serialize_compact()), bytes(kll.serialize()), bytes(fi.serialize())
+
+
+def fill(settings: Settings, end: datetime, days: int, per_minute: int) -> datetime:
+    """Write ``days`` of minute buckets ending at ``end``; return the batch watermark."""
+    from cassandra.concurrent import execute_concurrent_with_args
+
+    from views.sketches import merge_all
+
+    rng = random.Random(5)
+    start = end - days * DAY
+    watermark = floor(end, HOUR) - 2 * HOUR
+    minutes = []
+    t = start
+    while t < end:
+        minutes.append((t, *minute_sketches(rng, per_minute)))
+        t += MINUTE
+    print(f"built {len(minutes):,} minute sketches")
+    with session(settings) as sess:
+        store = BatchStore(settings, sess)
+        speed = sess.prepare(
+            f"INSERT INTO {table(settings, 'speed_view')} (slice, day, bucket_start, events, users_hll, values_kll, "
+            "items_fi, min_ts, max_ts, batch_id) VALUES ('*', ?, ?, ?, ?, ?, ?, ?, ?, 0)"
+        )
+        rows = [(m.date(), m, per_minute, h, k, f, m, m + MINUTE - timedelta(milliseconds=1)) for m, h, k, f in minutes]
+        execute_concurrent_with_args(sess, speed, rows, concurrency=64)
+        by_hour: dict[datetime, list[tuple[datetime, bytes, bytes, bytes]]] = {}
+        for m in minutes:
+            by_hour.setdefault(floor(m[0], HOUR), []).append(m)
+        from batch_layer.store import ViewRow
+
+        for hour, ms in sorted(by_hour.items()):
+            if hour >= watermark:
+                continue
+            run = uuid.uuid1()
+            minute_rows = [ViewRow("*", m, per_minute, h, k, f, m, m) for m, h, k, f in ms]
+            hh, hk, hf = merge_all((h, k, f) for _m, h, k, f in ms)
+            store.write_version(
+                hour, run, minute_rows, [ViewRow("*", hour, per_minute * len(ms), hh, hk, hf, hour, hour)]
+            )
+            store.swap(hour, run)
+        for d in range(days + 1):
+            store.remerge_day((start + d * DAY).date())
+        sess.execute(
+            f"INSERT INTO {table(settings, 'batch_watermark')} (name, low, watermark) VALUES ('batch', %s, %s)",
+            (floor(start, HOUR) + HOUR, watermark),
+        )
+        sess.execute(
+            f"INSERT INTO {table(settings, 'speed_progress')} (query, newest_event_ts) VALUES (%s, %s)",
+            (settings.speed.query_name, end - timedelta(seconds=1)),
+        )
+    return watermark
+
+
+def bench(settings: Settings, end: datetime, window: timedelta, runs: int) -> tuple[list[float], list[float], int]:
+    """Return the query times, the bare read times (ms) and the rows read per query."""
+    from serving.merge import plan
+
+    times, bare = [], []
+    rows = 0
+    with session(settings) as sess:
+        for i in range(runs + 3):
+            reader = ViewReader(settings, sess)
+            t0 = time.perf_counter()
+            recent = queries.load(reader, end - window, end, "*")
+            base = queries.load(reader, end - 2 * window, end - window, "*")
+            queries.trending(recent, base, limit=10, min_support=5)
+            t1 = time.perf_counter()
+            # bare baseline: the same row reads, planned in advance, no coverage look-ups, no merging
+            cov = reader.coverage(end - 2 * window, end, "*")
+            spans = [
+                plan(a, b, cov.boundary, cov.batch_hours, cov.current_days, cov.speed_fresh_until)
+                for a, b in ((end - window, end), (end - 2 * window, end - window))
+            ]
+            t2 = time.perf_counter()
+            for sp in spans:
+                reader.read(sp, "*")
+            t3 = time.perf_counter()
+            if i >= 3:  # first runs prepare statements and warm the driver
+                times.append((t1 - t0) * 1000)
+                bare.append((t3 - t2) * 1000)
+            rows = len(recent.buckets) + len(base.buckets)
+    return times, bare, rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--days", type=int, default=7)
+    parser.add_argument("--per-minute", type=int, default=100)
+    parser.add_argument("--runs", type=int, default=50)
+    args = parser.parse_args()
+    base = Settings()
+    keyspace = f"bench_serving_{uuid.uuid4().hex[:6]}"
+    settings = base.model_copy(update={"cassandra": base.cassandra.model_copy(update={"keyspace": keyspace})})
+    migrations.migrate(settings)
+    end = floor(datetime.now(UTC), MINUTE)
+    try:
+        t0 = time.monotonic()
+        fill(settings, end, args.days, args.per_minute)
+        print(f"filled 7 days in {time.monotonic() - t0:.0f} s")
+        goals = {"1h": 20, "24h": 50, "7d": 100}
+        for label, window in (("1h", HOUR), ("24h", DAY), ("7d", 7 * DAY)):
+            times, bare, rows = bench(settings, end, window, args.runs)
+            times.sort()
+            p50, p99 = statistics.median(times), times[min(len(times) - 1, int(len(times) * 0.99))]
+            b50 = statistics.median(bare)
+            print(
+                f"trending {label:>3}: p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  | bare reads p50 {b50:6.1f} ms  "
+                f"ratio {p50 / b50:4.2f}  ({rows} rows; goal p99 <= {goals[label]} ms)"
+            )
+    finally:
+        with session(base) as sess:
+            sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+
+
+if __name__ == "__main__":
+    main()
