@@ -175,7 +175,11 @@ def run(settings: Settings, count: int = 5, spark: SparkSession | None = None) -
         t0 = time.monotonic()
         acked = produce(settings, topic, events)
         logger.info("produced %d events to %s", acked, topic)
-        own_spark = spark is None
+        if spark is None:
+            from pyspark.sql import SparkSession  # noqa: PLC0415
+
+            spark = SparkSession.getActiveSession()
+        own_spark = spark is None  # never stop a session someone else started
         spark = spark or get_spark(settings, "roundtrip")
         try:
             stream_to_cassandra(spark, settings, topic, run_id, checkpoint)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from infra import jars, roundtrip
@@ -25,8 +27,8 @@ def test_spark_conf_comes_from_settings(stack_up: Settings) -> None:
     assert not any(jars.artifact_name(j.rsplit("/", 1)[-1]) in jars.pyspark_jar_names() for j in shipped)
 
 
-def test_streaming_query_round_trips_events_into_cassandra(stack_up: Settings) -> None:
-    rows = roundtrip.run(stack_up, count=25)
+def test_streaming_query_round_trips_events_into_cassandra(stack_up: Settings, spark: Any) -> None:
+    rows = roundtrip.run(stack_up, count=25, spark=spark)
     assert len(rows) == 25
     assert len({r.event_id for r in rows}) == 25
     assert {r.item for r in rows} == {"#item0", "#item1", "#item2"}
