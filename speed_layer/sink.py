@@ -95,7 +95,10 @@ class SpeedViewSink:
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         """Write one micro-batch (Spark calls this on the driver)."""
-        result = self.write_rows(batch.toLocalIterator(prefetchPartitions=True), batch_id)
+        # One job for the whole batch (toLocalIterator runs one per partition and costs ~20% more per batch). The
+        # rows are the changed buckets, at most (distinct minutes x slices) of one micro-batch's events, and
+        # toLocalIterator would hold a whole partition in the driver too; maxOffsetsPerTrigger bounds both.
+        result = self.write_rows(batch.collect(), batch_id)
         logger.debug("batch %s wrote %d bucket rows", batch_id, result.rows)
 
     def write_rows(self, rows: Iterable[Any], batch_id: int) -> BatchResult:
