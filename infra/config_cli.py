@@ -26,6 +26,8 @@ def settings_rows(model: type[BaseModel] = Settings, prefix: tuple[str, ...] = (
         env = ENV_PREFIX + ENV_NESTED_DELIMITER.join((*prefix, name)).upper()
         if name in DEFAULT_NOTES and not prefix:
             default = DEFAULT_NOTES[name]
+        elif isinstance(field.default, SecretStr):
+            default = "**********"  # the description says what it is
         elif field.default is not PydanticUndefined:
             default = (
                 ""

@@ -8,6 +8,7 @@ The README's configuration table is generated from the field descriptions below 
 
 from __future__ import annotations
 
+import json
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -328,6 +329,79 @@ class BatchSettings(BaseModel):
     )
 
 
+LOCAL_ADMIN_PASSWORD = "admin"  # noqa: S105 - documented default of the loopback-only local stack
+
+
+class AirflowSettings(BaseModel):
+    """The local Airflow of ``trends stack up --with-airflow`` (API server, scheduler, DAG processor)."""
+
+    host: str = Field(
+        "127.0.0.1",
+        description="Address the Airflow API server (UI, REST API and the tasks' execution API) binds to. "
+        "Keep loopback: a non-loopback address is refused while the admin password is the default.",
+    )
+    api_port: int = Field(8080, ge=1, le=65535, description="Port of the Airflow API server and UI.")
+    parallelism: int = Field(
+        2,
+        ge=1,
+        le=32,
+        description="[core] parallelism: task instances LocalExecutor runs at once (it forks one worker each); "
+        "2-4 on one machine, where each batch task is a Spark driver.",
+    )
+    database_url: SecretStr | None = Field(
+        None,
+        description="SQLAlchemy URL of the metadata DB for a deployment, e.g. "
+        "postgresql+psycopg2://airflow:PASSWORD@127.0.0.1:5432/airflow (needs the psycopg2 driver installed). "
+        "Unset: SQLite in <data_dir>/airflow/data/airflow.db.",
+    )
+    admin_user: str = Field(
+        "admin",
+        pattern=r"^[A-Za-z0-9_.@-]{1,64}$",
+        description="User of the web UI and REST API (SimpleAuthManager, role admin).",
+    )
+    admin_password: SecretStr = Field(
+        SecretStr(LOCAL_ADMIN_PASSWORD),
+        description="Password of that user (secret). The default `admin` is for the loopback-only local stack; "
+        "set your own for anything else.",
+    )
+    dags_folder: Path | None = Field(
+        None, description="Folder of DAG files the DAG processor parses. Default: the repository's dags/ folder."
+    )
+    api_workers: int = Field(1, ge=1, le=8, description="Worker processes of the API server.")
+    triggerer: bool = Field(
+        False,
+        description="Also run `airflow triggerer`. Needed only by deferrable operators (the batch DAG has none); "
+        "without it a deferred task waits forever.",
+    )
+    start_timeout_s: float = Field(
+        180.0, gt=0, description="Longest wait for `airflow db migrate` and then for the API to report healthy."
+    )
+    config: dict[str, str] = Field(
+        default_factory=dict,
+        description="Further Airflow options as environment variables of its processes, applied last (JSON map, "
+        'e.g. \'{"AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30"}\').',
+    )
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_database(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            scheme = value.get_secret_value().partition("://")[0]
+            if scheme.partition("+")[0] not in {"postgresql", "mysql", "sqlite"}:
+                msg = f"database URL scheme {scheme!r}: use postgresql[+driver]://, mysql[+driver]:// or sqlite://"
+                raise ValueError(msg)
+        return value
+
+    @field_validator("config")
+    @classmethod
+    def _airflow_variables(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in value if not k.startswith(("AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_"))]
+        if bad:
+            msg = f"not Airflow variables (AIRFLOW__SECTION__KEY, AIRFLOW_CONN_*, AIRFLOW_VAR_*): {', '.join(bad)}"
+            raise ValueError(msg)
+        return value
+
+
 class Settings(BaseSettings):
     """Root of the settings tree."""
 
@@ -356,6 +430,7 @@ class Settings(BaseSettings):
     views: ViewSettings = Field(default_factory=ViewSettings)
     speed: SpeedSettings = Field(default_factory=SpeedSettings)
     batch: BatchSettings = Field(default_factory=BatchSettings)
+    airflow: AirflowSettings = Field(default_factory=AirflowSettings)
 
     @field_validator("data_dir", "cache_dir")
     @classmethod
@@ -371,6 +446,39 @@ class Settings(BaseSettings):
     def checkpoint_root(self) -> str:
         """Return the root of streaming checkpoints (a local path or a URI)."""
         return self.spark.checkpoint_root or str(self.data_dir / "checkpoints")
+
+    def to_env(self) -> dict[str, str]:
+        """Return these settings as ``TRENDS_*`` variables, secrets revealed, for child processes.
+
+        Airflow's tasks build ``Settings()`` from their environment: given these variables they read exactly the
+        values the stack was started with, whether those came from the environment, a ``.env`` file or code.
+        """
+        out: dict[str, str] = {}
+        _flatten(self, (), out)
+        return out
+
+
+def _flatten(model: BaseModel, prefix: tuple[str, ...], out: dict[str, str]) -> None:
+    for name, field in type(model).model_fields.items():
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            _flatten(value, (*prefix, name), out)
+            continue
+        key = ENV_PREFIX + ENV_NESTED_DELIMITER.join((*prefix, name)).upper()
+        if value is None:
+            if field.default is not None:  # e.g. spark.local_ip: "empty" is how the env says "unset"
+                out[key] = ""
+            continue
+        if isinstance(value, SecretStr):
+            out[key] = value.get_secret_value()
+        elif isinstance(value, str | Path):
+            out[key] = str(value)
+        elif isinstance(value, bool):
+            out[key] = "true" if value else "false"
+        elif isinstance(value, int | float):
+            out[key] = str(value)
+        else:  # lists and maps: JSON, as pydantic-settings parses complex values
+            out[key] = json.dumps(value)
 
 
 @lru_cache(maxsize=1)

@@ -1,5 +1,8 @@
 """Run a single-node Kafka (KRaft) and a single-node Cassandra on loopback, from the jars in the cache.
 
+Airflow (``infra/airflow.py``) joins them on request: it keeps the same contract (:class:`StackService`) but is
+several Python processes, not one JVM, so it is a sibling of :class:`Service` rather than a subclass.
+
 Each server is a JVM started in its own session (process group) with its output in a log file and its pid in a
 pid file under ``<data_dir>/<service>/``. Stopping signals that group — never a process found by name — and a pid
 file is trusted only while the process it names still runs with our config file on its command line, so a reused
@@ -19,10 +22,11 @@ import socket
 import subprocess
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
+from typing import Protocol
 
 from typing_extensions import override
 
@@ -48,6 +52,7 @@ class ServiceStatus:
     rss_mib: float | None
     data_dir: Path
     log_file: Path
+    detail: str = ""
 
     @property
     def state(self) -> str:
@@ -55,6 +60,48 @@ class ServiceStatus:
         if self.pid is None:
             return "stopped"
         return "running" if self.ready else "starting"
+
+
+class StackService(Protocol):
+    """What ``up``/``down``/``status``/``reset`` and the CLI need of a server of the local stack."""
+
+    @property
+    def name(self) -> str:
+        """Return the service's name in ``trends stack`` commands."""
+
+    @property
+    def needs_java(self) -> bool:
+        """Tell whether starting it needs a JDK."""
+
+    @property
+    def stdout_file(self) -> Path:
+        """Return the file the process's own output goes to."""
+
+    @property
+    def address(self) -> str:
+        """Return where clients reach the server."""
+
+    @property
+    def main_log(self) -> Path:
+        """Return the log that ``trends stack logs`` shows."""
+
+    def pid(self) -> int | None:
+        """Return the pid of the running server, or None."""
+
+    def start(self, java: str) -> int:
+        """Launch the server unless it runs; return its pid without waiting for readiness."""
+
+    def wait_ready(self, pid: int) -> float:
+        """Wait (bounded) until the server accepts clients; return the seconds waited."""
+
+    def stop(self) -> bool:
+        """Stop the server; return whether it ran."""
+
+    def status(self) -> ServiceStatus:
+        """Return the server's current state."""
+
+    def data_paths(self) -> list[Path]:
+        """Return what ``reset`` deletes."""
 
 
 def find_java(settings: Settings) -> str:
@@ -137,7 +184,8 @@ def tail(paths: Iterable[Path], lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(out) or "(no log output)"
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Tell whether a process runs (a zombie does not count)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -151,7 +199,8 @@ def _process_alive(pid: int) -> bool:
         return True
 
 
-def _reap(pid: int) -> None:
+def reap(pid: int) -> None:
+    """Collect the exit status of a child of ours, if it has exited, so it leaves no zombie."""
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, os.WNOHANG)
 
@@ -161,6 +210,7 @@ class Service(ABC):
 
     name: str
     bundle: jars.Bundle
+    needs_java = True
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -222,9 +272,9 @@ class Service(ABC):
             pid = int(self.pid_file.read_text().strip())
         except (OSError, ValueError):
             return None
-        if _process_alive(pid) and self._is_ours(pid):
+        if process_alive(pid) and self._is_ours(pid):
             return pid
-        _reap(pid)
+        reap(pid)
         logger.debug("removing stale pid file %s (pid %s)", self.pid_file, pid)
         self.pid_file.unlink(missing_ok=True)
         return None
@@ -307,8 +357,8 @@ class Service(ABC):
         started = time.monotonic()
         deadline = started + self.start_timeout
         while time.monotonic() < deadline:
-            if not _process_alive(pid):
-                _reap(pid)
+            if not process_alive(pid):
+                reap(pid)
                 self.pid_file.unlink(missing_ok=True)
                 msg = f"{self.name} exited during start-up.\n{tail(self.log_files())}"
                 raise StackError(msg)
@@ -328,31 +378,36 @@ class Service(ABC):
         logger.info("stopping %s (pid %s)", self.name, pid)
         self._signal_group(pid, signal.SIGTERM)
         deadline = time.monotonic() + self.settings.stack.stop_timeout_s
-        while time.monotonic() < deadline and _process_alive(pid):
+        while time.monotonic() < deadline and process_alive(pid):
             time.sleep(0.2)
-            _reap(pid)
-        if _process_alive(pid):
+            reap(pid)
+        if process_alive(pid):
             logger.warning("%s ignored SIGTERM for %.0f s; killing it", self.name, self.settings.stack.stop_timeout_s)
             self._signal_group(pid, signal.SIGKILL)
             kill_deadline = time.monotonic() + 10
-            while time.monotonic() < kill_deadline and _process_alive(pid):
+            while time.monotonic() < kill_deadline and process_alive(pid):
                 time.sleep(0.1)
-                _reap(pid)
+                reap(pid)
         self.pid_file.unlink(missing_ok=True)
         return True
 
     @staticmethod
     def _signal_group(pid: int, sig: signal.Signals) -> None:
-        try:
-            os.killpg(os.getpgid(pid), sig)
-        except ProcessLookupError:
-            return
-        except PermissionError:
-            os.kill(pid, sig)
+        signal_group(pid, sig)
 
     def data_paths(self) -> list[Path]:
         """Return what ``reset`` deletes: the server's stored data (configs and logs are kept)."""
         return [self.home / "data"]
+
+
+def signal_group(pid: int, sig: signal.Signals) -> None:
+    """Send a signal to the process group of a process we started in its own session."""
+    try:
+        os.killpg(os.getpgid(pid), sig)
+    except ProcessLookupError:
+        return
+    except PermissionError:
+        os.kill(pid, sig)
 
 
 def _render(template: str, target: Path, **values: object) -> Path:
@@ -554,17 +609,24 @@ class Cassandra(Service):
         return ping(self.settings)
 
 
+# What `up` starts when no server is named; tests and `make demo` rely on it being just these two.
 SERVICES: dict[str, type[Service]] = {"kafka": Kafka, "cassandra": Cassandra}
+# Started only when named (`trends stack up airflow` or `--with-airflow`); `down` and `status` cover them too.
+OPTIONAL_SERVICES = ("airflow",)
+ALL_SERVICES = (*SERVICES, *OPTIONAL_SERVICES)
 
 
-def services(settings: Settings, names: Sequence[str] | None = None) -> list[Service]:
-    """Return the stack's servers, optionally only the named ones."""
+def services(settings: Settings, names: Sequence[str] | None = None) -> list[StackService]:
+    """Return the stack's servers: the named ones (in stack order), else Kafka and Cassandra."""
     chosen = list(names) if names else list(SERVICES)
-    unknown = [n for n in chosen if n not in SERVICES]
+    unknown = [n for n in chosen if n not in ALL_SERVICES]
     if unknown:
-        msg = f"unknown service(s) {', '.join(unknown)}; choose from {', '.join(SERVICES)}"
+        msg = f"unknown service(s) {', '.join(unknown)}; choose from {', '.join(ALL_SERVICES)}"
         raise StackError(msg)
-    return [SERVICES[n](settings) for n in chosen]
+    from infra.airflow import Airflow  # noqa: PLC0415 - infra.airflow builds on this module
+
+    factories: dict[str, Callable[[Settings], StackService]] = {**SERVICES, "airflow": Airflow}
+    return [factories[n](settings) for n in ALL_SERVICES if n in chosen]
 
 
 @dataclass(frozen=True)
@@ -584,8 +646,8 @@ def up(settings: Settings, names: Sequence[str] | None = None) -> list[UpResult]
     A second call while they run is a no-op. Data survives ``down``/``up``.
     """
     chosen = services(settings, names)
-    java = "" if all(svc.pid() is not None for svc in chosen) else find_java(settings)
-    launched: list[tuple[Service, int, bool, float]] = []
+    java = find_java(settings) if any(svc.needs_java and svc.pid() is None for svc in chosen) else ""
+    launched: list[tuple[StackService, int, bool, float]] = []
     try:
         for svc in chosen:
             before = svc.pid()
@@ -605,23 +667,29 @@ def up(settings: Settings, names: Sequence[str] | None = None) -> list[UpResult]
 
 
 def down(settings: Settings, names: Sequence[str] | None = None) -> list[str]:
-    """Stop the servers this stack started (by pid file); return the names that were running."""
-    return [svc.name for svc in reversed(services(settings, names)) if svc.stop()]
+    """Stop the servers this stack started (by pid file), Airflow first; return the names that were running.
+
+    With no names it stops every server of the stack, Airflow included when it runs.
+    """
+    return [svc.name for svc in reversed(services(settings, names or ALL_SERVICES)) if svc.stop()]
 
 
 def status(settings: Settings, names: Sequence[str] | None = None) -> list[ServiceStatus]:
-    """Return the state of each server."""
+    """Return the state of each server (Kafka and Cassandra unless others are named)."""
     return [svc.status() for svc in services(settings, names)]
 
 
 def reset(settings: Settings, names: Sequence[str] | None = None) -> list[Path]:
-    """Stop the servers and delete their stored data (and, for a full reset, the streaming checkpoints)."""
+    """Stop the servers and delete their stored data (and, for a full reset, the streaming checkpoints).
+
+    Airflow's metadata DB is deleted only when ``airflow`` is named.
+    """
     chosen = services(settings, names)
     for svc in chosen:
         svc.stop()
     removed = []
     paths = [p for svc in chosen for p in svc.data_paths()]
-    if not names:
+    if not names or set(SERVICES) <= set(names):
         paths.append(Path(settings.checkpoint_root))
     for path in paths:
         if path.exists():

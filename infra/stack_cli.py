@@ -1,7 +1,8 @@
-"""``trends stack``: fetch, start, stop, inspect and reset the local Kafka + Cassandra stack."""
+"""``trends stack``: fetch, start, stop, inspect and reset the local Kafka + Cassandra (+ Airflow) stack."""
 
 from __future__ import annotations
 
+import shlex
 import time
 
 import click
@@ -10,16 +11,21 @@ from infra import jars
 from infra import stack as local_stack
 from infra.settings import Settings
 
-SERVICE_CHOICE = click.Choice(sorted(local_stack.SERVICES))
+SERVICE_CHOICE = click.Choice(local_stack.ALL_SERVICES)
+WITH_AIRFLOW = click.option(
+    "--with-airflow", is_flag=True, help="Include Airflow (API server, scheduler, DAG processor) with the defaults."
+)
 
 
-def _names(services: tuple[str, ...]) -> list[str] | None:
-    return list(services) or None
+def _names(services: tuple[str, ...], *, with_airflow: bool = False) -> list[str] | None:
+    if services:
+        return list(services)
+    return [*local_stack.SERVICES, "airflow"] if with_airflow else None
 
 
 @click.group()
 def stack() -> None:
-    """Run the local single-node Kafka (KRaft) and Cassandra, from jars fetched with Maven."""
+    """Run the local single-node Kafka (KRaft) and Cassandra, from jars fetched with Maven, and Airflow on request."""
 
 
 @stack.command()
@@ -33,19 +39,28 @@ def fetch(settings: Settings, force: bool) -> None:
 
 @stack.command()
 @click.argument("services", nargs=-1, type=SERVICE_CHOICE)
+@WITH_AIRFLOW
 @click.option("--no-init", is_flag=True, help="Do not create topics and apply CQL migrations after start.")
 @click.pass_obj
-def up(settings: Settings, services: tuple[str, ...], no_init: bool) -> None:
-    """Start the servers (all by default), wait until they accept clients, create topics and schema.
+def up(settings: Settings, services: tuple[str, ...], with_airflow: bool, no_init: bool) -> None:
+    """Start the servers (Kafka and Cassandra by default), wait until they accept clients, create topics and schema.
 
-    Running servers are left alone, so a second `up` is a no-op. Data survives `down`/`up`.
+    Airflow starts only when named (`up airflow`) or with --with-airflow. Running servers are left alone, so a
+    second `up` is a no-op. Data survives `down`/`up`.
     """
     t0 = time.monotonic()
-    for result in local_stack.up(settings, _names(services)):
+    names = _names(services, with_airflow=with_airflow)
+    for result in local_stack.up(settings, names):
         how = "already running" if result.already_running else f"ready in {result.seconds:.1f} s"
         click.echo(f"{result.name:10} {result.address:22} pid {result.pid:<8} {how}")
     if not no_init:
-        _init(settings, _names(services))
+        _init(settings, names)
+    if names and "airflow" in names:
+        from infra.airflow import Airflow  # noqa: PLC0415
+
+        airflow = Airflow(settings)
+        click.echo(f"airflow    {airflow.login_hint()}")
+        click.echo(f'airflow    DAGs from {airflow.dags_folder}; CLI: eval "$(trends stack airflow-env)"; airflow …')
     click.echo(f"stack up in {time.monotonic() - t0:.1f} s (data in {settings.data_dir})")
 
 
@@ -75,7 +90,7 @@ def init(settings: Settings) -> None:
 @click.argument("services", nargs=-1, type=SERVICE_CHOICE)
 @click.pass_obj
 def down(settings: Settings, services: tuple[str, ...]) -> None:
-    """Stop the servers this stack started (found by pid file). Data is kept."""
+    """Stop the servers this stack started (found by pid file), Airflow included when it runs. Data is kept."""
     stopped = local_stack.down(settings, _names(services))
     click.echo(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
 
@@ -83,11 +98,12 @@ def down(settings: Settings, services: tuple[str, ...]) -> None:
 @stack.command()
 @click.pass_obj
 def status(settings: Settings) -> None:
-    """Show each server's state, address, pid and memory."""
-    for st in local_stack.status(settings):
+    """Show each server's state, address, pid and memory (Airflow's: all its processes together)."""
+    for st in local_stack.status(settings, local_stack.ALL_SERVICES):
         rss = f"{st.rss_mib:7.0f} MiB" if st.rss_mib is not None else "        -  "
         pid = str(st.pid) if st.pid else "-"
-        click.echo(f"{st.name:10} {st.state:9} {st.address:22} pid {pid:<8} {rss}  log {st.log_file}")
+        detail = f"  {st.detail}" if st.detail else ""
+        click.echo(f"{st.name:10} {st.state:9} {st.address:22} pid {pid:<8} {rss}  log {st.log_file}{detail}")
 
 
 @stack.command()
@@ -95,11 +111,24 @@ def status(settings: Settings) -> None:
 @click.option("-n", "--lines", default=40, show_default=True, help="How many lines to show.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines (Ctrl-C to stop).")
 @click.option("--stdout", "raw", is_flag=True, help="Show the JVM's stdout/stderr instead of the server log.")
+@click.option(
+    "-c",
+    "--component",
+    type=click.Choice(["scheduler", "api-server", "dag-processor", "triggerer", "migrate"]),
+    help="Airflow only: whose output to show (default: the scheduler).",
+)
 @click.pass_obj
-def logs(settings: Settings, service: str, lines: int, follow: bool, raw: bool) -> None:
-    """Show a server's log."""
+def logs(settings: Settings, service: str, lines: int, follow: bool, raw: bool, component: str | None) -> None:
+    """Show a server's log (Airflow: one component's output; task logs are in the UI)."""
     svc = local_stack.services(settings, [service])[0]
     path = svc.stdout_file if raw else svc.main_log
+    if component:
+        from infra.airflow import Airflow  # noqa: PLC0415
+
+        if not isinstance(svc, Airflow):
+            msg = "--component applies to airflow only"
+            raise click.UsageError(msg)
+        path = svc.log_file(component)
     if not path.exists():
         click.echo(f"no log yet at {path}")
         return
@@ -109,12 +138,35 @@ def logs(settings: Settings, service: str, lines: int, follow: bool, raw: bool) 
 
 @stack.command()
 @click.argument("services", nargs=-1, type=SERVICE_CHOICE)
+@WITH_AIRFLOW
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj
-def reset(settings: Settings, services: tuple[str, ...], yes: bool) -> None:
-    """Stop the servers and DELETE their data (all topics, tables and streaming checkpoints)."""
-    what = ", ".join(services) if services else "kafka, cassandra and the streaming checkpoints"
+def reset(settings: Settings, services: tuple[str, ...], with_airflow: bool, yes: bool) -> None:
+    """Stop the servers and DELETE their data (all topics, tables and streaming checkpoints).
+
+    Airflow's metadata DB and task logs only when asked: `reset airflow` or --with-airflow.
+    """
+    names = _names(services, with_airflow=with_airflow)
+    what = ", ".join(names) if names else "kafka, cassandra"
+    if not names or set(local_stack.SERVICES) <= set(names):
+        what += " and the streaming checkpoints"
     if not yes:
         click.confirm(f"Delete all data of {what} under {settings.data_dir}?", abort=True)
-    for path in local_stack.reset(settings, _names(services)):
+    for path in local_stack.reset(settings, names):
         click.echo(f"deleted {path}")
+
+
+@stack.command("airflow-env")
+@click.pass_obj
+def airflow_env(settings: Settings) -> None:
+    """Print `export` lines that point the `airflow` CLI at this stack's Airflow.
+
+    Use: eval "$(trends stack airflow-env)"; airflow dags list. Secrets stay in $AIRFLOW_HOME/airflow.cfg.
+    """
+    from infra.airflow import Airflow  # noqa: PLC0415
+
+    airflow = Airflow(settings)
+    airflow.render_config()  # the keys the CLI needs (JWT secret, Fernet key) must exist before its first run
+    click.echo(f'export PATH={shlex.quote(str(airflow.bin_dir()))}:"$PATH"')
+    for key, value in airflow.airflow_env().items():
+        click.echo(f"export {key}={shlex.quote(value)}")

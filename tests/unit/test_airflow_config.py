@@ -1,0 +1,137 @@
+"""How the local Airflow is configured, without starting it: env, files, refusals, and the settings round trip."""
+
+from __future__ import annotations
+
+import configparser
+import json
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from pydantic import ValidationError
+
+from infra.airflow import REPO_DAGS, Airflow
+from infra.errors import StackError
+from infra.settings import Settings, get_settings
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    for key in list(os.environ):
+        if key.startswith(("TRENDS_", "AIRFLOW")):
+            monkeypatch.delenv(key)
+    monkeypatch.chdir(tmp_path)  # no stray .env file
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
+
+
+def test_settings_survive_the_round_trip_through_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    original = Settings(
+        data_dir=tmp_path / "data",
+        kafka={"bootstrap_servers": "k1:9092,k2:9092", "sasl_password": "p@ss"},
+        cassandra={"contact_points": ["10.0.0.1", "10.0.0.2"], "datacenter_replication": {"dc1": 3}},
+        spark={"local_ip": None, "conf": {"spark.ui.port": "4050"}},
+        views={"slice_dims": ["origin"]},
+        airflow={"api_port": 18080, "database_url": "postgresql://a:b%40c@127.0.0.1/airflow", "triggerer": True},
+    )
+    env = original.to_env()
+    assert env["TRENDS_AIRFLOW__API_PORT"] == "18080"
+    assert env["TRENDS_KAFKA__SASL_PASSWORD"] == "p@ss"  # noqa: S105 - tasks need the real secret
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    again = Settings()
+    unset = {"spark": {"local_ip"}}  # None travels as "" (the documented "unset"), checked below
+    assert again.model_dump(exclude=unset) == original.model_dump(exclude=unset)
+    assert again.kafka.sasl_password is not None and again.kafka.sasl_password.get_secret_value() == "p@ss"
+    assert not again.spark.local_ip
+
+
+def test_airflow_env_follows_the_settings(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, airflow={"api_port": 18123, "parallelism": 3}, spark={"master": "local[3]"})
+    airflow = Airflow(settings)
+    env = airflow.airflow_env()
+    assert env["AIRFLOW_HOME"] == str(tmp_path / "airflow")
+    assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:18123/execution/"
+    assert env["AIRFLOW__API__PORT"] == "18123" and env["AIRFLOW__API__HOST"] == "127.0.0.1"
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor" and env["AIRFLOW__CORE__PARALLELISM"] == "3"
+    assert env["AIRFLOW__CORE__LOAD_EXAMPLES"] == "False"
+    assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(REPO_DAGS) == str(Path(__file__).resolve().parents[2] / "dags")
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == f"sqlite:///{tmp_path}/airflow/data/airflow.db"
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == "admin:admin"
+    assert json.loads(env["AIRFLOW_CONN_TRENDS_SPARK"]) == {"conn_type": "spark", "host": "local[3]"}
+
+    process = airflow.process_env()
+    assert process["PATH"].split(os.pathsep)[0] == str(airflow.bin_dir())
+    assert (airflow.bin_dir() / "airflow").exists()
+    assert process["TRENDS_DATA_DIR"] == str(tmp_path)  # tasks read the same settings
+
+
+def test_extra_config_applies_last_and_must_be_airflow_variables(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, airflow={"config": {"AIRFLOW__CORE__PARALLELISM": "1"}})
+    assert Airflow(settings).airflow_env()["AIRFLOW__CORE__PARALLELISM"] == "1"
+    with pytest.raises(ValidationError, match="not Airflow variables"):
+        Settings(airflow={"config": {"PATH": "/tmp"}})
+
+
+def test_config_files_keep_their_keys_and_are_private(tmp_path: Path) -> None:
+    url = "postgresql+psycopg2://airflow:p%40ss@127.0.0.1:5432/airflow"
+    airflow = Airflow(Settings(data_dir=tmp_path, airflow={"database_url": url, "admin_password": "s3cret"}))
+    cfg = airflow.render_config()
+    first = cfg.read_text()
+    assert airflow.render_config().read_text() == first  # keys generated once, then kept
+    parser = configparser.ConfigParser()  # the same %-interpolation as Airflow's parser
+    parser.read(cfg)
+    assert parser.get("database", "sql_alchemy_conn") == url
+    assert parser.get("api_auth", "jwt_secret") and parser.get("core", "fernet_key")
+    assert json.loads(airflow.passwords_file.read_text()) == {"admin": "s3cret"}
+    for path in (cfg, airflow.passwords_file):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    env = airflow.airflow_env()
+    assert "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" not in env
+    assert not any("p%40ss" in v or "s3cret" in v for v in env.values())
+    assert airflow.data_paths() == []  # a configured database is never dropped by `reset`
+
+
+def test_unsafe_or_impossible_configurations_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    public = Airflow(Settings(data_dir=tmp_path, airflow={"host": "0.0.0.0"}))  # noqa: S104 - refused below
+    with pytest.raises(StackError, match="default admin password"):
+        public.start("")
+    no_dags = Airflow(Settings(data_dir=tmp_path, airflow={"dags_folder": tmp_path / "missing"}))
+    with pytest.raises(StackError, match="DAGs folder"):
+        no_dags.start("")
+    no_driver = Airflow(
+        Settings(data_dir=tmp_path, airflow={"database_url": "postgresql+nosuchdriver://a@127.0.0.1/airflow"})
+    )
+    with pytest.raises(StackError, match="'nosuchdriver', which is not installed"):
+        no_driver.start("")
+    assert all(pid is None for pid in no_driver.pids().values())
+    with pytest.raises(ValidationError, match="postgresql"):
+        Settings(airflow={"database_url": "postgres://a@127.0.0.1/airflow"})
+
+
+def test_airflow_env_command_prints_exports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from infra.cli import cli
+
+    monkeypatch.setenv("TRENDS_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("TRENDS_AIRFLOW__API_PORT", "18555")
+    result = CliRunner().invoke(cli, ["stack", "airflow-env"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines and all(line.startswith("export ") for line in lines)
+    assert f"export AIRFLOW_HOME={tmp_path / 'airflow'}" in lines
+    assert "export AIRFLOW__CORE__EXECUTION_API_SERVER_URL=http://127.0.0.1:18555/execution/" in lines
+    assert lines[0].endswith(':"$PATH"')
+    assert (tmp_path / "airflow" / "airflow.cfg").exists()  # the CLI finds the keys on its first run
+
+
+def test_stack_up_keeps_airflow_opt_in() -> None:
+    from infra import stack
+
+    assert [svc.name for svc in stack.services(Settings())] == ["kafka", "cassandra"]
+    assert [svc.name for svc in stack.services(Settings(), ["airflow", "kafka"])] == ["kafka", "airflow"]
+    with pytest.raises(StackError, match="unknown service"):
+        stack.services(Settings(), ["zookeeper"])
