@@ -5,6 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 JARS := $(VENV)/.jars
+BROWSER := $(VENV)/.browser
 
 .PHONY: help setup demo test test-unit test-services lint format lock stack-down clean
 
@@ -28,12 +29,21 @@ $(JARS): $(INSTALLED) $(wildcard infra/maven/*/pom.xml)
 	$(BIN)/trends stack fetch
 	touch $@
 
+# Debian's headless Chromium and its driver, for the dashboard test (Selenium drives them).
+$(BROWSER):
+	@if ! { command -v chromium && command -v chromedriver; } >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  echo "installing chromium and chromium-driver (Debian packages) for the dashboard test"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null; \
+	fi
+	@mkdir -p $(VENV) && touch $@
+
 setup: $(INSTALLED) $(JARS)
 
 demo: setup
 	$(BIN)/trends demo
 
-test: setup lint
+test: setup $(BROWSER) lint
 	$(BIN)/pytest
 
 test-unit: $(INSTALLED)

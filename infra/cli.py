@@ -27,6 +27,7 @@ SUBCOMMANDS = {
     "speed": "speed_layer.cli:speed",
     "batch": "batch_layer.cli:batch",
     "query": "serving.cli:query",
+    "serve": "serving.cli:serve",
 }
 
 

@@ -329,6 +329,27 @@ class BatchSettings(BaseModel):
     )
 
 
+class ServingSettings(BaseModel):
+    """The query API and dashboard of ``trends serve`` (and the limits that ``trends query`` shares)."""
+
+    host: str = Field("127.0.0.1", description="Address the API and dashboard bind to (loopback by default).")
+    port: int = Field(8000, ge=0, le=65535, description="Port of the API and dashboard.")
+    api_token: SecretStr | None = Field(
+        None,
+        description="If set, every /api/ request needs `Authorization: Bearer <token>` (the dashboard takes it as "
+        "`?token=`); health, readiness, metrics and docs stay open.",
+    )
+    max_window_days: int = Field(31, ge=1, le=3660, description="Longest query window, days.")
+    max_limit: int = Field(200, ge=1, le=10_000, description="Largest `limit`/`top` a query may ask for.")
+    default_baseline: str = Field(
+        "24h", pattern=r"^[1-9][0-9]*[mhd]$", description="Baseline window of trending queries when none is given."
+    )
+    dashboard_refresh_s: float = Field(5.0, gt=0, description="How often the dashboard refreshes itself, seconds.")
+    cassandra_retry_s: float = Field(
+        5.0, gt=0, description="While Cassandra is unreachable, how long the API waits between connection attempts."
+    )
+
+
 LOCAL_ADMIN_PASSWORD = "admin"  # noqa: S105 - documented default of the loopback-only local stack
 
 
@@ -431,6 +452,7 @@ class Settings(BaseSettings):
     speed: SpeedSettings = Field(default_factory=SpeedSettings)
     batch: BatchSettings = Field(default_factory=BatchSettings)
     airflow: AirflowSettings = Field(default_factory=AirflowSettings)
+    serving: ServingSettings = Field(default_factory=ServingSettings)
 
     @field_validator("data_dir", "cache_dir")
     @classmethod

@@ -6,41 +6,33 @@ import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import click
 
 from infra.settings import Settings
 
-MAX_WINDOW = timedelta(days=31)
+
+@contextmanager
+def _bad_query() -> Iterator[None]:
+    """Turn a refused parameter into click's usage error."""
+    from serving.params import BadQueryError
+
+    try:
+        yield
+    except BadQueryError as exc:
+        raise click.BadParameter(exc.message, param_hint=f"--{exc.param.replace('_', '-')}") from exc
 
 
-def _window(last: str | None, start: datetime | None, end: datetime | None) -> tuple[datetime, datetime]:
-    from serving.merge import MINUTE, floor
-    from serving.queries import parse_last
+def _window(
+    settings: Settings, last: str | None, start: datetime | None, end: datetime | None, slice_: str
+) -> tuple[datetime, datetime]:
+    from serving import params
 
-    if last and (start or end):
-        msg = "give either --last or --start/--end"
-        raise click.UsageError(msg)
-    if last:
-        try:
-            length = parse_last(last)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--last") from exc
-        stop = floor(datetime.now(UTC), MINUTE) + MINUTE
-        start, end = stop - length, stop
-    if start is None or end is None:
-        msg = "give --last (e.g. 1h) or both --start and --end"
-        raise click.UsageError(msg)
-    start, end = floor(start, MINUTE), floor(end, MINUTE)
-    if end <= start:
-        msg = f"the window is empty or reversed: {start.isoformat()} .. {end.isoformat()}"
-        raise click.UsageError(msg)
-    if end - start > MAX_WINDOW:
-        msg = f"the window is longer than {MAX_WINDOW.days} days"
-        raise click.UsageError(msg)
-    return start, end
+    with _bad_query():
+        params.slice_name(settings, slice_)
+        return params.window(settings, last, start, end)
 
 
 def _jsonable(value: Any) -> Any:
@@ -97,10 +89,25 @@ def query() -> None:
     """Ask the merged views: summary, trending, series."""
 
 
+@click.command()
+@click.option("--host", help="Bind address (default: serving.host, loopback).")
+@click.option("--port", type=click.IntRange(0, 65535), help="Port (default: serving.port).")
+@click.pass_obj
+def serve(settings: Settings, host: str | None, port: int | None) -> None:
+    """Serve the HTTP API (/api/v1, /docs, /health, /ready, /metrics) and the dashboard (/)."""
+    import uvicorn
+
+    from serving.api import create_app
+
+    host, port = host or settings.serving.host, settings.serving.port if port is None else port
+    click.echo(f"dashboard http://{host}:{port}/  API docs http://{host}:{port}/docs")
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower(), access_log=False)
+
+
 @query.command()
 @window_options
 @click.option("--rank", "ranks", multiple=True, type=click.FloatRange(0, 1), help="Quantile ranks (repeatable).")
-@click.option("--top", default=10, show_default=True, type=click.IntRange(1, 1000), help="Top-N items.")
+@click.option("--top", default=10, show_default=True, type=int, help="Top-N items (up to serving.max_limit).")
 @click.pass_obj
 def summary(
     settings: Settings,
@@ -113,9 +120,11 @@ def summary(
     top: int,
 ) -> None:
     """Show the count, distinct users, value quantiles and top items of a window."""
-    from serving import queries
+    from serving import params, queries
 
-    start, end = _window(last, start, end)
+    start, end = _window(settings, last, start, end, slice_)
+    with _bad_query():
+        params.limit(settings, "top", top)
     with _reader(settings) as reader:
         ans = queries.summary(queries.load(reader, start, end, slice_), ranks or (0.5, 0.9, 0.99), top)
     if as_json:
@@ -138,7 +147,7 @@ def summary(
 @query.command()
 @window_options
 @click.option("--baseline", default="24h", show_default=True, help="Length of the baseline window before it.")
-@click.option("--limit", default=10, show_default=True, type=click.IntRange(1, 200), help="Items to show.")
+@click.option("--limit", default=10, show_default=True, type=int, help="Items to show (up to serving.max_limit).")
 @click.option("--min-support", default=5, show_default=True, type=click.IntRange(1), help="Least recent events.")
 @click.pass_obj
 def trending(
@@ -153,13 +162,13 @@ def trending(
     min_support: int,
 ) -> None:
     """Rank the items rising in the window against the baseline window just before it."""
-    from serving import queries
+    from serving import params, queries
 
-    start, end = _window(last, start, end)
-    try:
-        base_len = queries.parse_last(baseline)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--baseline") from exc
+    start, end = _window(settings, last, start, end, slice_)
+
+    with _bad_query():
+        base_len = params.duration(settings, "baseline", baseline)
+        params.limit(settings, "limit", limit)
     with _reader(settings) as reader:
         recent = queries.load(reader, start, end, slice_)
         base = queries.load(reader, start - base_len, start, slice_)
@@ -192,7 +201,7 @@ def series(
     """Show counts per minute, hour or day (of all events or of one item)."""
     from serving import queries
 
-    start, end = _window(last, start, end)
+    start, end = _window(settings, last, start, end, slice_)
     with _reader(settings) as reader:
         ans = queries.series(queries.load(reader, start, end, slice_, coarsest=resolution), resolution, item)
     if as_json:

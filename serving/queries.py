@@ -15,7 +15,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import datasketches as ds
@@ -129,6 +129,79 @@ def summary(w: Window, ranks: Sequence[float] = (0.5, 0.9, 0.99), top_n: int = 1
 
 
 @dataclass
+class Count:
+    """The exact number of events in a window."""
+
+    start: datetime
+    end: datetime
+    slice: str
+    events: int
+    provenance: Provenance
+
+
+def count(w: Window) -> Count:
+    """Answer the window's event count (exact: both views count every event once)."""
+    return Count(w.start, w.end, w.slice, sum(b.events for b in w.buckets), w.provenance)
+
+
+@dataclass
+class Users:
+    """Distinct users of a window: the HLL estimate and its 95% bounds."""
+
+    start: datetime
+    end: datetime
+    slice: str
+    users: float
+    users_lower: float
+    users_upper: float
+    users_rse: float
+    provenance: Provenance
+
+
+def users(w: Window) -> Users:
+    """Answer the window's distinct users from the union of its HLL sketches."""
+    u = sketches.users([b.users_hll for b in w.buckets], num_std_dev=2)
+    return Users(w.start, w.end, w.slice, u.value, u.lower, u.upper, sketches.HLL_RSE, w.provenance)
+
+
+@dataclass
+class Quantiles:
+    """Value quantiles of a window at the asked ranks, with the KLL rank error."""
+
+    start: datetime
+    end: datetime
+    slice: str
+    quantiles: dict[str, float | None]
+    quantile_rank_error: float
+    provenance: Provenance
+
+
+def quantiles(w: Window, ranks: Sequence[float] = (0.5, 0.9, 0.99)) -> Quantiles:
+    """Answer value quantiles from the merged KLL sketches of the window."""
+    kll = [b.values_kll for b in w.buckets]
+    qs = {str(r): q for r, q in zip(ranks, sketches.quantiles(kll, ranks), strict=True)}
+    return Quantiles(w.start, w.end, w.slice, qs, sketches.kll_rank_error(kll), w.provenance)
+
+
+@dataclass
+class Top:
+    """The most frequent items of a window with their count bounds."""
+
+    start: datetime
+    end: datetime
+    slice: str
+    items: list[dict[str, Any]]
+    items_max_error: int
+    provenance: Provenance
+
+
+def top(w: Window, limit: int = 10) -> Top:
+    """Answer the top-N items from the merged frequent-items sketches."""
+    items, max_error = sketches.top_items([b.items_fi for b in w.buckets], limit=limit)
+    return Top(w.start, w.end, w.slice, [asdict(t) for t in items], max_error, w.provenance)
+
+
+@dataclass
 class TrendingItem:
     """One item's rise from the baseline to the recent window."""
 
@@ -217,15 +290,3 @@ def series(w: Window, resolution: str = "hour", item: str | None = None) -> Seri
         points.append({"start": t, "count": counts.get(t, 0)})
         t += step
     return Series(w.start, w.end, w.slice, resolution, item, points, w.provenance)
-
-
-def parse_last(text: str) -> timedelta:
-    """Parse ``15m``, ``1h``, ``24h``, ``7d`` into a duration.
-
-    :raises ValueError: on anything else.
-    """
-    units = {"m": 60, "h": 3600, "d": 86400}
-    if len(text) < 2 or text[-1] not in units or not text[:-1].isdigit() or int(text[:-1]) <= 0:
-        msg = f"{text!r} is not a duration like 15m, 1h, 24h or 7d"
-        raise ValueError(msg)
-    return timedelta(seconds=int(text[:-1]) * units[text[-1]])

@@ -6,6 +6,7 @@ holds one session (the API keeps one for its lifetime).
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 from collections.abc import Callable, Iterable
@@ -97,6 +98,16 @@ class ViewReader:
             f"SELECT day, hour_runs FROM {table(settings, 'batch_days')} WHERE slice = ? AND month = ?"
         )
         self._pointers: dict[date, dict[datetime, Any]] = {}
+
+    def fresh(self) -> ViewReader:
+        """Return a reader sharing this one's session and prepared statements, with an empty pointer cache.
+
+        A long-lived process (the API) takes one per request: batch reruns move the pointers, and requests served
+        by concurrent threads must not share a cache.
+        """
+        other = copy.copy(self)
+        other._pointers = {}
+        return other
 
     def _exec(self, stmt: Any, params: tuple[Any, ...]) -> Iterable[Any]:
         return self.sess.execute(stmt, params, execution_profile=READ_PROFILE)  # type: ignore[no-any-return]

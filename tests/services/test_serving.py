@@ -17,7 +17,7 @@ from infra import migrations
 from infra.cassandra import session
 from infra.settings import Settings
 from ingestion.model import Event
-from serving import queries
+from serving import params, queries
 from serving.store import ViewReader
 from tests.helpers import speed_drain
 
@@ -142,4 +142,4 @@ def test_bad_windows_are_refused(served: tuple[Settings, list[Event]]) -> None:
     with pytest.raises(ValueError, match="whole minutes"):
         answer(settings, H0 + HOUR, H0)
     with pytest.raises(ValueError, match="15m"):
-        queries.parse_last("15x")
+        params.parse_last("15x")

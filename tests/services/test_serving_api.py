@@ -1,0 +1,286 @@
+"""The HTTP API and dashboard over both real layers, after a generated stream with planted bursts.
+
+The stream (``ingestion.generator``, three historical hours, three planted bursts in the last hour) goes through
+Kafka into the real speed layer and, for the first two hours, the real batch layer. The API runs as ``trends
+serve`` in its own process; the dashboard is opened in Debian's headless Chromium through Selenium.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from confluent_kafka import Producer
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+from batch_layer import job
+from infra import migrations, topics
+from infra.cassandra import session
+from infra.settings import Settings
+from ingestion.generator import Burst, GeneratorConfig, SyntheticStream
+from serving.api import create_app
+from tests.helpers import free_port, speed_drain
+
+pytestmark = pytest.mark.spark
+
+H0 = datetime(2025, 10, 5, 8, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+MIN = timedelta(minutes=1)
+BURSTS = ("#t30:12:140:20", "#t60:12:140:20", "#t90:10:140:20")  # minutes 140-160 of the stream: the 3rd hour
+RECENT = (H0 + 140 * MIN, H0 + 160 * MIN)
+
+
+def iso(t: datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Served:
+    settings: Settings
+    events: list[dict[str, Any]]
+    bursts: set[str]
+
+    def exact(self, start: datetime, end: datetime) -> list[dict[str, Any]]:
+        lo, hi = iso(start), iso(end)
+        return [e for e in self.events if lo <= e["ts"][:19] + "Z" < hi]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, stack_up: Settings, spark: Any) -> Iterator[Served]:
+    run = random.randrange(1 << 30)
+    topic, keyspace = f"test.api.{run}", f"test_api_{run}"
+    topics.ensure_topics(stack_up.kafka, [topics.TopicSpec(topic, 3, 1, {"retention.ms": "-1"})])
+    settings = stack_up.model_copy(
+        update={
+            "kafka": stack_up.kafka.model_copy(update={"events_topic": topic}),
+            "cassandra": stack_up.cassandra.model_copy(update={"keyspace": keyspace}),
+            "batch": stack_up.batch.model_copy(update={"lateness_s": 300, "grace_s": 300}),
+            "views": stack_up.views.model_copy(update={"slice_dims": ["country"]}),
+        }
+    )
+    migrations.migrate(settings)
+    config = GeneratorConfig(
+        seed=run,
+        start=H0,
+        end=H0 + 3 * HOUR,
+        event_rate=4.0,
+        rate=None,
+        items=300,
+        users=5000,
+        bursts=tuple(Burst.parse(b) for b in BURSTS),
+    )
+    stream = SyntheticStream(config)
+    producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True, "acks": "all"})
+    events = []
+    for chunk in stream.chunks():
+        for value, key, ts in zip(chunk.values, chunk.keys, chunk.ts_ms, strict=True):
+            producer.produce(topic, key=key, value=value, timestamp=ts)
+            events.append(json.loads(value))
+        producer.poll(0)
+    assert producer.flush(30) == 0
+    speed_drain(settings, tmp_path_factory.mktemp("speed"), lateness_s=3600)
+    job.run(settings, H0, H0 + 2 * HOUR, spark=spark)
+    yield Served(settings, events, {b.split(":")[0] for b in BURSTS})
+    with session(stack_up) as sess:
+        sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+    topics.delete_topics(stack_up.kafka, [topic])
+
+
+@pytest.fixture(scope="module")
+def server(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Run ``trends serve`` in its own process, as an operator would."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    env = {**os.environ, **served.settings.to_env(), "TRENDS_SERVING__PORT": str(port)}
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "trends"), "serve"], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            try:
+                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def test_answers_are_exact_or_within_their_bounds(served: Served, server: str) -> None:
+    start, end = H0 + 30 * MIN, H0 + 170 * MIN
+    truth = served.exact(start, end)
+    window = {"start": iso(start), "end": iso(end)}
+    ranks = [0.1, 0.5, 0.9, 0.99]
+    got = httpx.get(f"{server}/api/v1/summary", params={**window, "rank": ranks, "top": 5}, timeout=30).json()
+    assert got["events"] == len(truth)
+    assert got["users_lower"] <= len({e["user"] for e in truth}) <= got["users_upper"]
+    values = sorted(e["value"] for e in truth)
+    for r in ranks:
+        q = got["quantiles"][str(r)]
+        lo, hi = bisect.bisect_left(values, q) / len(values), bisect.bisect_right(values, q) / len(values)
+        assert lo - got["quantile_rank_error"] <= r <= hi + got["quantile_rank_error"], (r, q, lo, hi)
+    counts = Counter(e["item"] for e in truth)
+    for t in got["top_items"]:
+        assert t["lower"] <= counts[t["item"]] <= t["upper"]
+    spans = [(s["layer"], s["resolution"]) for s in got["provenance"]["spans"]]
+    assert spans == [("batch", "minute"), ("batch", "hour"), ("speed", "minute")]
+    assert got["provenance"]["boundary"] == iso(H0 + 2 * HOUR)
+    # the separate endpoints agree with the summary
+    assert httpx.get(f"{server}/api/v1/count", params=window).json()["events"] == len(truth)
+    users = httpx.get(f"{server}/api/v1/users", params=window).json()
+    assert users["users"] == pytest.approx(got["users"]) and users["users_rse"] > 0
+    top = httpx.get(f"{server}/api/v1/top", params={**window, "limit": 5}).json()
+    assert [t["item"] for t in top["items"]] == [t["item"] for t in got["top_items"]]
+    slice_ = httpx.get(f"{server}/api/v1/count", params={**window, "slice": "country=US"}).json()
+    assert slice_["events"] == sum(1 for e in truth if e["dims"]["country"] == "US")
+
+
+def test_planted_bursts_trend_first_on_the_api(served: Served, server: str) -> None:
+    params = {"start": iso(RECENT[0]), "end": iso(RECENT[1]), "baseline": "2h", "limit": 10}
+    got = httpx.get(f"{server}/api/v1/trending", params=params, timeout=30).json()
+    top10 = [t["item"] for t in got["items"]]
+    assert served.bursts <= set(top10), top10  # recall@10 of the planted bursts: 100%
+    assert set(top10[:3]) == served.bursts
+    assert got["provenance"]["recent"]["gaps"] == []
+    assert {s["layer"] for s in got["provenance"]["baseline"]["spans"]} == {"batch", "speed"}
+
+
+def test_series_per_hour_and_per_item(served: Served, server: str) -> None:
+    window = {"start": iso(H0), "end": iso(H0 + 3 * HOUR)}
+    got = httpx.get(f"{server}/api/v1/series", params={**window, "resolution": "hour"}).json()
+    per_hour = Counter(e["ts"][:13] for e in served.events)
+    assert [p["count"] for p in got["points"]] == [per_hour[iso(H0 + i * HOUR)[:13]] for i in range(3)]
+    burst = sorted(served.bursts)[0]
+    mins = httpx.get(
+        f"{server}/api/v1/series",
+        params={"start": iso(RECENT[0]), "end": iso(RECENT[1]), "resolution": "minute", "item": burst},
+    ).json()
+    exact = sum(1 for e in served.exact(*RECENT) if e["item"] == burst)
+    assert len(mins["points"]) == 20 and sum(p["count"] for p in mins["points"]) == exact
+
+
+def test_ops_endpoints(server: str) -> None:
+    assert httpx.get(f"{server}/health").json() == {"status": "ok"}
+    status = httpx.get(f"{server}/api/v1/status").json()
+    assert status["boundary"] == iso(H0 + 2 * HOUR) and status["speed_newest_event"] is not None
+    assert status["speed_lag_s"] > 0
+    spec = httpx.get(f"{server}/openapi.json").json()
+    assert {"/api/v1/trending", "/api/v1/top", "/api/v1/users", "/api/v1/quantiles", "/api/v1/series"} <= set(
+        spec["paths"]
+    )
+    assert httpx.get(f"{server}/docs").status_code == 200
+    metrics = httpx.get(f"{server}/metrics").text
+    assert 'trends_api_requests_total{route="/api/v1/status",status="200"}' in metrics
+    assert "trends_api_cassandra_up 1.0" in metrics
+
+
+BAD_REQUESTS = [
+    ("/api/v1/count?slice=carrier%3DAA&last=1h", 400, "unknown slice dimension 'carrier'"),
+    ("/api/v1/count?slice=JFK&last=1h", 400, "is not `*` or a slice"),
+    ("/api/v1/count?start=2026-01-02T00:00Z&end=2026-01-01T00:00Z", 400, "reversed"),
+    ("/api/v1/count?start=2026-01-01T00:00Z&end=2026-03-01T00:00Z", 400, "longer than 31 days"),
+    ("/api/v1/count?last=90d", 400, "longer than 31 days"),
+    ("/api/v1/count?start=2026-01-01T00:00&end=2026-01-02T00:00Z", 400, "no time zone"),
+    ("/api/v1/count?start=yesterday&end=2026-01-02T00:00Z", 400, "not an ISO-8601 time"),
+    ("/api/v1/count?last=1y", 400, "not a duration"),
+    ("/api/v1/count?last=1h&start=2026-01-01T00:00Z", 400, "not both"),
+    ("/api/v1/count", 400, "give last"),
+    ("/api/v1/top?last=1h&limit=201", 400, "between 1 and 200"),
+    ("/api/v1/top?last=1h&limit=0", 400, "between 1 and 200"),
+    ("/api/v1/trending?last=1h&limit=5000", 400, "between 1 and 200"),
+    ("/api/v1/trending?last=1h&baseline=60d", 400, "baseline"),
+    ("/api/v1/trending?last=1h&min_support=0", 422, "greater than or equal to 1"),
+    ("/api/v1/quantiles?last=1h&rank=1.5", 400, "between 0 and 1"),
+    ("/api/v1/quantiles?last=1h&rank=median", 422, "valid number"),
+    ("/api/v1/series?last=30d&resolution=minute", 400, "coarser resolution"),
+    ("/api/v1/series?last=1h&resolution=week", 422, "minute"),
+    ("/api/v1/top?last=1h&limit=ten", 422, "valid integer"),
+]
+
+
+@pytest.mark.parametrize(("path", "status", "fragment"), BAD_REQUESTS)
+def test_bad_requests_get_a_4xx_with_a_message(served: Served, path: str, status: int, fragment: str) -> None:
+    with TestClient(create_app(served.settings)) as client:
+        r = client.get(path)
+    assert r.status_code == status, r.text
+    assert fragment in json.dumps(r.json()["detail"]), r.text
+
+
+def test_the_api_token_protects_queries_not_health(served: Served) -> None:
+    s = served.settings
+    locked = s.model_copy(update={"serving": s.serving.model_copy(update={"api_token": SecretStr("s3cret")})})
+    with TestClient(create_app(locked)) as client:
+        assert client.get("/api/v1/count?last=1h").status_code == 401
+        assert client.get("/api/v1/count?last=1h", headers={"Authorization": "Bearer nope"}).status_code == 401
+        ok = client.get("/api/v1/count?last=1h", headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200 and ok.json()["events"] == 0
+        assert client.get("/health").status_code == 200 and client.get("/ready").status_code == 200
+
+
+def test_cassandra_unreachable_is_a_503_with_a_reason(served: Served) -> None:
+    s = served.settings
+    nowhere = s.model_copy(update={"cassandra": s.cassandra.model_copy(update={"port": free_port()})})
+    with TestClient(create_app(nowhere), raise_server_exceptions=False) as client:
+        assert client.get("/health").status_code == 200
+        ready = client.get("/ready")
+        assert ready.status_code == 503 and "Cassandra at 127.0.0.1" in ready.json()["detail"]
+        r = client.get("/api/v1/trending?last=1h")
+        assert r.status_code == 503 and r.headers["retry-after"] == "5"
+        assert "unavailable" in r.json()["detail"] and "Traceback" not in r.text
+        assert "trends_api_cassandra_up 0.0" in client.get("/metrics").text
+
+
+def test_dashboard_in_headless_chromium(served: Served, server: str, artifacts_dir: Path) -> None:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser, driver_bin = shutil.which("chromium"), shutil.which("chromedriver")
+    assert browser and driver_bin, "Debian's chromium and chromium-driver are needed (`make test` installs them)"
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,800"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(driver_bin))
+    try:
+        driver.get(f"{server}/?start={iso(RECENT[0])}&end={iso(RECENT[1])}&baseline=2h&limit=10")
+        WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#trending li[data-item]"))
+        items = [li.get_attribute("data-item") for li in driver.find_elements(By.CSS_SELECTOR, "#trending li")]
+        assert set(items[:3]) == served.bursts, items
+        assert len(driver.find_elements(By.CSS_SELECTOR, "#trending svg.spark path")) == len(items)
+        assert driver.find_elements(By.CSS_SELECTOR, "#top li[data-item]")
+        assert driver.find_element(By.ID, "boundary").text.startswith(iso(H0 + 2 * HOUR)[:10])
+        assert driver.find_element(By.ID, "gaps").text == "no gaps"
+        assert not driver.find_element(By.ID, "error").is_displayed()
+        first = driver.find_element(By.TAG_NAME, "body").get_attribute("data-loaded")
+        WebDriverWait(driver, 30).until(
+            lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-loaded") != first
+        )  # it refreshes itself
+        shot = artifacts_dir / "dashboard.png"
+        assert driver.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+    finally:
+        driver.quit()

@@ -1,0 +1,81 @@
+"""Query parameter validation shared by the CLI and the API: every refusal names its parameter."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from infra.settings import Settings
+from serving import params
+
+NOW = datetime(2026, 5, 1, 10, 17, 42, tzinfo=UTC)
+
+
+@pytest.fixture
+def settings() -> Settings:
+    s = Settings()
+    return s.model_copy(update={"views": s.views.model_copy(update={"slice_dims": ["origin"]})})
+
+
+def test_last_ends_at_the_end_of_the_current_minute(settings: Settings) -> None:
+    assert params.window(settings, "1h", None, None, now=NOW) == (
+        datetime(2026, 5, 1, 9, 18, tzinfo=UTC),
+        datetime(2026, 5, 1, 10, 18, tzinfo=UTC),
+    )
+
+
+def test_absolute_windows_are_floored_to_minutes(settings: Settings) -> None:
+    start, end = params.window(settings, None, NOW, NOW + timedelta(hours=2))
+    assert (start.second, end.second, end - start) == (0, 0, timedelta(hours=2))
+
+
+@pytest.mark.parametrize(
+    ("last", "start", "end", "param", "fragment"),
+    [
+        ("1h", NOW, None, "last", "not both"),
+        ("15x", None, None, "last", "15m"),
+        ("0h", None, None, "last", "not a duration"),
+        (None, NOW, None, "end", "both start and end"),
+        (None, None, None, "start", "both start and end"),
+        (None, NOW, NOW - timedelta(hours=1), "end", "reversed"),
+        (None, NOW, NOW + timedelta(seconds=10), "end", "empty"),
+        (None, NOW, NOW + timedelta(days=32), "end", "longer than 31 days"),
+    ],
+)
+def test_bad_windows(
+    settings: Settings, last: str | None, start: datetime | None, end: datetime | None, param: str, fragment: str
+) -> None:
+    with pytest.raises(params.BadQueryError, match=fragment) as exc:
+        params.window(settings, last, start, end, now=NOW)
+    assert exc.value.param == param
+
+
+def test_times_need_an_offset() -> None:
+    assert params.parse_time("start", "2026-05-01T10:00+02:00") == datetime(2026, 5, 1, 8, tzinfo=UTC)
+    assert params.parse_time("start", "2026-05-01T10:00Z") == datetime(2026, 5, 1, 10, tzinfo=UTC)
+    with pytest.raises(params.BadQueryError, match="no time zone"):
+        params.parse_time("start", "2026-05-01T10:00")
+    with pytest.raises(params.BadQueryError, match="not an ISO-8601 time"):
+        params.parse_time("end", "yesterday")
+
+
+def test_slices(settings: Settings) -> None:
+    assert params.slice_name(settings, "*") == "*"
+    assert params.slice_name(settings, "origin=JFK") == "origin=JFK"
+    with pytest.raises(params.BadQueryError, match="unknown slice dimension 'carrier'"):
+        params.slice_name(settings, "carrier=AA")
+    with pytest.raises(params.BadQueryError, match="is not `\\*` or a slice"):
+        params.slice_name(settings, "JFK")
+
+
+def test_limits_and_ranks(settings: Settings) -> None:
+    assert params.limit(settings, "limit", 200) == 200
+    with pytest.raises(params.BadQueryError, match="between 1 and 200"):
+        params.limit(settings, "limit", 201)
+    assert params.ranks([]) == (0.5, 0.9, 0.99)
+    assert params.ranks([0.0, 1.0]) == (0.0, 1.0)
+    with pytest.raises(params.BadQueryError, match="between 0 and 1"):
+        params.ranks([1.5])
+    with pytest.raises(params.BadQueryError, match="31 days"):
+        params.duration(settings, "baseline", "40d")
