@@ -5,18 +5,28 @@ per-minute sketches in both views (batch: minutes, hourly and daily rollups up t
 every minute), then times the trending query (recent window vs the window of the same length before it) through
 the library, as the API runs it, and prints p50/p99 per window (goal p99 <= 20 / 50 / 100 ms). Beside it, the bare
 baseline: the same Cassandra reads of the same rows without planning or merging, and the ratio of the two.
+
+Then ``trends serve`` runs in its own process over the same keyspace and 8 concurrent clients (threads, one HTTP
+connection each) send trending requests for ``--http-seconds``: requests/s and p50/p99 over HTTP are printed, beside
+the same clients against ``/health`` of the same server (the bare HTTP round trip) and the ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
+import subprocess
+import sys
+import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import datasketches as ds
+import httpx
 
 from batch_layer.store import BatchStore
 from infra import migrations
@@ -102,8 +112,8 @@ def bench(settings: Settings, end: datetime, window: timedelta, runs: int) -> tu
         for i in range(runs + 3):
             reader = ViewReader(settings, sess)
             t0 = time.perf_counter()
-            recent = queries.load(reader, end - window, end, "*")
-            base = queries.load(reader, end - 2 * window, end - window, "*")
+            windows = [(end - window, end), (end - 2 * window, end - window)]
+            recent, base = queries.load_many(reader, windows, "*", fields=queries.NEEDS["trending"])
             queries.trending(recent, base, limit=10, min_support=5)
             t1 = time.perf_counter()
             # bare baseline: the same row reads, planned in advance, no coverage look-ups, no merging
@@ -114,7 +124,7 @@ def bench(settings: Settings, end: datetime, window: timedelta, runs: int) -> tu
             ]
             t2 = time.perf_counter()
             for sp in spans:
-                reader.read(sp, "*")
+                reader.read(sp, "*", queries.NEEDS["trending"])
             t3 = time.perf_counter()
             if i >= 3:  # first runs prepare statements and warm the driver
                 times.append((t1 - t0) * 1000)
@@ -123,11 +133,77 @@ def bench(settings: Settings, end: datetime, window: timedelta, runs: int) -> tu
     return times, bare, rows
 
 
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
+def hammer(url: str, clients: int, seconds: float) -> tuple[int, list[float], int]:
+    """Send GETs of ``url`` from ``clients`` threads for ``seconds``; return requests, latencies (ms), errors."""
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    errors = [0] * clients
+    stop = time.monotonic() + seconds
+
+    def client(i: int) -> None:
+        with httpx.Client(timeout=30) as http:
+            while time.monotonic() < stop:
+                t0 = time.perf_counter()
+                r = http.get(url)
+                latencies[i].append((time.perf_counter() - t0) * 1000)
+                errors[i] += r.status_code != 200
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    flat = [x for per in latencies for x in per]
+    return len(flat), flat, sum(errors)
+
+
+def http_bench(settings: Settings, end: datetime, clients: int, seconds: float) -> None:
+    """Run ``trends serve`` on the bench keyspace and load it with concurrent clients."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, **settings.to_env(), "TRENDS_SERVING__PORT": str(port), "TRENDS_LOG_LEVEL": "WARNING"}
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "trends"), "serve"], env=env, stdout=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise SystemExit("trends serve did not become ready")
+            time.sleep(0.3)
+        bare_n, bare_lat, _ = hammer(f"{base}/health", clients, seconds)
+        print(f"http /health     {clients} clients: {bare_n / seconds:7.0f} req/s  p50 {pct(bare_lat, 0.5):6.1f} ms")
+        for label in ("1h", "24h"):
+            start = (end - (HOUR if label == "1h" else DAY)).strftime("%Y-%m-%dT%H:%MZ")
+            url = f"{base}/api/v1/trending?start={start}&end={end:%Y-%m-%dT%H:%MZ}&baseline={label}&limit=10"
+            n, lat, errors = hammer(url, clients, seconds)
+            print(
+                f"http trending {label:>3} {clients} clients: {n / seconds:7.0f} req/s  p50 {pct(lat, 0.5):6.1f} ms  "
+                f"p99 {pct(lat, 0.99):6.1f} ms  errors {errors}  | ratio to /health {n / bare_n:4.2f}"
+            )
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--days", type=int, default=7)
     parser.add_argument("--per-minute", type=int, default=100)
-    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--http-seconds", type=float, default=20.0)
     args = parser.parse_args()
     base = Settings()
     keyspace = f"bench_serving_{uuid.uuid4().hex[:6]}"
@@ -141,13 +217,13 @@ def main() -> None:
         goals = {"1h": 20, "24h": 50, "7d": 100}
         for label, window in (("1h", HOUR), ("24h", DAY), ("7d", 7 * DAY)):
             times, bare, rows = bench(settings, end, window, args.runs)
-            times.sort()
-            p50, p99 = statistics.median(times), times[min(len(times) - 1, int(len(times) * 0.99))]
+            p50, p99 = statistics.median(times), pct(times, 0.99)
             b50 = statistics.median(bare)
             print(
                 f"trending {label:>3}: p50 {p50:6.1f} ms  p99 {p99:6.1f} ms  | bare reads p50 {b50:6.1f} ms  "
                 f"ratio {p50 / b50:4.2f}  ({rows} rows; goal p99 <= {goals[label]} ms)"
             )
+        http_bench(settings, end, args.clients, args.http_seconds)
     finally:
         with session(base) as sess:
             sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")

@@ -166,11 +166,13 @@ class Views:
         self.backend = backend
         self.metrics = metrics
 
-    def load(self, w: WindowQuery, coarsest: str = "day", before: timedelta | None = None) -> queries.Window:
-        """Read the window (or the ``before`` long one just before it) with the merge rule."""
-        start, end = (w.start, w.end) if before is None else (w.start - before, w.start)
+    def load(
+        self, w: WindowQuery, answer: str, coarsest: str = "day", before: timedelta | None = None
+    ) -> list[queries.Window]:
+        """Read the window (and the ``before`` long one just before it, if asked) for an answer."""
+        windows = [(w.start, w.end)] if before is None else [(w.start, w.end), (w.start - before, w.start)]
         try:
-            out = queries.load(self.backend.reader(), start, end, w.slice, coarsest)
+            out = queries.load_many(self.backend.reader(), windows, w.slice, coarsest, queries.NEEDS[answer])
         except _driver_errors() as exc:
             raise CassandraUnavailableError(_reason(exc)) from exc
         self.metrics.cassandra_up.set(1)
@@ -232,31 +234,31 @@ router = APIRouter(prefix=API_PREFIX, dependencies=[Depends(_authorize)], tags=[
 @router.get("/count", response_model=queries.Count)
 def count(w: Win, v: Reader) -> queries.Count:
     """Count the events of a window (exact)."""
-    return queries.count(v.load(w))
+    return queries.count(v.load(w, "count")[0])
 
 
 @router.get("/users", response_model=queries.Users)
 def users(w: Win, v: Reader) -> queries.Users:
     """Estimate the distinct users of a window (HLL, with 95% bounds)."""
-    return queries.users(v.load(w))
+    return queries.users(v.load(w, "users")[0])
 
 
 @router.get("/quantiles", response_model=queries.Quantiles)
 def quantiles(w: Win, v: Reader, rank: Ranks = None) -> queries.Quantiles:
     """Estimate value quantiles of a window at any ranks (KLL, with its rank error)."""
-    return queries.quantiles(v.load(w), _ranks(rank))
+    return queries.quantiles(v.load(w, "quantiles")[0], _ranks(rank))
 
 
 @router.get("/top", response_model=queries.Top)
 def top(w: Win, v: Reader, limit: int = 10) -> queries.Top:
     """List the top-N items of a window with their count bounds (frequent items)."""
-    return queries.top(v.load(w), v.limit("limit", limit))
+    return queries.top(v.load(w, "top")[0], v.limit("limit", limit))
 
 
 @router.get("/summary", response_model=queries.Summary)
 def summary(w: Win, v: Reader, rank: Ranks = None, top: int = 10) -> queries.Summary:
     """Answer count, users, quantiles and top items of a window at once."""
-    return queries.summary(v.load(w), _ranks(rank), v.limit("top", top))
+    return queries.summary(v.load(w, "summary")[0], _ranks(rank), v.limit("top", top))
 
 
 @router.get("/trending", response_model=queries.Trending)
@@ -273,7 +275,8 @@ def trending(
     except params.BadQueryError as exc:
         raise _bad(exc) from None
     n = v.limit("limit", limit)
-    return queries.trending(v.load(w), v.load(w, before=base_len), n, min_support)
+    recent, base = v.load(w, "trending", before=base_len)
+    return queries.trending(recent, base, n, min_support)
 
 
 @router.get("/series", response_model=queries.Series)
@@ -287,7 +290,8 @@ def series(
     points = (w.end - w.start) / queries.RESOLUTIONS[resolution]
     if points > MAX_POINTS:
         raise HTTPException(400, f"resolution: {points:.0f} points; ask for a coarser resolution")
-    return queries.series(v.load(w, coarsest=resolution), resolution, item)
+    answer = "series_item" if item else "series"
+    return queries.series(v.load(w, answer, coarsest=resolution)[0], resolution, item)
 
 
 @router.get("/status")

@@ -170,8 +170,8 @@ def trending(
         base_len = params.duration(settings, "baseline", baseline)
         params.limit(settings, "limit", limit)
     with _reader(settings) as reader:
-        recent = queries.load(reader, start, end, slice_)
-        base = queries.load(reader, start - base_len, start, slice_)
+        windows = [(start, end), (start - base_len, start)]
+        recent, base = queries.load_many(reader, windows, slice_, fields=queries.NEEDS["trending"])
         ans = queries.trending(recent, base, limit, min_support)
     if as_json:
         click.echo(json.dumps(_jsonable(ans), indent=2))
@@ -203,7 +203,8 @@ def series(
 
     start, end = _window(settings, last, start, end, slice_)
     with _reader(settings) as reader:
-        ans = queries.series(queries.load(reader, start, end, slice_, coarsest=resolution), resolution, item)
+        need = queries.NEEDS["series_item" if item else "series"]
+        ans = queries.series(queries.load(reader, start, end, slice_, resolution, need), resolution, item)
     if as_json:
         click.echo(json.dumps(_jsonable(ans), indent=2))
         return

@@ -11,6 +11,7 @@ cannot dominate. Items need ``min_support`` recent events; they rank by lift, th
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
@@ -21,12 +22,24 @@ from typing import Any
 import datasketches as ds
 
 from serving.merge import DAY, HOUR, MINUTE, Span, floor, plan
-from serving.store import Bucket, Coverage, ViewReader
+from serving.store import SKETCH_FIELDS, Bucket, Coverage, ViewReader
 from views import sketches
 
 logger = logging.getLogger(__name__)
 
 RESOLUTIONS = {"minute": MINUTE, "hour": HOUR, "day": DAY}
+
+# The sketches each answer reads (the count is always read).
+NEEDS: dict[str, tuple[str, ...]] = {
+    "count": (),
+    "users": ("users_hll",),
+    "quantiles": ("values_kll",),
+    "top": ("items_fi",),
+    "trending": ("items_fi",),
+    "series": (),
+    "series_item": ("items_fi",),
+    "summary": SKETCH_FIELDS,
+}
 
 
 @dataclass
@@ -71,19 +84,43 @@ class Window:
     provenance: Provenance
 
 
-def load(reader: ViewReader, start: datetime, end: datetime, slice_: str, coarsest: str = "day") -> Window:
-    """Plan the window with the merge rule (rollups no coarser than ``coarsest``) and read its rows."""
-    cov = reader.coverage(start, end, slice_)
-    spans = plan(
-        start,
-        end,
-        cov.boundary,
-        cov.batch_hours,
-        cov.current_days,
-        cov.speed_fresh_until,
-        coarsest,  # type: ignore[arg-type]
-    )
-    return Window(start, end, slice_, reader.read(spans, slice_), Provenance.of(spans, cov))
+def load(
+    reader: ViewReader,
+    start: datetime,
+    end: datetime,
+    slice_: str,
+    coarsest: str = "day",
+    fields: Sequence[str] = SKETCH_FIELDS,
+) -> Window:
+    """Plan the window with the merge rule (rollups no coarser than ``coarsest``) and read its rows.
+
+    :arg fields: the sketches the answer needs (:data:`NEEDS`); the others are left empty.
+    """
+    return load_many(reader, [(start, end)], slice_, coarsest, fields)[0]
+
+
+def load_many(
+    reader: ViewReader,
+    windows: Sequence[tuple[datetime, datetime]],
+    slice_: str,
+    coarsest: str = "day",
+    fields: Sequence[str] = SKETCH_FIELDS,
+) -> list[Window]:
+    """Load disjoint windows (e.g. trending's recent and baseline) with one coverage read and one round of reads."""
+    ordered = sorted(windows)
+    if any(a[1] > b[0] for a, b in itertools.pairwise(ordered)):
+        msg = f"windows overlap: {windows}"
+        raise ValueError(msg)
+    cov = reader.coverage(min(w[0] for w in windows), max(w[1] for w in windows), slice_)
+    plans = [
+        plan(start, end, cov.boundary, cov.batch_hours, cov.current_days, cov.speed_fresh_until, coarsest)  # type: ignore[arg-type]
+        for start, end in windows
+    ]
+    buckets = reader.read([s for spans in plans for s in spans], slice_, fields)
+    return [
+        Window(start, end, slice_, [b for b in buckets if start <= b.start < end], Provenance.of(spans, cov))
+        for (start, end), spans in zip(windows, plans, strict=True)
+    ]
 
 
 @dataclass

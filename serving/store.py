@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+SKETCH_FIELDS = ("users_hll", "values_kll", "items_fi")
+
 
 @dataclass(frozen=True)
 class Bucket:
@@ -78,26 +80,38 @@ class ViewReader:
         self.q_progress = p(
             f"SELECT newest_event_ts, updated_at FROM {table(settings, 'speed_progress')} WHERE query = ?"
         )
-        self.q_days = p(
-            f"SELECT day, hour_runs, events, users_hll, values_kll, items_fi FROM {table(settings, 'batch_days')} "
-            "WHERE slice = ? AND month = ? AND day >= ? AND day < ?"
-        )
-        self.q_hours = p(
-            f"SELECT hour, run_id, events, users_hll, values_kll, items_fi FROM {table(settings, 'batch_hours')} "
-            "WHERE slice = ? AND day = ? AND hour >= ? AND hour < ?"
-        )
-        self.q_minutes = p(
-            f"SELECT bucket_start, events, users_hll, values_kll, items_fi FROM {table(settings, 'batch_minutes')} "
-            "WHERE slice = ? AND hour = ? AND run_id = ? AND bucket_start >= ? AND bucket_start < ?"
-        )
-        self.q_speed = p(
-            f"SELECT bucket_start, events, users_hll, values_kll, items_fi FROM {table(settings, 'speed_view')} "
-            "WHERE slice = ? AND day = ? AND bucket_start >= ? AND bucket_start < ?"
-        )
+        self._rows: dict[frozenset[str], dict[str, Any]] = {}
         self.q_day_rollups = p(
             f"SELECT day, hour_runs FROM {table(settings, 'batch_days')} WHERE slice = ? AND month = ?"
         )
         self._pointers: dict[date, dict[datetime, Any]] = {}
+
+    def _row_statements(self, fields: frozenset[str]) -> dict[str, Any]:
+        """Return the row reads selecting only ``fields`` of the sketches (prepared once per field set)."""
+        stmts = self._rows.get(fields)
+        if stmts is None:
+            cols = ", ".join(["events", *(f for f in SKETCH_FIELDS if f in fields)])
+            p, t = self.sess.prepare, functools.partial(table, self.settings)
+            stmts = {
+                "days": p(
+                    f"SELECT day, hour_runs, {cols} FROM {t('batch_days')} "
+                    "WHERE slice = ? AND month = ? AND day >= ? AND day < ?"
+                ),
+                "hours": p(
+                    f"SELECT hour, run_id, {cols} FROM {t('batch_hours')} "
+                    "WHERE slice = ? AND day = ? AND hour >= ? AND hour < ?"
+                ),
+                "minutes": p(
+                    f"SELECT bucket_start, {cols} FROM {t('batch_minutes')} "
+                    "WHERE slice = ? AND hour = ? AND run_id = ? AND bucket_start >= ? AND bucket_start < ?"
+                ),
+                "speed": p(
+                    f"SELECT bucket_start, {cols} FROM {t('speed_view')} "
+                    "WHERE slice = ? AND day = ? AND bucket_start >= ? AND bucket_start < ?"
+                ),
+            }
+            self._rows[fields] = stmts
+        return stmts
 
     def fresh(self) -> ViewReader:
         """Return a reader sharing this one's session and prepared statements, with an empty pointer cache.
@@ -128,27 +142,41 @@ class ViewReader:
             self._pointers[day] = {utc(r.hour): r.run_id for r in rows}  # type: ignore[misc]
 
     def coverage(self, start: datetime, end: datetime, slice_: str) -> Coverage:
-        """Read the boundary, the completed hours, current daily rollups and the speed freshness."""
-        row = next(iter(self._exec(self.q_watermark, ("batch",))), None)
-        low, mark, pinned = (utc(row.low), utc(row.watermark), utc(row.pinned)) if row else (None, None, None)
-        boundary = pinned or mark
-        hours: set[datetime] = set()
-        current: set[date] = set()
-        months: dict[str, list[date]] = {}
+        """Read the boundary, the completed hours, current daily rollups and the speed freshness.
+
+        All of it in one round of concurrent reads: the watermark, the speed progress, the hour pointers of the
+        window's days (those not cached yet) and the daily rollups' fingerprints of its months.
+        """
         days = _days(start, end)
-        self._load_pointers(days)
+        missing = [d for d in days if d not in self._pointers]
+        months: dict[str, list[date]] = {}
         for day in days:
-            hours |= set(self._pointers[day])
             months.setdefault(day.strftime("%Y-%m"), []).append(day)
-        month_rows = self._exec_many([(self.q_day_rollups, (slice_, m)) for m in months])
-        for (_month, month_days), rows in zip(months.items(), month_rows, strict=True):
+        rows = self._exec_many(
+            [
+                (self.q_watermark, ("batch",)),
+                (self.q_progress, (self.settings.speed.query_name,)),
+                *((self.q_pointers, (d,)) for d in missing),
+                *((self.q_day_rollups, (slice_, m)) for m in months),
+            ]
+        )
+        mark_rows, prog_rows, rest = rows[0], rows[1], rows[2:]
+        for day, pointer_rows in zip(missing, rest[: len(missing)], strict=True):
+            self._pointers[day] = {utc(r.hour): r.run_id for r in pointer_rows}  # type: ignore[misc]
+        current: set[date] = set()
+        for month_days, rollups in zip(months.values(), rest[len(missing) :], strict=True):
             wanted = set(month_days)
-            for r in rows:
+            for r in rollups:
                 if r.day in wanted and r.hour_runs == fingerprint_of(self._pointers[r.day]):
                     current.add(r.day)
-        prog = next(iter(self._exec(self.q_progress, (self.settings.speed.query_name,))), None)
+        hours: set[datetime] = set()
+        for day in days:
+            hours |= set(self._pointers[day])
+        row = mark_rows[0] if mark_rows else None
+        low, mark, pinned = (utc(row.low), utc(row.watermark), utc(row.pinned)) if row else (None, None, None)
+        prog = prog_rows[0] if prog_rows else None
         return Coverage(
-            boundary=boundary,
+            boundary=pinned or mark,
             pinned=pinned is not None,
             batch_low=low,
             batch_hours=hours,
@@ -157,11 +185,14 @@ class ViewReader:
             speed_updated_at=utc(prog.updated_at) if prog else None,
         )
 
-    def read(self, spans: list[Span], slice_: str) -> list[Bucket]:
+    def read(self, spans: list[Span], slice_: str, fields: Iterable[str] = SKETCH_FIELDS) -> list[Bucket]:
         """Return the rows that serve the spans (gaps read nothing), with all reads issued concurrently.
 
-        Consecutive whole hours of a day are read with one range query; rows of other runs are dropped.
+        Consecutive whole hours of a day are read with one range query; rows of other runs are dropped. Only the
+        sketches in ``fields`` are read (the others are empty in the buckets): an answer that needs the items only
+        moves a fraction of the bytes.
         """
+        stmt = self._row_statements(frozenset(fields))
         requests: list[tuple[Any, tuple[Any, ...]]] = []
         keep: list[Callable[[Any], Bucket | None]] = []
 
@@ -176,14 +207,14 @@ class ViewReader:
             if span.layer == "speed":
                 for day in _days(span.start, span.end):
                     add(
-                        self.q_speed,
+                        stmt["speed"],
                         (slice_, day, span.start, span.end),
                         lambda r: self._bucket(utc(r.bucket_start), "minute", "speed", r),
                     )
             elif span.resolution == "day":
                 day = span.start.date()
                 add(
-                    self.q_days,
+                    stmt["days"],
                     (slice_, day.strftime("%Y-%m"), day, day + timedelta(days=1)),
                     functools.partial(self._bucket, span.start, "day", "batch"),
                 )
@@ -193,7 +224,7 @@ class ViewReader:
                 hour = floor(span.start, HOUR)
                 run = self.pointers(hour.date()).get(hour)
                 add(
-                    self.q_minutes,
+                    stmt["minutes"],
                     (slice_, hour, run, span.start, span.end),
                     lambda r: self._bucket(utc(r.bucket_start), "minute", "batch", r),
                 )
@@ -208,7 +239,7 @@ class ViewReader:
                     return self._bucket(hour, "hour", "batch", r)
                 return None
 
-            add(self.q_hours, (slice_, day, lo, hi), hour_row)
+            add(stmt["hours"], (slice_, day, lo, hi), hour_row)
         out: list[Bucket] = []
         for convert, rows in zip(keep, self._exec_many(requests), strict=True):
             out.extend(b for b in map(convert, rows) if b is not None)
@@ -224,7 +255,7 @@ class ViewReader:
             resolution,
             layer,
             int(r.events),
-            bytes(r.users_hll),
-            bytes(r.values_kll),
-            bytes(r.items_fi),
+            bytes(getattr(r, "users_hll", b"")),
+            bytes(getattr(r, "values_kll", b"")),
+            bytes(getattr(r, "items_fi", b"")),
         )
