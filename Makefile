@@ -10,7 +10,7 @@ BROWSER := $(VENV)/.browser
 .PHONY: help setup demo test test-unit test-services lint format lock stack-down clean
 
 help:
-	@echo "make demo        set up, start Kafka + Cassandra, round-trip events Kafka -> Spark -> Cassandra"
+	@echo "make demo        set up, start the stack and run the whole pipeline (stream, Airflow backfill, API, dashboard)"
 	@echo "make test        set up, lint (ruff, mypy) and run the whole test suite against the real services"
 	@echo "make test-unit   fast tests only (no services)"
 	@echo "make lint        ruff check, ruff format --check, mypy"

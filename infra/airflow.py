@@ -572,6 +572,96 @@ class Airflow:
         shown = password if password == LOCAL_ADMIN_PASSWORD else "the value of TRENDS_AIRFLOW__ADMIN_PASSWORD"
         return f"UI {self.url}  login {self.conf.admin_user} / {shown}"
 
+    # -- operating it ---------------------------------------------------------------------------------------
+    def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        """Run ``airflow <args>`` against this instance (its environment and metadata DB)."""
+        return subprocess.run(  # noqa: S603 - the venv's airflow with our arguments
+            [str(airflow_executable()), *args],
+            env=self.process_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def get(self, token: str, path: str) -> Any:
+        """GET a REST API path (``/api/v2/…``) and return the decoded JSON."""
+        request = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {token}"})  # noqa: S310
+        with urllib.request.urlopen(request, timeout=30) as resp:  # noqa: S310 - http://host:port of our API server
+            return json.load(resp)
+
+    def wait_dag(self, token: str, dag_id: str, timeout_s: float = 120) -> None:
+        """Wait until the DAG processor has parsed ``dag_id``.
+
+        :raises StackError: not parsed in time (with the DAG processor's log tail).
+        """
+        deadline = time.monotonic() + timeout_s
+        while dag_id not in {d["dag_id"] for d in self.get(token, "/api/v2/dags?limit=1000")["dags"]}:
+            if time.monotonic() > deadline:
+                msg = f"DAG {dag_id} not parsed within {timeout_s:.0f} s:\n{tail(self.log_files())}"
+                raise StackError(msg)
+            time.sleep(2)
+
+    def backfill(self, dag_id: str, first: datetime, last: datetime, *extra: str) -> None:
+        """Unpause the DAG and create a scheduler-driven backfill (``airflow backfill create``).
+
+        The runs are those whose data intervals start in ``[first, last]``; ``extra`` e.g.
+        ``--reprocess-behavior completed``.
+
+        :raises StackError: the CLI refused.
+        """
+        for args in (
+            ("dags", "unpause", dag_id),
+            (
+                "backfill",
+                "create",
+                "--dag-id",
+                dag_id,
+                "--from-date",
+                first.isoformat(),
+                "--to-date",
+                last.isoformat(),
+                *extra,
+            ),
+        ):
+            proc = self.cli(*args)
+            if proc.returncode != 0:
+                msg = f"airflow {' '.join(args[:2])} failed: {(proc.stdout + proc.stderr)[-2000:]}"
+                raise StackError(msg)
+
+    def wait_runs(
+        self,
+        token: str,
+        dag_id: str,
+        starts: list[datetime],
+        timeout_s: float = 600,
+        on_poll: Callable[[dict[str, str]], None] | None = None,
+    ) -> dict[str, str]:
+        """Wait until the runs of these data-interval starts all succeeded; return run id -> state.
+
+        :raises StackError: a run failed, or not all succeeded in time.
+        """
+        deadline = time.monotonic() + timeout_s
+        wanted = set(starts)
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            runs = self.get(token, f"/api/v2/dags/{dag_id}/dagRuns?limit=1000")["dag_runs"]
+            mine = [r for r in runs if datetime.fromisoformat(r["data_interval_start"]) in wanted]
+            states = {r["dag_run_id"]: r["state"] for r in mine}
+            if on_poll is not None:
+                on_poll(states)
+            failed = [k for k, v in states.items() if v == "failed"]
+            if failed:
+                msg = f"{dag_id} runs failed: {', '.join(failed)}\n{tail(self.log_files())}"
+                raise StackError(msg)
+            if len({datetime.fromisoformat(r["data_interval_start"]) for r in mine}) == len(wanted) and all(
+                v == "success" for v in states.values()
+            ):
+                return states
+            time.sleep(3)
+        msg = f"{dag_id} runs not done within {timeout_s:.0f} s: {states}"
+        raise StackError(msg)
+
 
 def _end_leftovers(procs: list[Any]) -> None:
     """End task processes that outlived their component (Airflow gives each task its own process group)."""

@@ -1,38 +1,253 @@
-"""``trends demo``: bring the local stack up and show events making the whole trip Kafka -> Spark -> Cassandra.
+"""``trends demo``: the whole pipeline on the local stack, end to end, left running to explore.
 
-This is the foundation's demo; later layers extend it into the full pipeline run.
+Kafka, Cassandra and Airflow start (or are reused); the speed layer starts as a background service; a generated
+workload goes to Kafka — some hours of history with planted bursts in its last half hour, then a live stream at
+the wall clock; the Airflow DAG backfills the closed hours through the scheduler; the API and dashboard start; and
+the trending answer is printed with its provenance. A second run reuses the servers, the workload and the batch
+runs already there (``--fresh`` produces a new workload).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
+import urllib.parse
+import urllib.request
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import click
 
-from infra import migrations, roundtrip, stack, topics
+from batch_layer.offsets import closed_at
+from batch_layer.store import BatchStore
+from infra import migrations, stack, topics
+from infra.airflow import Airflow
+from infra.cassandra import session
 from infra.settings import Settings
+from serving.store import ViewReader
+
+HOUR = timedelta(hours=1)
+DAG_ID = "trends_batch"
+# Planted bursts: item rank : factor : minutes before the end of the history : duration (minutes).
+BURSTS = ((40, 15.0, 25, 20), (90, 12.0, 25, 20), (150, 10.0, 25, 20))
+RECENT = timedelta(minutes=30)  # the window the demo asks about
+
+
+def _step(text: str) -> None:
+    click.secho(f"\n== {text}", bold=True)
+
+
+def _trends(*args: str) -> list[str]:
+    return [str(Path(sys.executable).parent / "trends"), *args]
+
+
+def _floor(ts: datetime, unit: timedelta) -> datetime:
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    return epoch + (ts - epoch) // unit * unit
+
+
+def _history(
+    settings: Settings, state_file: Path, hours: int, event_rate: float, after: datetime | None
+) -> dict[str, Any]:
+    """Produce the historical part of the workload (as fast as possible) and remember what it was.
+
+    It starts ``hours`` whole hours back, or where an earlier demo's history ended if that is later.
+    """
+    now = datetime.now(UTC)
+    start, end = _floor(now, HOUR) - hours * HOUR, _floor(now, timedelta(minutes=1))
+    if after is not None:  # continue the earlier slice, with room for the bursts before the end
+        start = min(max(start, after), end - 2 * RECENT)
+    span_min = (end - start).total_seconds() / 60
+    bursts = [f"#t{rank}:{factor}:{span_min - before:g}:{minutes}" for rank, factor, before, minutes in BURSTS]
+    truth = state_file.parent / "truth.json"
+    cmd = _trends(
+        "ingest", "generate", "--start", start.isoformat(), "--end", end.isoformat(), "--event-rate", str(event_rate),
+        "--fast", "--items", "2000", "--users", "20000", "--seed", str(int(now.timestamp())), "--truth", str(truth),
+    )  # fmt: skip
+    for b in bursts:
+        cmd += ["--burst", b]
+    click.echo(f"history {start:%Y-%m-%d %H:%M} .. {end:%H:%M} UTC, {event_rate:g} events/s, bursts {' '.join(bursts)}")
+    state_file.parent.mkdir(parents=True, exist_ok=True)
+    if subprocess.run(cmd, check=False, env=_env(settings)).returncode != 0:  # noqa: S603 - our own CLI
+        msg = "producing the demo workload failed (see above)"
+        raise click.ClickException(msg)
+    first = _floor(start, HOUR) - HOUR if after is not None else start  # redo the hour a previous slice ended in
+    state = {
+        "start": start.isoformat(),
+        "end": end.isoformat(),
+        "first_hour": first.isoformat(),
+        "bursts": [b.split(":")[0] for b in bursts],
+    }
+    state_file.write_text(json.dumps(state, indent=2))
+    return state
+
+
+def _stop(proc: subprocess.Popen[bytes], started: float, least_s: float = 15) -> None:
+    """Stop a generator with Ctrl-C (it flushes what it queued) after it ran ``least_s``; escalate if it hangs."""
+    time.sleep(max(0.0, least_s - (time.monotonic() - started)))
+    for sig, wait_s in ((signal.SIGINT, 30), (signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        if proc.poll() is not None:
+            return
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _env(settings: Settings) -> dict[str, str]:
+    return {**os.environ, **settings.to_env()}
+
+
+def _wait_speed(settings: Settings, until: datetime, timeout_s: float = 600) -> datetime:
+    """Wait until the speed view has written events up to ``until``; return its newest event time."""
+    deadline = time.monotonic() + timeout_s
+    newest: datetime | None = None
+    with session(settings) as sess:
+        reader = ViewReader(settings, sess)
+        while time.monotonic() < deadline:
+            newest = reader.fresh().coverage(until - HOUR, until, "*").speed_newest_event
+            if newest is not None and newest >= until:
+                return newest
+            time.sleep(2)
+    msg = f"the speed layer had written events up to {newest} after {timeout_s:.0f} s (wanted {until})"
+    raise click.ClickException(msg)
+
+
+def _backfill(settings: Settings, first: datetime) -> list[datetime]:
+    """Backfill the closed hours from ``first`` through Airflow; return the hours now served by the batch view."""
+    horizon = closed_at(settings.kafka, settings.kafka.events_topic)
+    if horizon is None:
+        return []
+    last_end = _floor(horizon - timedelta(seconds=settings.batch.grace_s), HOUR)
+    starts = [first + i * HOUR for i in range(int((last_end - first) / HOUR))]
+    if not starts:
+        click.echo("no closed hour yet")
+        return []
+    with session(settings) as sess:
+        store = BatchStore(settings, sess)
+        done = {h for d in {s.date() for s in starts} for h in store.pointers(d)}
+    todo = [s for s in starts if s not in done]
+    if not todo:
+        click.echo(f"batch view already holds {len(starts)} closed hour(s) {starts[0]:%H:%M} .. {last_end:%H:%M}")
+        return starts
+    af = Airflow(settings)
+    token = af.token()
+    af.wait_dag(token, DAG_ID)
+    click.echo(
+        f"airflow backfill create --dag-id {DAG_ID} --from-date {todo[0]:%Y-%m-%dT%H:%M} --to-date {todo[-1]:%H:%M}"
+    )
+    af.backfill(DAG_ID, todo[0], todo[-1])
+    t0 = time.monotonic()
+    seen: dict[str, str] = {}
+
+    def progress(states: dict[str, str]) -> None:
+        if states != seen:
+            seen.clear()
+            seen.update(states)
+            counts: dict[str, int] = {}
+            for s in states.values():
+                counts[s] = counts.get(s, 0) + 1
+            shown = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+            click.echo(f"  {time.monotonic() - t0:5.0f} s  {shown}")
+
+    af.wait_runs(token, DAG_ID, todo, timeout_s=1800, on_poll=progress)
+    return starts
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=60) as resp:  # noqa: S310 - our own API on loopback
+        return json.load(resp)
+
+
+def _show_trending(settings: Settings, state: dict[str, Any]) -> str:
+    host, port = stack.ApiService(settings).host, settings.serving.port
+    query = {"last": "30m", "baseline": "3h", "limit": "10"}
+    t = _get(f"http://{host}:{port}/api/v1/trending?{urllib.parse.urlencode(query)}")
+    click.echo(f"trending {t['recent_start'][11:16]} .. {t['recent_end'][11:16]} UTC vs the 3 h before ({t['score']})")
+    for i, item in enumerate(t["items"], 1):
+        mark = "  <- planted" if item["item"] in state["bursts"] else ""
+        click.echo(f"{i:3}. {item['item']:10} lift {item['lift']:7.2f}  recent {item['recent']:>6}  "
+                   f"baseline {item['baseline']:>6}{mark}")  # fmt: skip
+    for name, prov in t["provenance"].items():
+        spans = ", ".join(
+            f"{s['layer']} {s['resolution']} {s['start'][11:16]}-{s['end'][11:16]}" for s in prov["spans"]
+        )
+        gaps = ", ".join(f"{g['start'][11:16]}-{g['end'][11:16]}" for g in prov["gaps"]) or "none"
+        click.echo(f"{name:8} served by: {spans}; gaps: {gaps}")
+    click.echo(f"boundary (batch watermark) {t['provenance']['recent']['boundary']}; "
+               f"speed newest event {t['provenance']['recent']['speed_newest_event']}")  # fmt: skip
+    found = [b for b in state["bursts"] if b in {i["item"] for i in t["items"]}]
+    click.echo(f"planted bursts in the top 10: {len(found)}/{len(state['bursts'])}")
+    return f"http://{host}:{port}/?last=30m&baseline=3h"
 
 
 @click.command()
-@click.option("--events", default=5, show_default=True, type=click.IntRange(1, 10_000), help="Events to send.")
+@click.option("--fresh", is_flag=True, help="Produce a new workload even if an earlier demo's is there.")
+@click.option("--hours", default=4, show_default=True, type=click.IntRange(2, 48), help="Hours of history.")
+@click.option("--event-rate", default=20.0, show_default=True, type=click.FloatRange(0.1), help="History events/s.")
+@click.option("--live-rate", default=100, show_default=True, type=click.IntRange(0), help="Live events/s (0: none).")
 @click.pass_obj
-def demo(settings: Settings, events: int) -> None:
-    """Start the stack, create topics and schema, round-trip a few events and print them."""
+def demo(settings: Settings, fresh: bool, hours: int, event_rate: float, live_rate: int) -> None:
+    """Run the whole pipeline on the local stack and leave it running: stream, batch, serve, ask."""
     t0 = time.monotonic()
-    for result in stack.up(settings):
-        how = "already running" if result.already_running else f"started in {result.seconds:.1f} s"
-        click.echo(f"{result.name:10} {result.address:22} {how}")
-    for topic, state in topics.ensure_topics(settings.kafka).items():
-        click.echo(f"topic      {topic:22} {state}")
+    _step("stack: Kafka, Cassandra, Airflow")
+    for r in stack.up(settings, ["kafka", "cassandra", "airflow"]):
+        how = "already running" if r.already_running else f"started in {r.seconds:.1f} s"
+        click.echo(f"{r.name:10} {r.address:22} {how}")
+    for topic, how in topics.ensure_topics(settings.kafka).items():
+        click.echo(f"topic      {topic:22} {how}")
     applied = migrations.migrate(settings)
     click.echo(f"schema     {settings.cassandra.keyspace:22} {len(applied)} migration(s) applied now")
-    click.echo(f"\nround-tripping {events} events Kafka -> Spark Structured Streaming -> Cassandra …")
-    rows = roundtrip.run(settings, count=events)
-    click.echo(f"\n{'event id':24} {'item':8} {'event time (UTC)':26} {'partition':>9} {'offset':>6}")
-    for r in rows:
-        click.echo(f"{r.event_id:24} {r.item:8} {r.ts.isoformat():26} {r.kafka_partition:9d} {r.kafka_offset:6d}")
-    status = "OK" if len(rows) == events else "MISMATCH"
-    click.echo(f"\n{status}: {len(rows)}/{events} events read back from Cassandra ({time.monotonic() - t0:.0f} s).")
-    click.echo("The stack keeps running: `trends stack status`, stop it with `trends stack down`.")
-    if len(rows) != events:
-        raise SystemExit(1)
+
+    _step("speed layer: trends speed run (background service)")
+    for r in stack.up(settings, ["speed"]):
+        click.echo(f"speed      metrics {r.address:14} {'already running' if r.already_running else 'started'}")
+
+    _step("workload: history with planted bursts, then a live stream")
+    state_file = settings.data_dir / "demo" / "state.json"
+    state = None if fresh or not state_file.exists() else json.loads(state_file.read_text())
+    if state is not None and datetime.fromisoformat(state["end"]) > datetime.now(UTC) - RECENT:
+        click.echo(f"reusing the workload of an earlier demo ({state['start']} .. {state['end']}; --fresh: a new one)")
+    else:  # none yet, or its bursts have left the recent window: a new slice after the old one
+        after = datetime.fromisoformat(state["end"]) if state is not None else None
+        state = _history(settings, state_file, hours, event_rate, after)
+    live, live_started = None, time.monotonic()
+    if live_rate:
+        click.echo(f"live stream: {live_rate} events/s at the wall clock until the batch layer is done (background)")
+        live_started = time.monotonic()
+        live = subprocess.Popen(  # noqa: S603 - our own CLI
+            _trends("ingest", "generate", "--rate", str(live_rate), "--items", "2000", "--seed", str(time.time_ns())),
+            env=_env(settings), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+    try:
+        newest = _wait_speed(settings, datetime.fromisoformat(state["end"]) - timedelta(minutes=1))
+        click.echo(f"speed view caught up: newest event {newest:%Y-%m-%d %H:%M:%S} UTC")
+
+        _step("batch layer: Airflow backfill of the closed hours")
+        first = datetime.fromisoformat(state.get("first_hour", state["start"]))
+        hours_done = _backfill(settings, _floor(first, HOUR))
+        click.echo(f"batch view serves {len(hours_done)} closed hour(s)")
+    finally:
+        if live is not None:
+            _stop(live, live_started)
+    if live is not None:
+        newest = _wait_speed(settings, datetime.now(UTC) - timedelta(seconds=30))
+        click.echo(f"live stream stopped; speed view fresh up to {newest:%H:%M:%S} UTC")
+
+    _step("serving: API and dashboard (background service)")
+    for r in stack.up(settings, ["api"]):
+        click.echo(f"api        {r.address:22} {'already running' if r.already_running else 'started'}")
+    url = _show_trending(settings, state)
+
+    _step(f"done in {time.monotonic() - t0:.0f} s; everything keeps running")
+    click.echo(f"dashboard  {url}")
+    click.echo(f"API docs   {url.split('?')[0]}docs")
+    click.echo(f"airflow    {Airflow(settings).login_hint()}")
+    click.echo("ask        trends query trending --last 30m --baseline 3h")
+    click.echo("status     trends stack status      stop: trends stack down")

@@ -20,7 +20,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
+import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -209,7 +211,7 @@ class Service(ABC):
     """One server of the local stack: config rendering, start, readiness, stop."""
 
     name: str
-    bundle: jars.Bundle
+    bundle: jars.Bundle | None
     needs_java = True
 
     def __init__(self, settings: Settings) -> None:
@@ -259,6 +261,10 @@ class Service(ABC):
 
     def prepare(self, java: str, config: Path) -> None:  # noqa: B027 - optional hook
         """Run one-time set-up before the first start (e.g. format storage)."""
+
+    def process_env(self) -> dict[str, str] | None:
+        """Return the environment of the server process (None: inherit ours)."""
+        return None
 
     # -- shared machinery ----------------------------------------------------------------------------------
     @property
@@ -328,7 +334,8 @@ class Service(ABC):
             return pid
         for port, purpose, setting in self.ports():
             ensure_port_free(self.host, port, f"{self.name} ({purpose})", setting)
-        jars.fetch(self.settings, self.bundle)
+        if self.bundle is not None:
+            jars.fetch(self.settings, self.bundle)
         for folder in (self.conf_dir, self.log_dir):
             folder.mkdir(parents=True, exist_ok=True)
         config = self.render_config()
@@ -344,6 +351,7 @@ class Service(ABC):
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=self.home,
+                env=self.process_env(),
                 start_new_session=True,
             )
         self.pid_file.write_text(f"{proc.pid}\n")
@@ -463,7 +471,7 @@ class Kafka(Service):
         )
 
     def _java(self, java: str, heap: str) -> list[str]:
-        classpath = str(jars.bundle_dir(self.settings, self.bundle) / "*")
+        classpath = str(jars.bundle_dir(self.settings, jars.KAFKA) / "*")
         return [
             java,
             f"-Xms{heap}",
@@ -569,7 +577,7 @@ class Cassandra(Service):
 
     @override
     def command(self, java: str, config: Path) -> list[str]:
-        folder = jars.bundle_dir(self.settings, self.bundle)
+        folder = jars.bundle_dir(self.settings, jars.CASSANDRA)
         jamm = next(iter(sorted(folder.glob("jamm-*.jar"))), None)
         if jamm is None:
             msg = f"jamm agent jar missing from {folder}; run `trends stack fetch --force`"
@@ -609,10 +617,133 @@ class Cassandra(Service):
         return ping(self.settings)
 
 
+class PipelineService(Service):
+    """A long-running ``trends`` command of the pipeline (the streaming job, the API), run like the servers.
+
+    Its environment is the stack's settings as ``TRENDS_*`` variables, so it reads exactly what the stack was
+    started with (``conf/settings.env`` keeps a private copy for the operator to read).
+    """
+
+    needs_java = False
+    bundle = None
+    args: tuple[str, ...] = ()
+
+    @property
+    @override
+    def host(self) -> str:
+        return "127.0.0.1"
+
+    @property
+    @override
+    def main_log(self) -> Path:
+        return self.stdout_file
+
+    @property
+    @override
+    def start_timeout(self) -> float:
+        return self.settings.stack.kafka_start_timeout_s
+
+    @override
+    def render_config(self) -> Path:
+        env = self.home / "conf" / "settings.env"
+        settings_env = self.settings.to_env()
+        _write_private(env, "".join(f"{k}={v}\n" for k, v in sorted(settings_env.items())))
+        return env
+
+    @override
+    def command(self, java: str, config: Path) -> list[str]:
+        return [str(Path(sys.executable).parent / "trends"), *self.args]
+
+    @override
+    def _is_ours(self, pid: int) -> bool:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            return True
+        return self.command("", self.home)[0] in argv and all(a in argv for a in self.args)
+
+    @override
+    def process_env(self) -> dict[str, str]:
+        return {**os.environ, **self.settings.to_env()}
+
+    @override
+    def data_paths(self) -> list[Path]:
+        return []
+
+
+class SpeedService(PipelineService):
+    """``trends speed run`` in the background: ready once its /metrics endpoint answers."""
+
+    name = "speed"
+    args = ("speed", "run")
+
+    @property
+    @override
+    def client_port(self) -> int:
+        return self.settings.speed.metrics_port
+
+    @override
+    def ports(self) -> list[tuple[int, str, str]]:
+        port = self.settings.speed.metrics_port
+        return [(port, "metrics", "TRENDS_SPEED__METRICS_PORT")] if port else []
+
+    @override
+    def is_ready(self) -> bool:
+        if not self.client_port:  # no endpoint to ask: running is all we can tell
+            return self.pid() is not None
+        return super().is_ready()
+
+    @override
+    def accepts_clients(self) -> bool:
+        return _http_ok(f"http://{self.host}:{self.client_port}/metrics")
+
+
+class ApiService(PipelineService):
+    """``trends serve`` in the background (API and dashboard): ready once /health answers."""
+
+    name = "api"
+    args = ("serve",)
+
+    @property
+    @override
+    def host(self) -> str:
+        host = self.settings.serving.host
+        return "127.0.0.1" if host in {"0.0.0.0", "::", ""} else host  # noqa: S104 - reach a wildcard bind on loopback
+
+    @property
+    @override
+    def client_port(self) -> int:
+        return self.settings.serving.port
+
+    @override
+    def ports(self) -> list[tuple[int, str, str]]:
+        return [(self.client_port, "HTTP", "TRENDS_SERVING__PORT")]
+
+    @override
+    def accepts_clients(self) -> bool:
+        return _http_ok(f"http://{self.host}:{self.client_port}/health")
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - http://host:port of our own process
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+
+
 # What `up` starts when no server is named; tests and `make demo` rely on it being just these two.
 SERVICES: dict[str, type[Service]] = {"kafka": Kafka, "cassandra": Cassandra}
-# Started only when named (`trends stack up airflow` or `--with-airflow`); `down` and `status` cover them too.
-OPTIONAL_SERVICES = ("airflow",)
+# Started only when named (`trends stack up airflow speed api`, `--with-airflow`, `trends demo`); `down` and `status`
+# cover them too.
+OPTIONAL_SERVICES = ("airflow", "speed", "api")
 ALL_SERVICES = (*SERVICES, *OPTIONAL_SERVICES)
 
 
@@ -625,7 +756,12 @@ def services(settings: Settings, names: Sequence[str] | None = None) -> list[Sta
         raise StackError(msg)
     from infra.airflow import Airflow  # noqa: PLC0415 - infra.airflow builds on this module
 
-    factories: dict[str, Callable[[Settings], StackService]] = {**SERVICES, "airflow": Airflow}
+    factories: dict[str, Callable[[Settings], StackService]] = {
+        **SERVICES,
+        "airflow": Airflow,
+        "speed": SpeedService,
+        "api": ApiService,
+    }
     return [factories[n](settings) for n in ALL_SERVICES if n in chosen]
 
 

@@ -428,6 +428,7 @@ def run(
 def write_truth(stream: SyntheticStream, path: Path) -> None:
     """Write the stream's ground truth as JSON (atomically: a reader never sees half a file)."""
     tmp = path.with_name(path.name + ".tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp.write_text(stream.truth().to_json() + "\n")
     tmp.replace(path)
 

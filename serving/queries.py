@@ -3,8 +3,9 @@
 Every answer carries its provenance (which spans came from which layer, the boundary, the speed layer's
 freshness), its gaps, and its error bounds, so a reader can tell a fresh approximate figure from an exact one.
 
-Trending score: ``lift = (recent + 1) / (baseline * len(recent)/len(baseline) + 1)`` — the item's count in the
-recent window against its count in the baseline window scaled to the same length, with one pseudo-event on both
+Trending score: ``lift = (recent + 1) / (baseline_upper * len(recent)/len(baseline) + 1)`` — the item's count in the
+recent window against the upper bound of its count in the baseline window (so an item the baseline's sketch stopped
+tracking cannot fake a rise) scaled to the same length, with one pseudo-event on both
 sides so an item with no baseline gets a finite lift that grows with its recent count, and noise on tiny counts
 cannot dominate. Items need ``min_support`` recent events; they rank by lift, then recent count.
 """
@@ -245,6 +246,7 @@ class TrendingItem:
     item: str
     recent: int
     baseline: int
+    baseline_upper: int
     lift: float
     recent_lower: int
     recent_upper: int
@@ -263,7 +265,7 @@ class Trending:
     min_support: int
     items_max_error: int
     provenance: dict[str, Provenance] = field(default_factory=dict)
-    score: str = "lift = (recent + 1) / (baseline * len_recent / len_baseline + 1)"
+    score: str = "lift = (recent + 1) / (baseline_upper * len_recent / len_baseline + 1)"
 
 
 def trending(recent: Window, baseline: Window, limit: int = 10, min_support: int = 5) -> Trending:
@@ -279,8 +281,11 @@ def trending(recent: Window, baseline: Window, limit: int = 10, min_support: int
             if est < min_support:
                 continue
             base = int(base_fi.get_estimate(item)) if base_fi is not None else 0
-            lift = (est + 1) / (base * scale + 1)
-            items.append(TrendingItem(item, int(est), base, round(lift, 4), int(lo), int(hi)))
+            # The rise is measured against the most the baseline can hold: an item the baseline's sketch no longer
+            # tracks reads 0 there, but may have had up to the sketch's maximum error.
+            base_hi = int(base_fi.get_upper_bound(item)) if base_fi is not None else 0
+            lift = (est + 1) / (base_hi * scale + 1)
+            items.append(TrendingItem(item, int(est), base, base_hi, round(lift, 4), int(lo), int(hi)))
     items.sort(key=lambda t: (-t.lift, -t.recent, t.item))
     return Trending(
         recent.start,
