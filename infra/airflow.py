@@ -322,6 +322,16 @@ class Airflow:
             return pids[API_SERVER.name]
         return None
 
+    def init_db(self) -> float:
+        """Write the config and create or upgrade the metadata DB, without starting any component.
+
+        Enough for ``airflow dags test`` (tasks run in-process against the DB); returns the seconds taken.
+        """
+        self._check_driver()
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.render_config()
+        return self.migrate(self.process_env())
+
     def migrate(self, env: dict[str, str]) -> float:
         """Create or upgrade the metadata DB with ``airflow db migrate`` (a no-op when current); return seconds.
 
@@ -386,10 +396,8 @@ class Airflow:
         self._check_safe()
         if pids[API_SERVER.name] is None:
             ensure_port_free(self.conf.host, self.conf.api_port, "airflow (API server)", "TRENDS_AIRFLOW__API_PORT")
-        self._check_driver()
-        self.render_config()
         env = self.process_env()
-        seconds = self.migrate(env)
+        seconds = self.init_db()
         logger.info("airflow metadata DB ready in %.1f s", seconds)
         for component in self.components:
             if pids[component.name] is None:

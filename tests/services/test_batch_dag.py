@@ -163,3 +163,47 @@ def test_scheduler_driven_backfill_and_reprocess(dag_env: tuple[Settings, Airflo
     wait_runs(af, token, starts, attempt=2)
     runs = check()
     assert sorted(r.status for r in runs) == ["completed"] * 6
+
+
+def test_airflow_dags_test_recomputes_one_interval(
+    stack_up: Settings, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """``airflow dags test trends_batch <T>``: the whole DAG in-process for the interval ending at T, no servers."""
+    topic = new_topic(partitions=2)
+    keyspace = f"test_dagtest_{uuid.uuid4().hex[:8]}"
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        kafka={"events_topic": topic},
+        cassandra={"keyspace": keyspace},
+        batch={"lateness_s": 300, "grace_s": 300},
+        airflow={"api_port": free_port(), "dags_folder": REPO_DAGS},
+    )
+    migrations.migrate(settings)
+    hour = H0 - 24 * HOUR
+    producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True, "acks": "all"})
+    for i in range(90):
+        e = Event(id=f"t{i}", ts=hour + timedelta(seconds=i * 39), item=f"#i{i % 3}", user=f"u{i % 7}")
+        producer.produce(topic, key=e.item, value=e.to_json(), timestamp=e.ts_ms)
+    for p in (0, 1):
+        e = Event(id=f"closer{p}", ts=hour + 3 * HOUR, item="#c")
+        producer.produce(topic, value=e.to_json(), timestamp=e.ts_ms, partition=p)
+    assert producer.flush(30) == 0
+    af = Airflow(settings)
+    try:
+        af.init_db()
+        proc = af.cli("dags", "test", "trends_batch", (hour + HOUR).isoformat(), timeout=600)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        assert "state=success" in proc.stdout + proc.stderr
+        with session(settings) as sess:
+            store = BatchStore(settings, sess)
+            assert store.watermark()[:2] == (hour, hour + HOUR)
+            run = store.pointers(hour.date())[hour]
+            rows = sess.execute(
+                f"SELECT run_id, events FROM {table(settings, 'batch_hours')} WHERE slice = '*' AND day = %s "
+                "AND hour = %s",
+                (hour.date(), hour),
+            )
+            assert [r.events for r in rows if r.run_id == run] == [90]
+    finally:
+        with session(stack_up) as sess:
+            sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
