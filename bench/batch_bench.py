@@ -1,0 +1,293 @@
+"""Batch layer benchmark: recompute of one closed hour against a bare Kafka batch read + count of the same offsets.
+
+Run: ``.venv/bin/python bench/batch_bench.py [--events 1000000] [--repeat 2] [--stages]`` with the stack up
+(``trends stack up``). Everything runs against a throw-away topic and keyspace, deleted at the end.
+
+1. A topic like the events topic (its partition count, ``retention.ms=-1``) is filled with N events (the JSON of
+   ``bench/speed_bench.py``, unique ids) spread over ONE historical UTC hour a few days ago, then one later event
+   into EVERY partition, past end + grace, so the hour counts as closed (``batch_layer.offsets.check_closed``).
+2. In one SparkSession, after a warm-up of both on a small topic, alternately and ``--repeat`` times each:
+   - bare: ``spark.read.format("kafka")`` over exactly the offsets ``batch_layer.offsets.plan`` gives for the hour
+     (``startingOffsets``/``endingOffsets`` as the job builds them) -> ``count()``;
+   - recompute: ``batch_layer.job.run`` of the hour, as ``trends batch run`` does it (closed check, offset plan,
+     lineage, read, parse, dedupe, minute aggregation with ``origin`` slices, hourly rollup, versioned write to
+     Cassandra, pointer swap, daily re-merge, watermark).
+   Prints the median seconds and events/s of each and ratio = bare s / recompute s (goal >= 0.5).
+3. Checks that the batch view's hourly row of the global slice ``*`` counts N events.
+
+``--stages`` also times the steps of one recompute separately (the production functions called one by one).
+Figures only, from a shared machine: nothing is asserted about timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from confluent_kafka import Producer
+
+# bench/ is the script's folder, hence on sys.path: the same event shape as the speed layer bench.
+from speed_bench import event_json
+
+from batch_layer import job, offsets
+from batch_layer.store import HOUR, BatchStore, new_run_id
+from infra import migrations, topics
+from infra.cassandra import session
+from infra.settings import Settings
+from views.aggregation import GLOBAL_SLICE
+
+GOAL = 0.5
+
+
+def producer_for(settings: Settings) -> Producer:
+    return Producer(
+        {
+            **settings.kafka.client_config(),
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "batch.size": 131072,
+            "compression.type": "lz4",
+        }
+    )
+
+
+def produce(producer: Producer, topic: str, value: bytes, ts: datetime, partition: int | None = None) -> None:
+    kwargs: dict[str, Any] = {"value": value, "timestamp": int(ts.timestamp() * 1000)}
+    if partition is not None:
+        kwargs["partition"] = partition
+    while True:
+        try:
+            producer.produce(topic, **kwargs)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
+def fill_hour(settings: Settings, hour: datetime, count: int, partitions: int) -> None:
+    """Write ``count`` events over ``[hour, hour + 1 h)`` in time order, then close the hour in every partition."""
+    topic = settings.kafka.events_topic
+    rng = random.Random(7)
+    items = [f"#item{i}" for i in range(2000)]
+    weights = [1 / (i + 1) for i in range(len(items))]
+    producer = producer_for(settings)
+    step = HOUR / count
+    t0 = time.monotonic()
+    for i in range(count):
+        ts = hour + step * i
+        produce(producer, topic, event_json(rng, i, ts, items, weights), ts)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    # The hour is closed when EVERY partition's newest event time has passed end + grace: one event each, an hour
+    # beyond that and beyond the lateness widening, so no offset range of the hour includes them.
+    grace = max(settings.batch.grace_s, settings.batch.lateness_s)
+    later = hour + HOUR + timedelta(seconds=grace) + HOUR
+    for p in range(partitions):
+        produce(producer, topic, event_json(rng, count + p, later, items, weights), later, partition=p)
+    assert producer.flush(120) == 0
+    print(f"filled {topic} with {count:,} events of {hour:%Y-%m-%dT%H:%MZ} in {time.monotonic() - t0:.1f} s")
+
+
+def bare_count(spark: Any, settings: Settings, plan: offsets.OffsetPlan) -> int:
+    """Count the planned records with a bare Kafka batch read: nothing parsed, aggregated or written."""
+    starting, ending = plan.spark_offsets()
+    return int(
+        spark.read.format("kafka")
+        .options(**settings.kafka.spark_options())
+        .option("subscribe", plan.topic)
+        .option("startingOffsets", starting)
+        .option("endingOffsets", ending)
+        .option("failOnDataLoss", "true")
+        .load()
+        .count()
+    )
+
+
+def recompute(spark: Any, settings: Settings, hour: datetime) -> job.RunResult:
+    """Recompute the hour exactly as ``trends batch run`` does (closed check included)."""
+    results = job.run(settings, hour, hour + HOUR, spark=spark)
+    assert len(results) == 1
+    return results[0]
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.monotonic()
+    out = fn()
+    return time.monotonic() - t0, out
+
+
+def hourly_count(settings: Settings, hour: datetime) -> tuple[int | None, int]:
+    """Return the current batch hour row's count of the global slice, and the sum of its minute rows."""
+    with session(settings) as sess:
+        store = BatchStore(settings, sess)
+        current = store.pointers(hour.date()).get(hour)
+        hours = [
+            r.events
+            for r in sess.execute(store.sel_hours, (GLOBAL_SLICE, hour.date()))
+            if r.hour.replace(tzinfo=UTC) == hour and r.run_id == current
+        ]
+        minutes = sess.execute(
+            f"SELECT events FROM {settings.cassandra.keyspace}.batch_minutes WHERE slice = %s AND hour = %s "
+            "AND run_id = %s",
+            (GLOBAL_SLICE, hour, current),
+        )
+        return (hours[0] if len(hours) == 1 else None), sum(r.events for r in minutes)
+
+
+def stages(spark: Any, settings: Settings, hour: datetime) -> list[tuple[str, float]]:
+    """Time the steps of one recompute separately, calling the production functions one by one (as job.compute)."""
+    from batch_layer.store import ViewRow
+    from views.aggregation import rollup
+
+    end = hour + HOUR
+    lateness = timedelta(seconds=settings.batch.lateness_s)
+    grace = max(timedelta(seconds=settings.batch.grace_s), lateness)
+    topic = settings.kafka.events_topic
+    out: list[tuple[str, float]] = []
+
+    def step(name: str, fn: Callable[[], Any]) -> Any:
+        seconds, value = timed(fn)
+        out.append((name, seconds))
+        return value
+
+    def closed_and_plan() -> offsets.OffsetPlan:
+        offsets.check_closed(settings.kafka, topic, end, grace)
+        return offsets.plan(settings.kafka, topic, hour, end, lateness)
+
+    plan = step("closed check + offset plan", closed_and_plan)
+    records = job.extract(spark, settings, plan).persist()
+    try:
+        minutes, hours, counters = job.transform(records, settings, hour, end, plan)
+        step("read Kafka + cache + parse + count (read counters)", counters["read"].collect)
+        step("parse + dedupe + count, from cache (kept counters)", counters["kept"].collect)
+        minute_rows = step("parse + dedupe + aggregate minutes (collect)", minutes.collect)
+        step("parse + dedupe + aggregate + hourly rollup (collect)", hours.collect)
+        # for comparison: the same rollup of the already collected minutes, without recomputing them
+        from_minutes = rollup(spark.createDataFrame(minute_rows, minutes.schema), "hour", settings.views.top_k_items)
+        hour_rows = step("  (hourly rollup alone, of the collected minutes)", from_minutes.collect)
+    finally:
+        records.unpersist()
+    mrows = [ViewRow.from_spark(r) for r in minute_rows]
+    hrows = [ViewRow.from_spark(r) for r in hour_rows]
+    t_session = time.monotonic()
+    with session(settings) as sess:
+        store = BatchStore(settings, sess)
+        out.append(("Cassandra session + prepared statements", time.monotonic() - t_session))
+        run_id = new_run_id()
+        step(
+            f"Cassandra write ({len(mrows)} minute + {len(hrows)} hour rows)",
+            lambda: store.write_version(hour, run_id, mrows, hrows),
+        )
+        step("pointer swap + daily re-merge", lambda: (store.swap(hour, run_id), store.remerge_day(hour.date())))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--warmup-events", type=int, default=50_000)
+    parser.add_argument("--stages", action="store_true", help="also time the steps of one recompute")
+    args = parser.parse_args()
+
+    base = Settings()
+    run = uuid.uuid4().hex[:6]
+    topic, warm_topic = f"bench.batch.{run}", f"bench.batch.warm.{run}"
+    keyspace = f"bench_{run}"
+    settings = base.model_copy(
+        update={
+            "kafka": base.kafka.model_copy(update={"events_topic": topic}),
+            "cassandra": base.cassandra.model_copy(update={"keyspace": keyspace}),
+            "views": base.views.model_copy(update={"slice_dims": ["origin"]}),
+        }
+    )
+    warmup = settings.model_copy(update={"kafka": settings.kafka.model_copy(update={"events_topic": warm_topic})})
+    # A fixed, closed hour a few days ago; the warm-up uses the day before it (its own rows, same keyspace).
+    hour = (datetime.now(UTC) - timedelta(days=3)).replace(minute=0, second=0, microsecond=0)
+    warm_hour = hour - timedelta(days=1)
+    parts = base.kafka.partitions
+
+    def spec(name: str) -> topics.TopicSpec:
+        events = topics.topic_specs(settings.kafka.model_copy(update={"events_topic": name}))[0]
+        return topics.TopicSpec(name, parts, base.kafka.replication_factor, {**events.config, "retention.ms": "-1"})
+
+    spark = None
+    try:
+        topics.ensure_topics(settings.kafka, [spec(topic), spec(warm_topic)])
+        migrations.migrate(settings)
+        fill_hour(settings, hour, args.events, parts)
+        fill_hour(warmup, warm_hour, args.warmup_events, parts)
+
+        from infra.spark import get_spark
+
+        spark = get_spark(settings, "bench")
+        lateness = timedelta(seconds=settings.batch.lateness_s)
+        plan = offsets.plan(settings.kafka, topic, hour, hour + HOUR, lateness)
+        warm_plan = offsets.plan(warmup.kafka, warm_topic, warm_hour, warm_hour + HOUR, lateness)
+        assert plan.records == args.events, (plan.records, args.events)
+        print(f"offsets of the hour: {plan.to_json()} ({plan.records:,} records)")
+
+        # Warm-up: JIT, code generation, connector classes and the Cassandra driver, so neither side pays for them.
+        t_warm = time.monotonic()
+        assert bare_count(spark, warmup, warm_plan) == args.warmup_events
+        assert recompute(spark, warmup, warm_hour).counts["kept"] == args.warmup_events
+        print(f"warm-up on {args.warmup_events:,} events: {time.monotonic() - t_warm:.1f} s")
+
+        bare_s: list[float] = []
+        recompute_s: list[float] = []
+        for i in range(args.repeat):
+            seconds, counted = timed(lambda: bare_count(spark, settings, plan))
+            assert counted == args.events, (counted, args.events)
+            bare_s.append(seconds)
+            seconds, result = timed(lambda: recompute(spark, settings, hour))
+            assert result.counts["kept"] == args.events, result.counts
+            assert result.offsets == plan.to_json(), (result.offsets, plan.to_json())
+            recompute_s.append(seconds)
+            print(f"  round {i + 1}: bare {bare_s[-1]:.1f} s, recompute {recompute_s[-1]:.1f} s | {result.line()}")
+
+        bare, recomp = statistics.median(bare_s), statistics.median(recompute_s)
+        ratio = bare / recomp
+        print(
+            f"\n1 hour of {args.events:,} events, {parts} partitions, {settings.spark.master}, median of {args.repeat}:"
+        )
+        print(f"  {'bare Kafka batch read -> count':34} {bare:7.1f} s {args.events / bare:>10,.0f} events/s")
+        print(f"  {'batch recompute (job.run)':34} {recomp:7.1f} s {args.events / recomp:>10,.0f} events/s")
+        verdict = "PASS" if ratio >= GOAL else "MISS"
+        print(f"  ratio = bare s / recompute s = {ratio:.2f} (goal >= {GOAL}) {verdict}")
+
+        hourly, minute_sum = hourly_count(settings, hour)
+        ok = hourly == args.events and minute_sum == args.events
+        print(
+            f"  batch view, slice '{GLOBAL_SLICE}', {hour:%Y-%m-%dT%H:%MZ}: hourly row {hourly}, "
+            f"sum of minute rows {minute_sum:,} (expected {args.events:,}) {'OK' if ok else 'WRONG'}"
+        )
+
+        if args.stages:
+            print("\nstages of one recompute (production functions called one by one):")
+            timings = stages(spark, settings, hour)
+            for name, seconds in timings:
+                print(f"  {name:58} {seconds:6.1f} s")
+            total = sum(seconds for name, seconds in timings if not name.startswith(" "))
+            print(f"  {'total (without the bracketed line)':58} {total:6.1f} s")
+        if not ok:
+            raise SystemExit(1)
+    finally:
+        if spark is not None:
+            spark.stop()
+        for name in (topic, warm_topic):
+            try:
+                topics.delete_topics(settings.kafka, [name])
+            except Exception as exc:  # noqa: BLE001 - clean-up of a topic that may not exist
+                print(f"(topic {name} not deleted: {exc})")
+        with session(settings) as sess:
+            sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+
+
+if __name__ == "__main__":
+    main()
