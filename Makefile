@@ -7,12 +7,13 @@ INSTALLED := $(VENV)/.installed
 JARS := $(VENV)/.jars
 BROWSER := $(VENV)/.browser
 
-.PHONY: help setup demo test test-unit test-services lint format lock stack-down clean
+.PHONY: help setup demo test test-unit test-services test-reliability lint format lock stack-down clean
 
 help:
 	@echo "make demo        set up, start the stack and run the whole pipeline (stream, Airflow backfill, API, dashboard)"
 	@echo "make test        set up, lint (ruff, mypy) and run the whole test suite against the real services"
 	@echo "make test-unit   fast tests only (no services)"
+	@echo "make test-reliability  the fault-injection suite (not part of make test)"
 	@echo "make lint        ruff check, ruff format --check, mypy"
 	@echo "make lock        re-resolve the dependencies and rewrite constraints.txt"
 	@echo "make stack-down  stop the local servers"
@@ -48,6 +49,11 @@ test: setup $(BROWSER) lint
 
 test-unit: $(INSTALLED)
 	$(BIN)/pytest -m "not services and not spark"
+
+# Faults against the whole pipeline (broker restart, Cassandra down, SIGKILLs, duplicates, late events, bad input);
+# prints the table of cases and writes artifacts/reliability.md.
+test-reliability: setup
+	$(BIN)/pytest -m reliability tests/reliability
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

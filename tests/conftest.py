@@ -75,10 +75,13 @@ def artifacts_dir() -> Path:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test under tests/services as needing the services."""
+    """Mark the tests under tests/services and tests/reliability as needing the services."""
     for item in items:
-        if "services" in Path(str(item.fspath)).parts:
+        parts = Path(str(item.fspath)).parts
+        if "services" in parts or "reliability" in parts:
             item.add_marker(pytest.mark.services)
+        if "reliability" in parts:
+            item.add_marker(pytest.mark.reliability)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,175 @@
+"""Faults against the whole pipeline; each case ends exact after the batch layer, with nothing lost.
+
+Run with ``make test-reliability`` (not part of ``make test``). Bounded: every wait has a deadline, every case a few
+tens of thousands of events; loopback only.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from fastapi.testclient import TestClient
+
+from infra import stack
+from infra.cli import cli
+from ingestion.dlq import read_dead_letters
+from serving.api import create_app
+from tests.reliability.conftest import Pipeline, record
+from tests.services.test_serving_api import BAD_REQUESTS
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(1200)]
+
+N = 30_000
+
+
+def test_kafka_broker_restart_during_ingest_and_stream(pipeline: Pipeline, spark: Any) -> None:
+    rng = random.Random(1)
+    events = pipeline.make_events(N, "k", rng)
+    pipeline.start_speed()
+    restarted = []
+
+    def bounce(sent: int) -> None:
+        if sent >= N // 3 and not restarted:
+            restarted.append(sent)
+            try:
+                stack.down(pipeline.settings, ["kafka"])
+                time.sleep(5)
+            finally:
+                stack.up(pipeline.settings, ["kafka"])
+
+    pipeline.produce(events, rate=2_000, during=bounce)
+    pipeline.close_window()
+    assert restarted, "the broker was not restarted mid-run"
+    speed_count = pipeline.wait_speed(N)
+    note = f"speed {speed_count:,} before batch, {pipeline.speed.restarts if pipeline.speed else 0} job restarts"
+    pipeline.final(spark, "Kafka broker restart during ingest + stream", events, note)
+    assert speed_count == N  # the speed layer alone was exact too
+
+
+def test_cassandra_down_30s_during_the_stream(pipeline: Pipeline, spark: Any) -> None:
+    rng = random.Random(2)
+    events = pipeline.make_events(N, "c", rng)
+    speed = pipeline.start_speed()
+    pipeline.produce(events[: N // 2], rate=3_000)
+    stack.down(pipeline.settings, ["cassandra"])
+    try:
+        pipeline.produce(events[N // 2 :], rate=3_000)  # the stream goes on while Cassandra is away
+        time.sleep(max(0.0, 30 - N / 2 / 3_000))
+    finally:
+        stack.up(pipeline.settings, ["cassandra"])
+    pipeline.close_window()
+    speed_count = pipeline.wait_speed(N, timeout_s=420)
+    note = f"speed {speed_count:,} before batch, job exits {speed.exits}, restarts {speed.restarts}"
+    pipeline.final(spark, "Cassandra down 30 s during the stream", events, note)
+    assert speed_count == N  # no bucket lost or double counted by the speed layer either
+
+
+def test_speed_layer_sigkills(pipeline: Pipeline, spark: Any) -> None:
+    rng = random.Random(3)
+    events = pipeline.make_events(N, "s", rng)
+    speed = pipeline.start_speed()
+    kills = []
+
+    def kill(sent: int) -> None:
+        if sent >= (len(kills) + 1) * N // 4 and len(kills) < 3:
+            time.sleep(rng.uniform(0, 2))
+            speed.kill()
+            kills.append(sent)
+
+    pipeline.produce(events, rate=1_500, during=kill)
+    pipeline.close_window()
+    assert len(kills) == 3
+    speed_count = pipeline.wait_speed(N, timeout_s=420)
+    note = f"3 SIGKILLs, speed {speed_count:,} before batch"
+    pipeline.final(spark, "speed layer SIGKILL x3", events, note)
+    assert speed_count == N
+
+
+def test_duplicates_and_late_events(pipeline: Pipeline, spark: Any) -> None:
+    rng = random.Random(4)
+    events = pipeline.make_events(N, "d", rng)
+    pipeline.start_speed()
+    dupes = events[::10]  # re-sent by a retrying client: same ids, within the watermark
+    late = pipeline.make_events(500, "late", rng)[:500]  # spread over the window, sent after it: too late for speed
+    pipeline.produce(events + dupes, rate=3_000)
+    speed_count = pipeline.wait_speed(N)
+    pipeline.produce(late)
+    pipeline.close_window()
+    time.sleep(5)
+    speed_after = pipeline.served_count()
+    pipeline.events = []
+    note = f"{len(dupes):,} duplicates, {len(late)} late; speed {speed_after:,} (late dropped), batch adds them"
+    pipeline.final(spark, "duplicates and late events", events + late, note)
+    assert speed_count == N and speed_after < N + len(late)
+
+
+BAD_INPUTS: list[tuple[bytes, str]] = [
+    (b'{"id": "x", "ts": "2025-11-22T10:00:00Z", "item": "#x"', "malformed_json"),
+    (b"[1, 2]", "malformed_json"),
+    (b"null", "malformed_json"),
+    (b'"a string"', "malformed_json"),
+    (b"42", "malformed_json"),
+    (b"{}", "missing_field"),
+    (b'{"id": "no-item", "ts": "2025-11-22T10:00:00Z"}', "missing_field"),
+    (b'{"id": "no-ts", "item": "#x"}', "missing_field"),
+    (b'{"id": "null-item", "ts": "2025-11-22T10:00:00Z", "item": null}', "missing_field"),
+    (b'{"id": "typed", "ts": "2025-11-22T10:00:00Z", "item": "#x", "value": "fast"}', "invalid_field"),
+    (b'{"id": "bool", "ts": "2025-11-22T10:00:00Z", "item": "#x", "value": true}', "invalid_field"),
+    (b'{"id": "empty", "ts": "2025-11-22T10:00:00Z", "item": ""}', "invalid_field"),
+    (b'{"id": "dims", "ts": "2025-11-22T10:00:00Z", "item": "#x", "dims": [1]}', "invalid_field"),
+    (b'{"id": "nest", "ts": "2025-11-22T10:00:00Z", "item": "#x", "dims": {"a": {"b": 1}}}', "invalid_field"),
+    (b'{"id": "when", "ts": "around noon", "item": "#x"}', "bad_time"),
+    (b'{"id": "naive", "ts": "2025-11-22T10:00:00", "item": "#x"}', "bad_time"),
+    (b'{"id": "year1", "ts": "0001-01-01T00:00:00Z", "item": "#x"}', "bad_time"),
+    (b'{"id": "future", "ts": "2099-01-01T00:00:00Z", "item": "#x"}', "future_time"),
+    (b'{"id": "nan", "ts": "2025-11-22T10:00:00Z", "item": "#x", "value": NaN}', "non_finite"),
+    (b'{"id": "inf", "ts": "2025-11-22T10:00:00Z", "item": "#x", "value": Infinity}', "non_finite"),
+    (b'{"id": "e400", "ts": "2025-11-22T10:00:00Z", "item": "#x", "value": 1e400}', "non_finite"),
+    (b'{"id": "long", "ts": "2025-11-22T10:00:00Z", "item": "' + b"i" * 1000 + b'"}', "oversize_field"),
+    (b'{"id": "' + b"i" * 1000 + b'", "ts": "2025-11-22T10:00:00Z", "item": "#x"}', "oversize_field"),
+    (b'{"id": "latin1", "ts": "2025-11-22T10:00:00Z", "item": "caf\xe9"}', "not_utf8"),
+    ('{"id": "u16", "ts": "2025-11-22T10:00:00Z", "item": "#x"}'.encode("utf-16"), "not_utf8"),
+]
+
+
+def test_bad_input_corpus_through_ingestion_and_the_api(pipeline: Pipeline, tmp_path: Path) -> None:
+    lines, good = [], 0
+    for i, (raw, _) in enumerate(BAD_INPUTS):
+        lines.append(json.dumps({"id": f"good-{i}", "ts": "2025-11-22T10:00:00Z", "item": "#ok"}).encode())
+        lines.append(raw)
+        good += 1
+    path = tmp_path / "corpus.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    s = pipeline.settings
+    dlq = f"{s.kafka.events_topic}.dlq"
+    from infra import topics
+
+    topics.ensure_topics(s.kafka, [topics.TopicSpec(dlq, 1, 1, {"retention.ms": "-1"})])
+    result = CliRunner().invoke(
+        cli,
+        ["ingest", "file", str(path), "--topic", s.kafka.events_topic, "--dlq-topic", dlq],
+        env=s.to_env(),
+        catch_exceptions=False,
+    )
+    letters = list(read_dead_letters(s, dlq, limit=len(BAD_INPUTS) + 5, timeout_s=30))
+    got = Counter(x.reason for x in letters)
+    want = Counter(r for _, r in BAD_INPUTS)
+    record("bad inputs through ingestion", len(lines), good + len(letters), got == want, f"{len(BAD_INPUTS)} kinds")
+    topics.delete_topics(s.kafka, [dlq])
+    assert result.exit_code in (0, 1), result.output
+    assert got == want, (got, want)
+
+    statuses = []
+    with TestClient(create_app(s)) as client:
+        for path_, status, fragment in BAD_REQUESTS:
+            r = client.get(path_)
+            statuses.append(r.status_code == status and fragment in json.dumps(r.json()["detail"]))
+    record("bad requests through the API", len(BAD_REQUESTS), sum(statuses), all(statuses), "each a 4xx + message")
+    assert all(statuses)
