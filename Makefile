@@ -7,13 +7,14 @@ INSTALLED := $(VENV)/.installed
 JARS := $(VENV)/.jars
 BROWSER := $(VENV)/.browser
 
-.PHONY: help setup demo test test-unit test-services test-reliability lint format lock stack-down clean
+.PHONY: help setup demo test test-unit test-services test-reliability test-cluster lint format lock stack-down clean
 
 help:
 	@echo "make demo        set up, start the stack and run the whole pipeline (stream, Airflow backfill, API, dashboard)"
 	@echo "make test        set up, lint (ruff, mypy) and run the whole test suite against the real services"
 	@echo "make test-unit   fast tests only (no services)"
 	@echo "make test-reliability  the fault-injection suite (not part of make test)"
+	@echo "make test-cluster      the jobs on a local Spark standalone cluster (not part of make test)"
 	@echo "make lint        ruff check, ruff format --check, mypy"
 	@echo "make lock        re-resolve the dependencies and rewrite constraints.txt"
 	@echo "make stack-down  stop the local servers"
@@ -54,6 +55,10 @@ test-unit: $(INSTALLED)
 # prints the table of cases and writes artifacts/reliability.md.
 test-reliability: setup
 	$(BIN)/pytest -m reliability tests/reliability
+
+# The jobs on a Spark standalone cluster (master + 2 workers from pyspark's spark-class) against local mode.
+test-cluster: setup
+	$(BIN)/pytest -m cluster tests/cluster
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

@@ -203,6 +203,15 @@ class StackSettings(BaseModel):
     cassandra_start_timeout_s: float = Field(
         180.0, gt=0, description="Longest wait for Cassandra to accept CQL clients."
     )
+    spark_master_port: int = Field(
+        7077, description="Port of the local Spark standalone master (`trends stack up spark-master …`)."
+    )
+    spark_master_webui_port: int = Field(8088, description="Web UI (and /json) port of the local Spark master.")
+    spark_worker_webui_port: int = Field(
+        8091, description="Web UI port of the first local Spark worker; the second uses the next port."
+    )
+    spark_worker_cores: int = Field(1, ge=1, description="Cores each local Spark worker offers.")
+    spark_worker_memory: str = Field("1g", description="Memory each local Spark worker offers to executors.")
     stop_timeout_s: float = Field(45.0, gt=0, description="Wait after SIGTERM before a server is SIGKILLed.")
     java_home: Path | None = Field(
         None, description="JDK 17 to run the servers with. Default: $JAVA_HOME, else `java` on PATH."

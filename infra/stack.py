@@ -13,6 +13,7 @@ the tail of its log.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -28,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
-from typing import Protocol
+from typing import Any, Protocol
 
 from typing_extensions import override
 
@@ -724,6 +725,167 @@ class ApiService(PipelineService):
         return _http_ok(f"http://{self.host}:{self.client_port}/health")
 
 
+class SparkMaster(Service):
+    """A Spark standalone master from pyspark's own ``spark-class`` (a cluster on one machine, for tests and demos)."""
+
+    name = "spark-master"
+    bundle = None
+    _java = ""  # the java `up` chose, handed to spark-class as JAVA_HOME
+
+    @property
+    @override
+    def host(self) -> str:
+        return "127.0.0.1"
+
+    @property
+    @override
+    def client_port(self) -> int:
+        return self.settings.stack.spark_master_port
+
+    @property
+    def url(self) -> str:
+        """Return the master URL to give ``TRENDS_SPARK__MASTER``."""
+        return f"spark://{self.host}:{self.client_port}"
+
+    @property
+    @override
+    def address(self) -> str:
+        return self.url
+
+    @property
+    @override
+    def start_timeout(self) -> float:
+        return self.settings.stack.kafka_start_timeout_s
+
+    @property
+    @override
+    def main_log(self) -> Path:
+        return self.stdout_file
+
+    @override
+    def ports(self) -> list[tuple[int, str, str]]:
+        st = self.settings.stack
+        return [
+            (st.spark_master_port, "RPC", "TRENDS_STACK__SPARK_MASTER_PORT"),
+            (st.spark_master_webui_port, "web UI", "TRENDS_STACK__SPARK_MASTER_WEBUI_PORT"),
+        ]
+
+    @override
+    def render_config(self) -> Path:
+        conf = self.conf_dir / "spark-defaults.conf"
+        conf.write_text("spark.ui.showConsoleProgress false\n")
+        return conf
+
+    def spark_class(self) -> str:
+        """Return pyspark's ``bin/spark-class``."""
+        import pyspark  # noqa: PLC0415 - heavy, and only needed here
+
+        return str(Path(pyspark.__file__).parent / "bin" / "spark-class")
+
+    @override
+    def command(self, java: str, config: Path) -> list[str]:
+        st = self.settings.stack
+        return [
+            self.spark_class(),
+            "org.apache.spark.deploy.master.Master",
+            "--host", self.host, "--port", str(st.spark_master_port), "--webui-port", str(st.spark_master_webui_port),
+        ]  # fmt: skip
+
+    @override
+    def process_env(self) -> dict[str, str]:
+        # SPARK_CONF_DIR heads the JVM's classpath, which is how `_is_ours` recognises the process.
+        env = {**os.environ, "SPARK_CONF_DIR": str(self.conf_dir), "SPARK_LOCAL_IP": self.host}
+        if self._java:
+            env["JAVA_HOME"] = str(Path(self._java).resolve().parent.parent)
+        return env
+
+    @override
+    def prepare(self, java: str, config: Path) -> None:
+        self._java = java
+
+    def state(self) -> dict[str, Any]:
+        """Return the master's /json status (workers, applications), or {} while it does not answer."""
+        try:
+            url = f"http://{self.host}:{self.settings.stack.spark_master_webui_port}/json/"
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return dict(json.load(resp))
+        except (OSError, ValueError):
+            return {}
+
+    @override
+    def accepts_clients(self) -> bool:
+        return self.state().get("status") == "ALIVE"
+
+    @override
+    def data_paths(self) -> list[Path]:
+        return []
+
+
+class SparkWorker(SparkMaster):
+    """A Spark standalone worker registered with the local master."""
+
+    index = 1
+
+    @property
+    @override
+    def host(self) -> str:
+        return "127.0.0.1"
+
+    @property
+    def webui_port(self) -> int:
+        """Return this worker's web UI port."""
+        return self.settings.stack.spark_worker_webui_port + self.index - 1
+
+    @property
+    @override
+    def client_port(self) -> int:
+        return self.webui_port
+
+    @property
+    @override
+    def address(self) -> str:
+        return f"{self.host}:{self.webui_port}"
+
+    @override
+    def ports(self) -> list[tuple[int, str, str]]:
+        return [(self.webui_port, "web UI", "TRENDS_STACK__SPARK_WORKER_WEBUI_PORT")]
+
+    @override
+    def command(self, java: str, config: Path) -> list[str]:
+        st = self.settings.stack
+        return [
+            self.spark_class(),
+            "org.apache.spark.deploy.worker.Worker",
+            SparkMaster(self.settings).url,
+            "--host", self.host, "--webui-port", str(self.webui_port), "--cores", str(st.spark_worker_cores),
+            "--memory", st.spark_worker_memory, "--work-dir", str(self.home / "work"),
+        ]  # fmt: skip
+
+    @override
+    def accepts_clients(self) -> bool:
+        """Tell whether the master lists this worker as ALIVE."""
+        workers = SparkMaster(self.settings).state().get("workers", [])
+        return any(w.get("state") == "ALIVE" and f":{self.webui_port}" in w.get("webuiaddress", "") for w in workers)
+
+    @override
+    def data_paths(self) -> list[Path]:
+        return [self.home / "work"]
+
+
+class SparkWorker1(SparkWorker):
+    """The first local Spark worker."""
+
+    name = "spark-worker-1"
+    index = 1
+
+
+class SparkWorker2(SparkWorker):
+    """The second local Spark worker."""
+
+    name = "spark-worker-2"
+    index = 2
+
+
 def _http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 - http://host:port of our own process
@@ -743,7 +905,8 @@ def _write_private(path: Path, text: str) -> None:
 SERVICES: dict[str, type[Service]] = {"kafka": Kafka, "cassandra": Cassandra}
 # Started only when named (`trends stack up airflow speed api`, `--with-airflow`, `trends demo`); `down` and `status`
 # cover them too.
-OPTIONAL_SERVICES = ("airflow", "speed", "api")
+OPTIONAL_SERVICES = ("airflow", "speed", "api", "spark-master", "spark-worker-1", "spark-worker-2")
+SPARK_CLUSTER = ("spark-master", "spark-worker-1", "spark-worker-2")
 ALL_SERVICES = (*SERVICES, *OPTIONAL_SERVICES)
 
 
@@ -761,6 +924,9 @@ def services(settings: Settings, names: Sequence[str] | None = None) -> list[Sta
         "airflow": Airflow,
         "speed": SpeedService,
         "api": ApiService,
+        "spark-master": SparkMaster,
+        "spark-worker-1": SparkWorker1,
+        "spark-worker-2": SparkWorker2,
     }
     return [factories[n](settings) for n in ALL_SERVICES if n in chosen]
 

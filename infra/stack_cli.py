@@ -52,7 +52,7 @@ def up(settings: Settings, services: tuple[str, ...], with_airflow: bool, no_ini
     names = _names(services, with_airflow=with_airflow)
     for result in local_stack.up(settings, names):
         how = "already running" if result.already_running else f"ready in {result.seconds:.1f} s"
-        click.echo(f"{result.name:10} {result.address:22} pid {result.pid:<8} {how}")
+        click.echo(f"{result.name:14} {result.address:22} pid {result.pid:<8} {how}")
     if not no_init:
         _init(settings, names)
     if names and "airflow" in names:
@@ -103,7 +103,7 @@ def status(settings: Settings) -> None:
         rss = f"{st.rss_mib:7.0f} MiB" if st.rss_mib is not None else "        -  "
         pid = str(st.pid) if st.pid else "-"
         detail = f"  {st.detail}" if st.detail else ""
-        click.echo(f"{st.name:10} {st.state:9} {st.address:22} pid {pid:<8} {rss}  log {st.log_file}{detail}")
+        click.echo(f"{st.name:14} {st.state:9} {st.address:22} pid {pid:<8} {rss}  log {st.log_file}{detail}")
 
 
 @stack.command()

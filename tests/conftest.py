@@ -78,10 +78,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark the tests under tests/services and tests/reliability as needing the services."""
     for item in items:
         parts = Path(str(item.fspath)).parts
-        if "services" in parts or "reliability" in parts:
+        if {"services", "reliability", "cluster"} & set(parts):
             item.add_marker(pytest.mark.services)
         if "reliability" in parts:
             item.add_marker(pytest.mark.reliability)
+        if "cluster" in parts:
+            item.add_marker(pytest.mark.cluster)
 
 
 @pytest.fixture(scope="session")

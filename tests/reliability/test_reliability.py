@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from click.testing import CliRunner
@@ -21,7 +22,7 @@ from infra import stack
 from infra.cli import cli
 from ingestion.dlq import read_dead_letters
 from serving.api import create_app
-from tests.reliability.conftest import Pipeline, record
+from tests.reliability.conftest import HOUR, Pipeline, record
 from tests.services.test_serving_api import BAD_REQUESTS
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(1200)]
@@ -173,3 +174,66 @@ def test_bad_input_corpus_through_ingestion_and_the_api(pipeline: Pipeline, tmp_
             statuses.append(r.status_code == status and fragment in json.dumps(r.json()["detail"]))
     record("bad requests through the API", len(BAD_REQUESTS), sum(statuses), all(statuses), "each a 4xx + message")
     assert all(statuses)
+
+
+def test_airflow_task_failure_and_retry(pipeline: Pipeline, tmp_path: Path) -> None:
+    """Cassandra is down when the DAG's recompute starts: the task fails, Airflow retries it, the retry succeeds."""
+    from infra.airflow import Airflow
+    from serving import queries
+    from serving.store import ViewReader
+    from tests.helpers import free_port
+
+    rng = random.Random(6)
+    events = pipeline.make_events(N // 3, "a", rng)
+    pipeline.produce(events)
+    pipeline.close_window()
+    dags = Path(__file__).resolve().parents[2] / "dags"
+    s = pipeline.settings
+    af_settings = s.model_copy(
+        update={
+            "data_dir": tmp_path / "airflow-data",
+            "airflow": s.airflow.model_copy(update={"api_port": free_port(), "dags_folder": dags}),
+        }
+    )
+    af = Airflow(af_settings)
+    starts = [pipeline.window[0], pipeline.window[0] + HOUR]
+    stack.up(af_settings, ["airflow"])
+    try:
+        token = af.token()
+        af.wait_dag(token, "trends_batch")
+        stack.down(s, ["cassandra"])
+        try:
+            af.backfill("trends_batch", starts[0], starts[-1])
+            deadline, failed_tries = time.monotonic() + 300, False
+            while not failed_tries and time.monotonic() < deadline:
+                runs = af.get(token, "/api/v2/dags/trends_batch/dagRuns?limit=100")["dag_runs"]
+                for r in runs:
+                    path = f"/api/v2/dags/trends_batch/dagRuns/{r['dag_run_id']}/taskInstances/recompute"
+                    try:
+                        ti = af.get(token, path.replace(r["dag_run_id"], quote(r["dag_run_id"], safe="")))
+                    except OSError:
+                        continue
+                    failed_tries = failed_tries or ti["state"] == "up_for_retry"
+                time.sleep(3)
+            assert failed_tries, "no recompute failed while Cassandra was down"
+        finally:
+            stack.up(s, ["cassandra"])
+        af.wait_runs(token, "trends_batch", starts, timeout_s=900)
+        tries = []
+        for r in af.get(token, "/api/v2/dags/trends_batch/dagRuns?limit=100")["dag_runs"]:
+            path = f"/api/v2/dags/trends_batch/dagRuns/{r['dag_run_id']}/taskInstances/recompute"
+            if r["dag_run_id"].startswith("backfill"):
+                tries.append(
+                    af.get(token, path.replace(r["dag_run_id"], quote(r["dag_run_id"], safe="")))["try_number"]
+                )
+    finally:
+        stack.down(af_settings, ["airflow"])
+    from infra.cassandra import session
+
+    with session(s) as sess:
+        w = queries.load(ViewReader(s, sess), *pipeline.window, "*")
+    got = queries.summary(w)
+    batch_only = all(p["layer"] == "batch" for p in got.provenance.spans) and not got.provenance.gaps
+    ok = got.events == len(events) and batch_only and max(tries) >= 2
+    record("Airflow task failure and retry", len(events), got.events, ok, f"recompute tries {sorted(tries)}")
+    assert max(tries) >= 2 and got.events == len(events) and batch_only
