@@ -44,7 +44,9 @@ DEFAULT_ARGS = {
     schedule=CronDataIntervalTimetable("0 * * * *", timezone="UTC"),
     start_date=datetime(2025, 1, 1, tzinfo=UTC),
     catchup=False,  # history is filled by explicit backfills, not by a burst of catch-up runs
-    max_active_runs=2,  # a backfill may not swamp a small machine: at most two hours at a time
+    # At most two scheduled hours at a time. Airflow 3 bounds a backfill by its own --max-active-runs instead (the
+    # README and `trends demo` pass 2), and every task by the executor's parallelism (TRENDS_AIRFLOW__PARALLELISM).
+    max_active_runs=2,
     default_args=DEFAULT_ARGS,
     tags=["trends", "batch-layer"],
     user_defined_macros={"connector_jars": connector_jars},

@@ -610,32 +610,43 @@ class Airflow:
                 raise StackError(msg)
             time.sleep(2)
 
-    def backfill(self, dag_id: str, first: datetime, last: datetime, *extra: str) -> None:
+    def backfill(
+        self,
+        dag_id: str,
+        first: datetime,
+        last: datetime,
+        *extra: str,
+        max_active_runs: int = 2,
+        retry_s: float = 300,
+    ) -> None:
         """Unpause the DAG and create a scheduler-driven backfill (``airflow backfill create``).
 
         The runs are those whose data intervals start in ``[first, last]``; ``extra`` e.g.
-        ``--reprocess-behavior completed``.
+        ``--reprocess-behavior completed``. A backfill's runs are bounded by its own ``--max-active-runs`` (Airflow
+        3 does not apply the DAG's to them), so it is passed explicitly. Airflow allows one unfinished backfill per
+        DAG: while the previous one is being marked complete — or, on SQLite, one whose creation died on a locked
+        database is being cleaned up (after 2 minutes) — the creation is retried for up to ``retry_s``.
 
-        :raises StackError: the CLI refused.
+        :raises StackError: the CLI refused for another reason, or for longer than ``retry_s``.
         """
-        for args in (
-            ("dags", "unpause", dag_id),
-            (
-                "backfill",
-                "create",
-                "--dag-id",
-                dag_id,
-                "--from-date",
-                first.isoformat(),
-                "--to-date",
-                last.isoformat(),
-                *extra,
-            ),
-        ):
+        unpause = self.cli("dags", "unpause", dag_id)
+        if unpause.returncode != 0:
+            msg = f"airflow dags unpause {dag_id} failed: {(unpause.stdout + unpause.stderr)[-2000:]}"
+            raise StackError(msg)
+        args = ["backfill", "create", "--dag-id", dag_id, "--from-date", first.isoformat()]
+        args += ["--to-date", last.isoformat(), "--max-active-runs", str(max_active_runs), *extra]
+        deadline = time.monotonic() + retry_s
+        while True:
             proc = self.cli(*args)
-            if proc.returncode != 0:
-                msg = f"airflow {' '.join(args[:2])} failed: {(proc.stdout + proc.stderr)[-2000:]}"
+            if proc.returncode == 0:
+                return
+            out = proc.stdout + proc.stderr
+            transient = next((m for m in ("AlreadyRunningBackfill", "database is locked") if m in out), None)
+            if transient is None or time.monotonic() > deadline:
+                msg = f"airflow backfill create failed: {out[-2000:]}"
                 raise StackError(msg)
+            logger.info("backfill of %s not created yet (%s); retrying", dag_id, transient)
+            time.sleep(5)
 
     def wait_runs(
         self,

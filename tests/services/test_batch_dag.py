@@ -5,7 +5,6 @@ historical hours through the Airflow 3 CLI, then a reprocess; batch rows, lineag
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import urllib.request
 import uuid
@@ -19,7 +18,7 @@ from confluent_kafka import Producer
 
 from batch_layer.store import BatchStore
 from infra import migrations, stack
-from infra.airflow import Airflow, airflow_executable
+from infra.airflow import Airflow
 from infra.cassandra import session, table
 from infra.settings import Settings
 from ingestion.model import Event
@@ -36,17 +35,6 @@ def api(af: Airflow, token: str, path: str) -> Any:
     req = urllib.request.Request(af.url + path, headers={"Authorization": f"Bearer {token}"})  # noqa: S310
     with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310
         return json.loads(resp.read())
-
-
-def cli(af: Airflow, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(airflow_executable()), *args],
-        env=af.process_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
 
 
 def wait_runs(af: Airflow, token: str, starts: list[datetime], attempt: int, timeout_s: float = 420) -> None:
@@ -115,11 +103,8 @@ def test_scheduler_driven_backfill_and_reprocess(dag_env: tuple[Settings, Airflo
     while "trends_batch" not in {d["dag_id"] for d in api(af, token, "/api/v2/dags")["dags"]}:
         assert time.monotonic() < deadline, "trends_batch was not parsed"
         time.sleep(2)
-    assert cli(af, "dags", "unpause", "trends_batch").returncode == 0
     starts = [H0 + h * HOUR for h in range(3)]
-    frm, to = starts[0].isoformat(), starts[-1].isoformat()
-    proc = cli(af, "backfill", "create", "--dag-id", "trends_batch", "--from-date", frm, "--to-date", to)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    af.backfill("trends_batch", starts[0], starts[-1])
     wait_runs(af, token, starts, attempt=1)
 
     def check() -> list[Any]:
@@ -152,14 +137,7 @@ def test_scheduler_driven_backfill_and_reprocess(dag_env: tuple[Settings, Airflo
     assert all(json.loads(r.offsets) for r in runs)
 
     # Reprocess after a "code fix": the same hours again, replacing, never adding.
-    deadline = time.monotonic() + 90
-    while True:
-        proc = cli(af, "backfill", "create", "--dag-id", "trends_batch", "--from-date", frm, "--to-date", to,
-                   "--reprocess-behavior", "completed")  # fmt: skip
-        if proc.returncode == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(5)  # the first backfill is marked complete a little after its runs
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    af.backfill("trends_batch", starts[0], starts[-1], "--reprocess-behavior", "completed")
     wait_runs(af, token, starts, attempt=2)
     runs = check()
     assert sorted(r.status for r in runs) == ["completed"] * 6
