@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from pydantic_core import PydanticCustomError
 
 from ingestion.mapping import DEFAULT_MAPPING, ColumnMapping
-from ingestion.model import MAX_RECORD_BYTES, Event, format_ts
+from ingestion.model import EVENT_SCHEMA_VERSION, MAX_RECORD_BYTES, Event, format_ts
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ class Reason(StrEnum):
     BAD_TIME = "bad_time"
     FUTURE_TIME = "future_time"
     NON_FINITE = "non_finite"
+    UNSUPPORTED_VERSION = "unsupported_version"
     BROKER_REJECTED = "broker_rejected"
     INTERNAL_ERROR = "internal_error"
 
@@ -110,6 +111,10 @@ def _from_validation_error(exc: ValidationError) -> tuple[Reason, str]:
 def validate_fields(fields: Mapping[str, Any], raw: bytes, ctx: Context, line: int | None) -> Outcome:
     """Validate a record already split into source columns (a parsed JSON object, a CSV row as a dict)."""
     try:
+        version = fields.get("v", EVENT_SCHEMA_VERSION) if not isinstance(fields, _CsvRow) else EVENT_SCHEMA_VERSION
+        if type(version) is not int or version != EVENT_SCHEMA_VERSION:  # a newer writer: never read it as v1
+            detail = f"v: schema version {version!r}; this ingester reads version {EVENT_SCHEMA_VERSION}"
+            return _reject(raw, Reason.UNSUPPORTED_VERSION, detail, ctx, line)
         try:
             mapped = ctx.mapping.apply(fields, empty_is_missing=isinstance(fields, _CsvRow))
             event = Event.model_validate(mapped)

@@ -137,6 +137,7 @@ BAD_INPUTS: list[tuple[bytes, str]] = [
     (b'{"id": "' + b"i" * 1000 + b'", "ts": "2025-11-22T10:00:00Z", "item": "#x"}', "oversize_field"),
     (b'{"id": "latin1", "ts": "2025-11-22T10:00:00Z", "item": "caf\xe9"}', "not_utf8"),
     ('{"id": "u16", "ts": "2025-11-22T10:00:00Z", "item": "#x"}'.encode("utf-16"), "not_utf8"),
+    (b'{"v": 2, "id": "v2", "ts": "2025-11-22T10:00:00Z", "item": "#x"}', "unsupported_version"),
 ]
 
 

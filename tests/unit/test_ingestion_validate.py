@@ -38,6 +38,9 @@ BAD_JSON: list[tuple[bytes, Reason]] = [
     ),
     (b'{"ts": "2026-11-22T11:00:00Z", "item": "caf\xe9"}', Reason.NOT_UTF8),
     (b"\xff\xfe{}", Reason.NOT_UTF8),
+    (b'{"v": 2, "ts": "2026-11-22T11:00:00Z", "item": "#x"}', Reason.UNSUPPORTED_VERSION),  # never read as v1
+    (b'{"v": "1", "ts": "2026-11-22T11:00:00Z", "item": "#x"}', Reason.UNSUPPORTED_VERSION),
+    (b'{"v": true, "ts": "2026-11-22T11:00:00Z", "item": "#x"}', Reason.UNSUPPORTED_VERSION),
 ]
 
 
