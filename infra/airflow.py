@@ -183,7 +183,9 @@ class Airflow:
         """Return the metadata DB URL: the setting, else SQLite under ``<data_dir>/airflow/data``."""
         if self.conf.database_url is not None:
             return self.conf.database_url.get_secret_value()
-        return f"sqlite:///{self.data_dir / 'airflow.db'}"
+        # A writer waits up to 60 s for SQLite's lock instead of pysqlite's 5 s: under load the scheduler, the API
+        # server, the DAG processor, the tasks and the CLI contend, and "database is locked" fails the loser.
+        return f"sqlite:///{self.data_dir / 'airflow.db'}?timeout=60"
 
     # -- environment and files --------------------------------------------------------------------------------
     def airflow_env(self) -> dict[str, str]:
@@ -624,8 +626,7 @@ class Airflow:
         The runs are those whose data intervals start in ``[first, last]``; ``extra`` e.g.
         ``--reprocess-behavior completed``. A backfill's runs are bounded by its own ``--max-active-runs`` (Airflow
         3 does not apply the DAG's to them), so it is passed explicitly. Airflow allows one unfinished backfill per
-        DAG: while the previous one is being marked complete — or, on SQLite, one whose creation died on a locked
-        database is being cleaned up (after 2 minutes) — the creation is retried for up to ``retry_s``.
+        DAG: while the previous one is being marked complete, the creation is retried for up to ``retry_s``.
 
         :raises StackError: the CLI refused for another reason, or for longer than ``retry_s``.
         """
@@ -641,7 +642,8 @@ class Airflow:
             if proc.returncode == 0:
                 return
             out = proc.stdout + proc.stderr
-            transient = next((m for m in ("AlreadyRunningBackfill", "database is locked") if m in out), None)
+            # Only the refusal is retried: a creation that failed half-way may have created runs already.
+            transient = "AlreadyRunningBackfill" if "AlreadyRunningBackfill" in out else None
             if transient is None or time.monotonic() > deadline:
                 msg = f"airflow backfill create failed: {out[-2000:]}"
                 raise StackError(msg)

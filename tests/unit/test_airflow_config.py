@@ -60,7 +60,7 @@ def test_airflow_env_follows_the_settings(tmp_path: Path) -> None:
     assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor" and env["AIRFLOW__CORE__PARALLELISM"] == "3"
     assert env["AIRFLOW__CORE__LOAD_EXAMPLES"] == "False"
     assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(REPO_DAGS) == str(Path(__file__).resolve().parents[2] / "dags")
-    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == f"sqlite:///{tmp_path}/airflow/data/airflow.db"
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == f"sqlite:///{tmp_path}/airflow/data/airflow.db?timeout=60"
     assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == "admin:admin"
     assert json.loads(env["AIRFLOW_CONN_TRENDS_SPARK"]) == {"conn_type": "spark", "host": "local[3]"}
 
