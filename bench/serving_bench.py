@@ -36,6 +36,7 @@ from serving import queries
 from serving.merge import DAY, HOUR, MINUTE, floor
 from serving.store import ViewReader
 
+WARMUP = 20
 ITEMS = [f"#item{i}" for i in range(500)]
 WEIGHTS = [1 / (i + 1) for i in range(len(ITEMS))]
 
@@ -109,7 +110,7 @@ def bench(settings: Settings, end: datetime, window: timedelta, runs: int) -> tu
     times, bare = [], []
     rows = 0
     with session(settings) as sess:
-        for i in range(runs + 3):
+        for i in range(runs + WARMUP):
             reader = ViewReader(settings, sess)
             t0 = time.perf_counter()
             windows = [(end - window, end), (end - 2 * window, end - window)]
@@ -126,7 +127,7 @@ def bench(settings: Settings, end: datetime, window: timedelta, runs: int) -> tu
             for sp in spans:
                 reader.read(sp, "*", queries.NEEDS["trending"])
             t3 = time.perf_counter()
-            if i >= 3:  # first runs prepare statements and warm the driver
+            if i >= WARMUP:  # the first runs prepare statements and warm the driver and Cassandra after the fill
                 times.append((t1 - t0) * 1000)
                 bare.append((t3 - t2) * 1000)
             rows = len(recent.buckets) + len(base.buckets)
