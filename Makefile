@@ -14,7 +14,7 @@ help:
 	@echo "make test        set up, lint (ruff, mypy) and run the whole test suite against the real services"
 	@echo "make test-unit   fast tests only (no services)"
 	@echo "make test-reliability  the fault-injection suite (not part of make test)"
-	@echo "make test-cluster      the jobs on a local Spark standalone cluster (not part of make test)"
+	@echo "make test-cluster      Spark standalone cluster, 3-broker Kafka, 2-node Cassandra (not part of make test)"
 	@echo "make lint        ruff check, ruff format --check, mypy"
 	@echo "make lock        re-resolve the dependencies and rewrite constraints.txt"
 	@echo "make stack-down  stop the local servers"

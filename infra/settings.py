@@ -33,7 +33,8 @@ class KafkaSettings(BaseModel):
 
     bootstrap_servers: str = Field(
         "127.0.0.1:9092",
-        description="Comma-separated host:port list of brokers. The local stack's broker listens on the first one.",
+        description="Comma-separated host:port list of brokers. The local stack starts one KRaft node per entry "
+        "(e.g. 127.0.0.11:9092,127.0.0.12:9092,127.0.0.13:9092 for a 3-broker cluster on loopback).",
     )
     events_topic: str = Field("events", description="Topic of validated events, keyed by item.")
     dlq_topic: str = Field("events.dlq", description="Dead-letter topic: rejected records with a reason.")
@@ -101,10 +102,18 @@ class KafkaSettings(BaseModel):
         return opts
 
     @property
+    def brokers(self) -> list[tuple[str, int]]:
+        """Return host and port of every bootstrap server, in order."""
+        out = []
+        for entry in self.bootstrap_servers.split(","):
+            host, _, port = entry.strip().rpartition(":")
+            out.append((host, int(port)))
+        return out
+
+    @property
     def first_broker(self) -> tuple[str, int]:
         """Return host and port of the first bootstrap server."""
-        host, _, port = self.bootstrap_servers.split(",")[0].strip().rpartition(":")
-        return host, int(port)
+        return self.brokers[0]
 
 
 class CassandraSettings(BaseModel):
@@ -113,7 +122,7 @@ class CassandraSettings(BaseModel):
     contact_points: list[str] = Field(
         ["127.0.0.1"],
         description='Cassandra nodes to contact first (JSON list in env, e.g. \'["10.0.0.1","10.0.0.2"]\'). '
-        "The local stack's node listens on the first one.",
+        'The local stack starts one node per entry (e.g. ["127.0.0.21","127.0.0.22"]), the first being the seed.',
     )
     port: int = Field(9042, description="CQL native transport port.")
     protocol_version: int = Field(5, ge=3, le=6, description="CQL native protocol version (5 for Cassandra 4+).")
@@ -182,17 +191,25 @@ class StackSettings(BaseModel):
     ``cassandra.port``, so the stack and its clients cannot disagree.
     """
 
-    kafka_controller_port: int = Field(9093, description="KRaft controller listener port of the local broker.")
-    kafka_heap: str = Field("512m", description="Heap (-Xms/-Xmx) of the local Kafka broker.")
+    kafka_controller_port: int = Field(
+        9093, description="KRaft controller listener port of the local broker; node N of a local cluster uses +N-1."
+    )
+    kafka_heap: str = Field("512m", description="Heap (-Xms/-Xmx) of each local Kafka broker.")
     kafka_cluster_id: str = Field(
         "tR3nDsLoCaLcLuStEr0001",
         min_length=22,
         max_length=22,
         description="KRaft cluster id used to format the local broker's storage (22-char base64url).",
     )
-    cassandra_storage_port: int = Field(7000, description="Inter-node storage port of the local Cassandra.")
-    cassandra_jmx_port: int = Field(7199, description="Local-only JMX port of the local Cassandra.")
-    cassandra_heap: str = Field("1G", description="Heap (-Xms/-Xmx) of the local Cassandra.")
+    cassandra_storage_port: int = Field(
+        7000,
+        description="Inter-node storage port of the local Cassandra (shared by the nodes of a local cluster, "
+        "each on its own address).",
+    )
+    cassandra_jmx_port: int = Field(
+        7199, description="Local-only JMX port of the local Cassandra; node N of a local cluster uses +N-1."
+    )
+    cassandra_heap: str = Field("1G", description="Heap (-Xms/-Xmx) of each local Cassandra node.")
     cassandra_commitlog_sync: Literal["group", "batch", "periodic"] = Field(
         "group",
         description="Commit log mode of the local Cassandra: `group` (default) fsyncs before acknowledging, in "

@@ -1,4 +1,4 @@
-"""Run a single-node Kafka (KRaft) and a single-node Cassandra on loopback, from the jars in the cache.
+"""Run Kafka (KRaft) and Cassandra on loopback, one node each or a small cluster, from the jars in the cache.
 
 Airflow (``infra/airflow.py``) joins them on request: it keeps the same contract (:class:`StackService`) but is
 several Python processes, not one JVM, so it is a sibling of :class:`Service` rather than a subclass.
@@ -26,6 +26,7 @@ import time
 import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -426,20 +427,36 @@ def _render(template: str, target: Path, **values: object) -> Path:
 
 
 class Kafka(Service):
-    """Single-node Kafka 4.3 in KRaft mode (broker and controller in one JVM)."""
+    """One Kafka 4.3 KRaft node (broker and controller in one JVM) per address of ``kafka.bootstrap_servers``.
+
+    One address gives the single-node stack (``kafka``); several give a cluster (``kafka-1`` … ``kafka-N``) whose
+    nodes are all controllers of one static quorum, with the internal topics replicated up to 3 ways.
+    """
 
     name = "kafka"
     bundle = jars.KAFKA
 
+    def __init__(self, settings: Settings, node: int = 0) -> None:
+        self.node = node
+        self.cluster_size = len(settings.kafka.brokers)
+        if self.cluster_size > 1:
+            self.name = f"kafka-{node + 1}"
+        super().__init__(settings)
+
     @property
     @override
     def host(self) -> str:
-        return self.settings.kafka.first_broker[0]
+        return self.settings.kafka.brokers[self.node][0]
 
     @property
     @override
     def client_port(self) -> int:
-        return self.settings.kafka.first_broker[1]
+        return self.settings.kafka.brokers[self.node][1]
+
+    @property
+    def controller_port(self) -> int:
+        """Return this node's controller port (the setting plus the node index, so nodes may share a host)."""
+        return self.settings.stack.kafka_controller_port + self.node
 
     @property
     @override
@@ -455,20 +472,27 @@ class Kafka(Service):
     def ports(self) -> list[tuple[int, str, str]]:
         return [
             (self.client_port, "clients", "TRENDS_KAFKA__BOOTSTRAP_SERVERS"),
-            (self.settings.stack.kafka_controller_port, "controller", "TRENDS_STACK__KAFKA_CONTROLLER_PORT"),
+            (self.controller_port, "controller", "TRENDS_STACK__KAFKA_CONTROLLER_PORT"),
         ]
 
     @override
     def render_config(self) -> Path:
         shutil.copy(CONF_DIR / "kafka" / "log4j2.properties", self.conf_dir / "log4j2.properties")
+        brokers = self.settings.kafka.brokers
+        port0 = self.settings.stack.kafka_controller_port
+        voters = ",".join(f"{i + 1}@{host}:{port0 + i}" for i, (host, _) in enumerate(brokers))
         return _render(
             "kafka/server.properties",
             self.conf_dir / "server.properties",
+            node_id=self.node + 1,
+            voters=voters,
             host=self.host,
             port=self.client_port,
-            controller_port=self.settings.stack.kafka_controller_port,
+            controller_port=self.controller_port,
             log_dirs=self.home / "data",
             partitions=self.settings.kafka.partitions,
+            internal_rf=min(3, len(brokers)),
+            internal_min_isr=min(2, len(brokers)),
         )
 
     def _java(self, java: str, heap: str) -> list[str]:
@@ -513,29 +537,58 @@ class Kafka(Service):
     def accepts_clients(self) -> bool:
         from confluent_kafka.admin import AdminClient  # noqa: PLC0415
 
-        admin = AdminClient({**self.settings.kafka.client_config(), "socket.timeout.ms": 3000, "log_level": 3})
+        admin = AdminClient(
+            {
+                **self.settings.kafka.client_config(),
+                "bootstrap.servers": self.address,  # this node, not whichever of the cluster answers first
+                "socket.timeout.ms": 3000,
+                "log_level": 3,
+            }
+        )
         try:
             metadata = admin.list_topics(timeout=3)
         except Exception:  # noqa: BLE001 - any failure means "not yet"
             return False
-        return bool(metadata.brokers) and metadata.controller_id is not None and metadata.controller_id >= 0
+        registered = self.node + 1 in metadata.brokers
+        return registered and metadata.controller_id is not None and metadata.controller_id >= 0
 
 
 class Cassandra(Service):
-    """Single-node Cassandra 5.0 on loopback."""
+    """One Cassandra 5.0 node per address of ``cassandra.contact_points``, all on the same ports.
+
+    One address gives the single-node stack (``cassandra``); several give a cluster (``cassandra-1`` …) on
+    loopback addresses such as 127.0.0.21 and 127.0.0.22, seeded by the first node. A node joins only once the
+    seed accepts clients (Cassandra bootstraps one joining node at a time), so ``up`` starts them in order.
+    """
 
     name = "cassandra"
     bundle = jars.CASSANDRA
 
+    def __init__(self, settings: Settings, node: int = 0) -> None:
+        self.node = node
+        if len(settings.cassandra.contact_points) > 1:
+            self.name = f"cassandra-{node + 1}"
+        super().__init__(settings)
+
     @property
     @override
     def host(self) -> str:
-        return self.settings.cassandra.contact_points[0]
+        return self.settings.cassandra.contact_points[self.node]
 
     @property
     @override
     def client_port(self) -> int:
         return self.settings.cassandra.port
+
+    @property
+    def seed(self) -> str:
+        """Return the address of the seed node (the first contact point)."""
+        return self.settings.cassandra.contact_points[0]
+
+    @property
+    def jmx_port(self) -> int:
+        """Return this node's JMX port (JMX listens on 127.0.0.1 only, so nodes need distinct ports)."""
+        return self.settings.stack.cassandra_jmx_port + self.node
 
     @property
     @override
@@ -553,7 +606,7 @@ class Cassandra(Service):
         return [
             (self.client_port, "CQL clients", "TRENDS_CASSANDRA__PORT"),
             (stack.cassandra_storage_port, "storage", "TRENDS_STACK__CASSANDRA_STORAGE_PORT"),
-            (stack.cassandra_jmx_port, "JMX", "TRENDS_STACK__CASSANDRA_JMX_PORT"),
+            (self.jmx_port, "JMX", "TRENDS_STACK__CASSANDRA_JMX_PORT"),
         ]
 
     @override
@@ -569,6 +622,7 @@ class Cassandra(Service):
             "cassandra/cassandra.yaml",
             self.conf_dir / "cassandra.yaml",
             host=self.host,
+            seed=self.seed,
             storage_port=self.settings.stack.cassandra_storage_port,
             native_port=self.client_port,
             data_dir=self.home / "data",
@@ -603,7 +657,7 @@ class Cassandra(Service):
             f"-Dcassandra.storagedir={self.home / 'data'}",
             f"-Dcassandra.logdir={self.log_dir}",
             f"-Dlogback.configurationFile={self.conf_dir / 'logback.xml'}",
-            f"-Dcassandra.jmx.local.port={self.settings.stack.cassandra_jmx_port}",
+            f"-Dcassandra.jmx.local.port={self.jmx_port}",
             "-Dcassandra.skip_wait_for_gossip_to_settle=0",
             "-Dcassandra.ring_delay_ms=1000",
             "-cp",
@@ -611,11 +665,26 @@ class Cassandra(Service):
             "org.apache.cassandra.service.CassandraDaemon",
         ]
 
-    @override
-    def accepts_clients(self) -> bool:
+    def prepare(self, java: str, config: Path) -> None:
+        """Hold a joining node back until the seed accepts clients (it has nothing to join before)."""
+        if self.node == 0:
+            return
+        deadline = time.monotonic() + self.start_timeout
+        while not (port_is_open(self.seed, self.client_port) and self._ping(self.seed)):
+            if time.monotonic() > deadline:
+                msg = f"{self.name} waits for the seed node {self.seed}, which did not accept clients in time"
+                raise StackError(msg)
+            time.sleep(1)
+
+    def _ping(self, host: str) -> bool:
         from infra.cassandra import ping  # noqa: PLC0415
 
-        return ping(self.settings)
+        only = self.settings.cassandra.model_copy(update={"contact_points": [host]})
+        return ping(self.settings.model_copy(update={"cassandra": only}))
+
+    @override
+    def accepts_clients(self) -> bool:
+        return self._ping(self.host)
 
 
 class PipelineService(Service):
@@ -902,7 +971,8 @@ def _write_private(path: Path, text: str) -> None:
 
 
 # What `up` starts when no server is named; tests and `make demo` rely on it being just these two.
-SERVICES: dict[str, type[Service]] = {"kafka": Kafka, "cassandra": Cassandra}
+# The servers `up` starts by default: one node or a local cluster each, by the number of addresses configured.
+SERVICES = ("kafka", "cassandra")
 # Started only when named (`trends stack up airflow speed api`, `--with-airflow`, `trends demo`); `down` and `status`
 # cover them too.
 OPTIONAL_SERVICES = ("airflow", "speed", "api", "spark-master", "spark-worker-1", "spark-worker-2")
@@ -910,17 +980,31 @@ SPARK_CLUSTER = ("spark-master", "spark-worker-1", "spark-worker-2")
 ALL_SERVICES = (*SERVICES, *OPTIONAL_SERVICES)
 
 
+def nodes(settings: Settings, group: str) -> list[Service]:
+    """Return the nodes of Kafka or Cassandra: one per configured address."""
+    if group == "kafka":
+        return [Kafka(settings, i) for i in range(len(settings.kafka.brokers))]
+    return [Cassandra(settings, i) for i in range(len(settings.cassandra.contact_points))]
+
+
 def services(settings: Settings, names: Sequence[str] | None = None) -> list[StackService]:
-    """Return the stack's servers: the named ones (in stack order), else Kafka and Cassandra."""
+    """Return the stack's servers: the named ones (in stack order), else Kafka and Cassandra.
+
+    ``kafka`` and ``cassandra`` name all nodes of a local cluster; ``kafka-2`` or ``cassandra-1`` name one.
+    """
     chosen = list(names) if names else list(SERVICES)
-    unknown = [n for n in chosen if n not in ALL_SERVICES]
+    node_names = {n.name: n for group in SERVICES for n in nodes(settings, group)}
+    unknown = [n for n in chosen if n not in ALL_SERVICES and n not in node_names]
     if unknown:
-        msg = f"unknown service(s) {', '.join(unknown)}; choose from {', '.join(ALL_SERVICES)}"
+        known = ", ".join(dict.fromkeys([*node_names, *ALL_SERVICES]))
+        msg = f"unknown service(s) {', '.join(unknown)}; choose from {known}"
         raise StackError(msg)
     from infra.airflow import Airflow  # noqa: PLC0415 - infra.airflow builds on this module
 
+    picked: list[StackService] = [
+        node for group in SERVICES for node in nodes(settings, group) if group in chosen or node.name in chosen
+    ]
     factories: dict[str, Callable[[Settings], StackService]] = {
-        **SERVICES,
         "airflow": Airflow,
         "speed": SpeedService,
         "api": ApiService,
@@ -928,7 +1012,7 @@ def services(settings: Settings, names: Sequence[str] | None = None) -> list[Sta
         "spark-worker-1": SparkWorker1,
         "spark-worker-2": SparkWorker2,
     }
-    return [factories[n](settings) for n in ALL_SERVICES if n in chosen]
+    return [*picked, *(factories[n](settings) for n in OPTIONAL_SERVICES if n in chosen)]
 
 
 @dataclass(frozen=True)
@@ -973,7 +1057,20 @@ def down(settings: Settings, names: Sequence[str] | None = None) -> list[str]:
 
     With no names it stops every server of the stack, Airflow included when it runs.
     """
-    return [svc.name for svc in reversed(services(settings, names or ALL_SERVICES)) if svc.stop()]
+    chosen = list(reversed(services(settings, names or ALL_SERVICES)))
+    brokers = [svc for svc in chosen if isinstance(svc, Kafka)]
+    stopped: list[str] = []
+    for svc in chosen:
+        if not isinstance(svc, Kafka):
+            if svc.stop():
+                stopped.append(svc.name)
+        elif svc is brokers[0]:
+            # The nodes of a Kafka cluster together: stopped one by one, the last ones lose their controller
+            # quorum and hang in controlled shutdown until they are killed.
+            with ThreadPoolExecutor(len(brokers)) as pool:
+                ran = list(pool.map(lambda b: b.stop(), brokers))
+            stopped += [b.name for b, r in zip(brokers, ran, strict=True) if r]
+    return stopped
 
 
 def status(settings: Settings, names: Sequence[str] | None = None) -> list[ServiceStatus]:

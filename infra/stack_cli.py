@@ -9,9 +9,21 @@ import click
 
 from infra import jars
 from infra import stack as local_stack
+from infra.errors import StackError
 from infra.settings import Settings
 
-SERVICE_CHOICE = click.Choice(local_stack.ALL_SERVICES)
+
+def _known_services(ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    """Reject unknown names as a usage error; node names such as kafka-2 depend on the settings."""
+    if value:
+        try:
+            local_stack.services(ctx.find_object(Settings) or Settings(), value)
+        except StackError as exc:
+            raise click.BadParameter(str(exc)) from exc
+    return value
+
+
+SERVICES_ARG = click.argument("services", nargs=-1, callback=_known_services)
 WITH_AIRFLOW = click.option(
     "--with-airflow", is_flag=True, help="Include Airflow (API server, scheduler, DAG processor) with the defaults."
 )
@@ -38,7 +50,7 @@ def fetch(settings: Settings, force: bool) -> None:
 
 
 @stack.command()
-@click.argument("services", nargs=-1, type=SERVICE_CHOICE)
+@SERVICES_ARG
 @WITH_AIRFLOW
 @click.option("--no-init", is_flag=True, help="Do not create topics and apply CQL migrations after start.")
 @click.pass_obj
@@ -87,7 +99,7 @@ def init(settings: Settings) -> None:
 
 
 @stack.command()
-@click.argument("services", nargs=-1, type=SERVICE_CHOICE)
+@SERVICES_ARG
 @click.pass_obj
 def down(settings: Settings, services: tuple[str, ...]) -> None:
     """Stop the servers this stack started (found by pid file), Airflow included when it runs. Data is kept."""
@@ -107,7 +119,7 @@ def status(settings: Settings) -> None:
 
 
 @stack.command()
-@click.argument("service", type=SERVICE_CHOICE)
+@click.argument("service", callback=lambda ctx, param, value: _known_services(ctx, param, (value,))[0])
 @click.option("-n", "--lines", default=40, show_default=True, help="How many lines to show.")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines (Ctrl-C to stop).")
 @click.option("--stdout", "raw", is_flag=True, help="Show the JVM's stdout/stderr instead of the server log.")
@@ -137,7 +149,7 @@ def logs(settings: Settings, service: str, lines: int, follow: bool, raw: bool, 
 
 
 @stack.command()
-@click.argument("services", nargs=-1, type=SERVICE_CHOICE)
+@SERVICES_ARG
 @WITH_AIRFLOW
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_obj

@@ -102,3 +102,41 @@ def test_stale_pid_file_is_ignored(tmp_path: Path) -> None:
     assert kafka.pid() is None
     assert not kafka.pid_file.exists()
     assert kafka.stop() is False
+
+
+def test_kafka_cluster_renders_one_node_per_bootstrap_address(tmp_path: Path) -> None:
+    servers = "127.0.0.11:9092,127.0.0.12:9092,127.0.0.13:9092"
+    settings = Settings(data_dir=tmp_path, kafka={"bootstrap_servers": servers}, stack={"kafka_controller_port": 9093})
+    nodes = stack.nodes(settings, "kafka")
+    assert [n.name for n in nodes] == ["kafka-1", "kafka-2", "kafka-3"]
+    third = nodes[2]
+    third.conf_dir.mkdir(parents=True)
+    text = third.render_config().read_text()
+    assert "node.id=3" in text
+    assert "controller.quorum.voters=1@127.0.0.11:9093,2@127.0.0.12:9094,3@127.0.0.13:9095" in text
+    assert "listeners=PLAINTEXT://127.0.0.13:9092,CONTROLLER://127.0.0.13:9095" in text
+    assert "offsets.topic.replication.factor=3" in text and "transaction.state.log.min.isr=2" in text
+    assert f"log.dirs={tmp_path / 'kafka-3' / 'data'}" in text
+
+
+def test_cassandra_cluster_nodes_share_ports_and_the_seed(tmp_path: Path) -> None:
+    settings = Settings(
+        data_dir=tmp_path,
+        cassandra={"contact_points": ["127.0.0.21", "127.0.0.22"]},
+        stack={"cassandra_jmx_port": 7299},
+    )
+    first, second = stack.nodes(settings, "cassandra")
+    assert (first.name, second.name) == ("cassandra-1", "cassandra-2")
+    second.conf_dir.mkdir(parents=True)
+    text = second.render_config().read_text()
+    assert 'seeds: "127.0.0.21:7000"' in text and "listen_address: 127.0.0.22" in text
+    assert [p for p, *_ in second.ports()] == [9042, 7000, 7300]
+    assert "-Dcassandra.jmx.local.port=7300" in " ".join(second.command("java", second.conf_dir / "cassandra.yaml"))
+
+
+def test_services_name_a_whole_cluster_or_one_node(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, kafka={"bootstrap_servers": "127.0.0.11:9092,127.0.0.12:9092"})
+    assert [s.name for s in stack.services(settings)] == ["kafka-1", "kafka-2", "cassandra"]
+    assert [s.name for s in stack.services(settings, ["kafka-2", "api"])] == ["kafka-2", "api"]
+    with pytest.raises(StackError, match=r"unknown service.*kafka-3.*choose from kafka-1, kafka-2, cassandra"):
+        stack.services(settings, ["kafka-3"])

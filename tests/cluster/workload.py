@@ -1,0 +1,96 @@
+"""The workload the cluster tests push through the pipeline, and the answer they compare: one place for both."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from infra.cassandra import session
+from infra.settings import Settings
+from ingestion.model import Event
+from serving import queries
+from serving.store import ViewReader
+
+TRENDS = str(Path(sys.executable).parent / "trends")
+HOUR = timedelta(hours=1)
+
+
+def events(seed: str, start: datetime, n: int = 20_000, span: timedelta = 2 * HOUR) -> list[Event]:
+    """Return ``n`` events over ``span`` from ``start`` (Pareto items, 3,000 users, two origins), by event time."""
+    rng = random.Random(seed)
+    return sorted(
+        (
+            Event(id=f"c{i}", ts=start + timedelta(milliseconds=rng.randrange(int(span.total_seconds() * 1000))),
+                  item=f"#c{min(int(rng.paretovariate(1.2)), 80)}", user=f"u{rng.randrange(3000)}",
+                  value=round(rng.lognormvariate(3, 1), 3), dims={"origin": rng.choice(["JFK", "LAX"])})
+            for i in range(n)
+        ),
+        key=lambda e: e.ts,
+    )  # fmt: skip
+
+
+class Delivery:
+    """Counts what the broker acknowledged and keeps every delivery error."""
+
+    def __init__(self) -> None:
+        self.acked = 0
+        self.errors: list[KafkaError] = []
+
+    def __call__(self, err: KafkaError | None, _msg: Message) -> None:
+        if err is None:
+            self.acked += 1
+        else:
+            self.errors.append(err)
+
+
+def producer(settings: Settings) -> Producer:
+    """Return an idempotent producer that waits for all in-sync replicas, as ingestion's is."""
+    return Producer({**settings.kafka.client_config(), "enable.idempotence": True, "acks": "all", "linger.ms": 20})
+
+
+def produce(prod: Producer, topic: str, batch: list[Event], delivery: Delivery) -> None:
+    """Produce events keyed by item with their event time as the record timestamp."""
+    for e in batch:
+        prod.produce(topic, key=e.item, value=e.to_json(), timestamp=e.ts_ms, on_delivery=delivery)
+        prod.poll(0)
+
+
+def close_partitions(prod: Producer, topic: str, at: datetime, partitions: int, delivery: Delivery) -> None:
+    """Write one late-enough event to every partition so the batch layer sees the interval as closed."""
+    for p in range(partitions):
+        closer = Event(id=f"closer{p}", ts=at, item="#closer")
+        prod.produce(topic, value=closer.to_json(), timestamp=closer.ts_ms, partition=p, on_delivery=delivery)
+
+
+def trends(settings: Settings, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 600) -> str:
+    """Run a ``trends`` command with exactly these settings; return its output, failing with its tail."""
+    env = {**os.environ, **settings.to_env(), **(extra_env or {})}
+    proc = subprocess.run([TRENDS, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return proc.stdout
+
+
+def scoped(base: Settings, topic: str, keyspace: str, tmp: Path) -> Settings:
+    """Return settings for one test run: its own topic, keyspace and checkpoints; one slice dimension."""
+    return base.model_copy(
+        update={
+            "kafka": base.kafka.model_copy(update={"events_topic": topic}),
+            "cassandra": base.cassandra.model_copy(update={"keyspace": keyspace}),
+            "batch": base.batch.model_copy(update={"lateness_s": 300, "grace_s": 300}),
+            "views": base.views.model_copy(update={"slice_dims": ["origin"]}),
+            "speed": base.speed.model_copy(update={"metrics_port": 0, "allowed_lateness_s": 3600}),
+            "spark": base.spark.model_copy(update={"checkpoint_root": str(tmp / "checkpoints")}),
+        }
+    )
+
+
+def answer(settings: Settings, start: datetime, end: datetime, slice_: str = "*") -> queries.Summary:
+    """Return the merged summary of a window, as ``trends query summary`` computes it."""
+    with session(settings) as sess:
+        return queries.summary(queries.load(ViewReader(settings, sess), start, end, slice_), top_n=5)
