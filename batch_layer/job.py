@@ -25,7 +25,7 @@ from infra.errors import TrendsError
 from infra.settings import Settings
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame, Observation, SparkSession
 
 logger = logging.getLogger(__name__)
 
@@ -112,51 +112,54 @@ def extract(spark: SparkSession, settings: Settings, plan: offsets.OffsetPlan) -
 
 def transform(
     records: DataFrame, settings: Settings, start: datetime, end: datetime, plan: offsets.OffsetPlan
-) -> tuple[DataFrame, DataFrame, dict[str, Any]]:
-    """Return (minute view, hourly rollup, count columns) of the interval's events, deduplicated by id."""
+) -> tuple[DataFrame, dict[str, Observation]]:
+    """Return the minute view of the interval's events, deduplicated by id, and the observations that count rows.
+
+    The counts (read, unparseable, in the interval, kept, late) are observed while the one action that computes
+    the minutes runs, so Kafka is read, parsed and deduplicated once without caching a million rows.
+    """
+    from pyspark.sql import Observation  # noqa: PLC0415
     from pyspark.sql import functions as F  # noqa: PLC0415
 
-    from views.aggregation import aggregate, rollup  # noqa: PLC0415
+    from views.aggregation import aggregate  # noqa: PLC0415
     from views.events import EVENT_COLUMNS, parse_events  # noqa: PLC0415
 
-    parsed = parse_events(records)
+    observed = {"read": Observation("batch_read"), "kept": Observation("batch_kept")}
     in_interval = F.col("parsed_ok") & (F.col("ts") >= F.lit(start)) & (F.col("ts") < F.lit(end))
-    interval = parsed.where(in_interval)
-    kept = interval.dropDuplicates(["id"])
+    parsed = parse_events(records).observe(
+        observed["read"],
+        F.count(F.lit(1)).alias("read"),
+        F.sum(F.when(F.col("parsed_ok"), 0).otherwise(1)).alias("unparseable"),
+        F.sum(F.when(in_interval, 1).otherwise(0)).alias("in_interval"),
+    )
+    kept = parsed.where(in_interval).select(*EVENT_COLUMNS, "partition", "offset").dropDuplicates(["id"])
     interval_end = F.create_map(*(x for r in plan.ranges for x in (F.lit(r.partition), F.lit(r.interval_end))))
-    kept = kept.withColumn("_late", F.col("offset") >= F.element_at(interval_end, F.col("partition")))
+    late = F.col("offset") >= F.element_at(interval_end, F.col("partition"))
+    kept = kept.observe(observed["kept"], F.count(F.lit(1)).alias("kept"), F.sum(late.cast("int")).alias("late"))
     minutes = aggregate(kept.select(*EVENT_COLUMNS), settings.views.slice_dims, settings.views.top_k_items)
-    hours = rollup(minutes, "hour", settings.views.top_k_items)
-    counters: dict[str, Any] = {
-        "parsed": parsed,  # the intermediate frames, so a caller can cache them (see compute)
-        "deduplicated": kept,
-        "read": parsed.agg(
-            F.count(F.lit(1)).alias("read"),
-            F.sum(F.when(F.col("parsed_ok"), 0).otherwise(1)).alias("unparseable"),
-            F.sum(F.when(in_interval, 1).otherwise(0)).alias("in_interval"),
-        ),
-        "kept": kept.agg(F.count(F.lit(1)).alias("kept"), F.sum(F.col("_late").cast("int")).alias("late")),
-    }
-    return minutes, hours, counters
+    return minutes, observed
+
+
+def hourly(spark: SparkSession, settings: Settings, minutes: list[Any], schema: Any) -> list[ViewRow]:
+    """Roll the collected minute rows (a few thousand at most) up into hours with the shared merge."""
+    from views.aggregation import rollup  # noqa: PLC0415
+
+    if not minutes:
+        return []
+    frame = spark.createDataFrame(minutes, schema)
+    return [ViewRow.from_spark(r) for r in rollup(frame, "hour", settings.views.top_k_items).collect()]
 
 
 def compute(
     spark: SparkSession, settings: Settings, plan: offsets.OffsetPlan, start: datetime, end: datetime
 ) -> tuple[list[ViewRow], list[ViewRow], dict[str, int]]:
-    """Run the Spark side of an interval and bring its (small) results to the driver."""
+    """Run the Spark side of an interval (one pass over the records) and bring its small results to the driver."""
     records = extract(spark, settings, plan)
-    minutes, hours, counters = transform(records, settings, start, end, plan)
-    # Four actions share three stages: cache each stage once, so Kafka is read and parsed once, deduplicated once
-    # and aggregated once (without, every action recomputed its whole lineage: 3x the time).
-    cached = [counters["parsed"].persist(), counters["deduplicated"].persist(), minutes.persist()]
-    try:
-        read = counters["read"].collect()[0]
-        kept = counters["kept"].collect()[0]
-        minute_rows = [ViewRow.from_spark(r) for r in minutes.collect()]
-        hour_rows = [ViewRow.from_spark(r) for r in hours.collect()]
-    finally:
-        for frame in cached:
-            frame.unpersist()
+    minutes, observed = transform(records, settings, start, end, plan)
+    collected = minutes.collect()
+    read, kept = observed["read"].get, observed["kept"].get
+    minute_rows = [ViewRow.from_spark(r) for r in collected]
+    hour_rows = hourly(spark, settings, collected, minutes.schema)
     counts = {
         "read": int(read["read"] or 0),
         "unparseable": int(read["unparseable"] or 0),

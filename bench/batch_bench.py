@@ -160,19 +160,22 @@ def stages(spark: Any, settings: Settings, hour: datetime) -> list[tuple[str, fl
         return offsets.plan(settings.kafka, topic, hour, end, lateness)
 
     plan = step("closed check + offset plan", closed_and_plan)
-    records = job.extract(spark, settings, plan)
-    minutes, hours, counters = job.transform(records, settings, hour, end, plan)
-    cached = [counters["parsed"].persist(), counters["deduplicated"].persist(), minutes.persist()]  # as job.compute
-    try:
-        step("read Kafka + parse, cached (read counters)", counters["read"].collect)
-        step("dedupe from the cache, cached (kept counters)", counters["kept"].collect)
-        minute_rows = step("aggregate minutes from the cache (collect)", minutes.collect)
-        hour_rows = step("hourly rollup of the cached minutes (collect)", hours.collect)
-    finally:
-        for frame in cached:
-            frame.unpersist()
+    from pyspark.sql import functions as F
+
+    from views.events import EVENT_COLUMNS, parse_events
+
+    def digest(frame: Any) -> Any:  # touches every column, so no parsing is pruned away
+        return frame.select(F.sum(F.hash(*EVENT_COLUMNS))).collect()
+
+    parsed = parse_events(job.extract(spark, settings, plan)).where("parsed_ok")
+    step("read Kafka + parse (alone)", lambda: digest(parsed))
+    step("read Kafka + parse + exact dedupe (alone)", lambda: digest(parsed.dropDuplicates(["id"])))
+    minutes, _observed = job.transform(job.extract(spark, settings, plan), settings, hour, end, plan)
+    minute_rows = step("one pass: read, parse, dedupe, aggregate, counters (job.transform)", minutes.collect)
+    hrows = step(
+        "hourly rollup of the collected minutes", lambda: job.hourly(spark, settings, minute_rows, minutes.schema)
+    )
     mrows = [ViewRow.from_spark(r) for r in minute_rows]
-    hrows = [ViewRow.from_spark(r) for r in hour_rows]
     t_session = time.monotonic()
     with session(settings) as sess:
         store = BatchStore(settings, sess)
