@@ -2,6 +2,12 @@
 
 All statements are prepared once per reader and bound; every read uses the read consistency profile. A reader
 holds one session (the API keeps one for its lifetime).
+
+Batch rows are immutable once their run is current (a rerun writes a new version under a new run id and swaps the
+pointer), so a reader keeps the batch rows it has read in a bounded LRU (:class:`RowCache`) keyed by the run they
+belong to: a rerun changes the key, never the entry, and a cached row cannot be stale. Daily rollups are keyed by
+the fingerprint of their day's pointers and cached only when the row read carries that fingerprint. Speed rows
+change with every micro-batch and are always read.
 """
 
 from __future__ import annotations
@@ -9,7 +15,9 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-from collections.abc import Callable, Iterable
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -60,6 +68,60 @@ class Coverage:
         return floor(self.speed_newest_event, timedelta(minutes=1)) + timedelta(minutes=1)
 
 
+class RowCache:
+    """A bounded, thread-safe LRU of immutable batch rows: key -> the rows (possibly none) one read returned."""
+
+    def __init__(self, max_rows: int) -> None:
+        self.max_rows = max_rows
+        self._entries: OrderedDict[Hashable, tuple[Bucket, ...]] = OrderedDict()
+        self._rows = 0  # an empty entry counts as one row
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: Hashable) -> tuple[Bucket, ...] | None:
+        """Return the cached rows of a key (most recently used now), or None."""
+        with self._lock:
+            rows = self._entries.get(key)
+            if rows is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return rows
+
+    def put(self, key: Hashable, rows: tuple[Bucket, ...]) -> None:
+        """Keep the rows of a key, evicting the least recently used entries beyond ``max_rows``."""
+        if len(rows) > self.max_rows:
+            return
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._rows -= max(1, len(old))
+            self._entries[key] = rows
+            self._rows += max(1, len(rows))
+            while self._rows > self.max_rows:
+                _, evicted = self._entries.popitem(last=False)
+                self._rows -= max(1, len(evicted))
+
+    def __len__(self) -> int:
+        return self._rows
+
+
+QUORUM_LEVELS = {"QUORUM", "LOCAL_QUORUM", "EACH_QUORUM", "ALL"}
+
+
+def rows_cacheable(settings: Settings) -> bool:
+    """Tell whether a read is sure to see a whole batch run once its pointer is seen (R + W > RF).
+
+    With weaker levels a read may briefly miss rows of a just-swapped run: harmless once, wrong if cached.
+    """
+    cfg = settings.cassandra
+    quorum = cfg.read_consistency in QUORUM_LEVELS and cfg.write_consistency in QUORUM_LEVELS
+    single = cfg.replication_strategy == "SimpleStrategy" and cfg.replication_factor == 1
+    return settings.serving.cache_rows > 0 and (quorum or single)
+
+
 def _days(start: datetime, end: datetime) -> list[date]:
     d, out = floor(start, DAY), []
     while d < end:
@@ -85,6 +147,7 @@ class ViewReader:
             f"SELECT day, hour_runs FROM {table(settings, 'batch_days')} WHERE slice = ? AND month = ?"
         )
         self._pointers: dict[date, dict[datetime, Any]] = {}
+        self.cache = RowCache(settings.serving.cache_rows) if rows_cacheable(settings) else None
 
     def _row_statements(self, fields: frozenset[str]) -> dict[str, Any]:
         """Return the row reads selecting only ``fields`` of the sketches (prepared once per field set)."""
@@ -190,60 +253,25 @@ class ViewReader:
 
         Consecutive whole hours of a day are read with one range query; rows of other runs are dropped. Only the
         sketches in ``fields`` are read (the others are empty in the buckets): an answer that needs the items only
-        moves a fraction of the bytes.
+        moves a fraction of the bytes. Batch rows come from the cache when their run's rows were read before; a
+        batch minute span reads (and caches) its whole hour of that run, so a sliding window reuses it.
         """
-        stmt = self._row_statements(frozenset(fields))
-        requests: list[tuple[Any, tuple[Any, ...]]] = []
-        keep: list[Callable[[Any], Bucket | None]] = []
-
-        def add(stmt: Any, params: tuple[Any, ...], convert: Callable[[Any], Bucket | None]) -> None:
-            requests.append((stmt, params))
-            keep.append(convert)
-
-        hour_runs: dict[date, list[Span]] = {}
+        reads = _Reads(self, slice_, frozenset(fields))
+        hour_spans: dict[date, list[Span]] = {}
         for span in spans:
             if span.layer == "gap":
                 continue
             if span.layer == "speed":
-                for day in _days(span.start, span.end):
-                    add(
-                        stmt["speed"],
-                        (slice_, day, span.start, span.end),
-                        lambda r: self._bucket(utc(r.bucket_start), "minute", "speed", r),
-                    )
+                reads.speed(span)
             elif span.resolution == "day":
-                day = span.start.date()
-                add(
-                    stmt["days"],
-                    (slice_, day.strftime("%Y-%m"), day, day + timedelta(days=1)),
-                    functools.partial(self._bucket, span.start, "day", "batch"),
-                )
+                reads.day(span)
             elif span.resolution == "hour":
-                hour_runs.setdefault(span.start.date(), []).append(span)
+                hour_spans.setdefault(span.start.date(), []).append(span)
             else:
-                hour = floor(span.start, HOUR)
-                run = self.pointers(hour.date()).get(hour)
-                add(
-                    stmt["minutes"],
-                    (slice_, hour, run, span.start, span.end),
-                    lambda r: self._bucket(utc(r.bucket_start), "minute", "batch", r),
-                )
-        for day, day_spans in hour_runs.items():
-            pts = self.pointers(day)
-            wanted = {s.start for s in day_spans}
-            lo, hi = min(wanted), max(s.end for s in day_spans)
-
-            def hour_row(r: Any, pts: dict[datetime, Any] = pts, wanted: set[datetime] = wanted) -> Bucket | None:
-                hour = utc(r.hour)
-                if hour in wanted and pts.get(hour) == r.run_id:
-                    return self._bucket(hour, "hour", "batch", r)
-                return None
-
-            add(stmt["hours"], (slice_, day, lo, hi), hour_row)
-        out: list[Bucket] = []
-        for convert, rows in zip(keep, self._exec_many(requests), strict=True):
-            out.extend(b for b in map(convert, rows) if b is not None)
-        return out
+                reads.minutes(span)
+        for day, day_spans in hour_spans.items():
+            reads.hours(day, day_spans)
+        return reads.run()
 
     @staticmethod
     def _bucket(start: datetime | None, resolution: str, layer: str, r: Any) -> Bucket:
@@ -259,3 +287,109 @@ class ViewReader:
             bytes(getattr(r, "values_kll", b"")),
             bytes(getattr(r, "items_fi", b"")),
         )
+
+
+class _Reads:
+    """The reads of one :meth:`ViewReader.read`: the requests, what to do with each result, and the rows gathered."""
+
+    def __init__(self, reader: ViewReader, slice_: str, fields: frozenset[str]) -> None:
+        self.reader = reader
+        self.slice = slice_
+        self.fields = fields
+        self.stmt = reader._row_statements(fields)
+        self.requests: list[tuple[Any, tuple[Any, ...]]] = []
+        self.handlers: list[Callable[[list[Any]], None]] = []
+        self.out: list[Bucket] = []
+
+    def _add(self, statement: str, params: tuple[Any, ...], handle: Callable[[list[Any]], None]) -> None:
+        self.requests.append((self.stmt[statement], params))
+        self.handlers.append(handle)
+
+    def _cached(self, key: Hashable) -> tuple[Bucket, ...] | None:
+        cache = self.reader.cache
+        return cache.get(key) if cache is not None else None
+
+    def _remember(self, key: Hashable, rows: Iterable[Bucket]) -> None:
+        if self.reader.cache is not None:
+            self.reader.cache.put(key, tuple(rows))
+
+    def speed(self, span: Span) -> None:
+        """Read a speed span (never cached: its rows change with every micro-batch)."""
+        bucket = self.reader._bucket
+
+        def handle(rows: list[Any]) -> None:
+            self.out.extend(bucket(utc(r.bucket_start), "minute", "speed", r) for r in rows)
+
+        for day in _days(span.start, span.end):
+            self._add("speed", (self.slice, day, span.start, span.end), handle)
+
+    def day(self, span: Span) -> None:
+        """Serve a daily rollup, cached under the fingerprint of the day's pointers."""
+        day = span.start.date()
+        fingerprint = fingerprint_of(self.reader.pointers(day))
+        key = ("day", self.slice, day, fingerprint, self.fields)
+        hit = self._cached(key)
+        if hit is not None:
+            self.out.extend(hit)
+            return
+
+        def handle(rows: list[Any]) -> None:
+            got = [self.reader._bucket(span.start, "day", "batch", r) for r in rows]
+            self.out.extend(got)
+            if all(r.hour_runs == fingerprint for r in rows):  # re-merged since the coverage read: don't keep it
+                self._remember(key, got)
+
+        self._add("days", (self.slice, day.strftime("%Y-%m"), day, day + timedelta(days=1)), handle)
+
+    def minutes(self, span: Span) -> None:
+        """Serve batch minutes from the current run's whole hour (cached under that run)."""
+        hour = floor(span.start, HOUR)
+        run = self.reader.pointers(hour.date()).get(hour)
+        key = ("minutes", self.slice, hour, run, self.fields)
+        hit = self._cached(key)
+        if hit is None:
+
+            def handle(rows: list[Any]) -> None:
+                got = [self.reader._bucket(utc(r.bucket_start), "minute", "batch", r) for r in rows]
+                self._remember(key, got)
+                self.out.extend(b for b in got if span.start <= b.start < span.end)
+
+            whole = self.reader.cache is not None  # without a cache, read only the span
+            lo, hi = (hour, hour + HOUR) if whole else (span.start, span.end)
+            self._add("minutes", (self.slice, hour, run, lo, hi), handle)
+        else:
+            self.out.extend(b for b in hit if span.start <= b.start < span.end)
+
+    def hours(self, day: date, spans: list[Span]) -> None:
+        """Serve whole hours of a day: cached ones from the cache, the others with one range read."""
+        pointers = self.reader.pointers(day)
+        missing: dict[datetime, Hashable] = {}
+        for span in spans:
+            key = ("hour", self.slice, span.start, pointers.get(span.start), self.fields)
+            hit = self._cached(key)
+            if hit is None:
+                missing[span.start] = key
+            else:
+                self.out.extend(hit)
+        if not missing:
+            return
+
+        def handle(rows: list[Any]) -> None:
+            found: dict[datetime, Bucket] = {}
+            for r in rows:
+                hour = utc(r.hour)
+                if hour is not None and hour in missing and pointers.get(hour) == r.run_id:
+                    found[hour] = self.reader._bucket(hour, "hour", "batch", r)
+            for hour, key in missing.items():  # an hour without a row for this slice is cached as empty
+                self._remember(key, [found[hour]] if hour in found else [])
+            self.out.extend(found.values())
+
+        self._add("hours", (self.slice, day, min(missing), max(missing) + HOUR), handle)
+
+    def run(self) -> list[Bucket]:
+        """Issue the reads concurrently, hand each result to its handler, return all rows."""
+        for handle, rows in zip(self.handlers, self.reader._exec_many(self.requests), strict=True):
+            handle(rows)
+        # In time order whatever came from the cache: merges of order-dependent sketches (KLL) give the same
+        # answer warm or cold.
+        return sorted(self.out, key=lambda b: b.start)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -12,7 +13,7 @@ import pytest
 from confluent_kafka import Producer
 
 from batch_layer import job
-from batch_layer.store import BatchStore
+from batch_layer.store import BatchStore, ViewRow
 from infra import migrations
 from infra.cassandra import session
 from infra.settings import Settings
@@ -20,6 +21,7 @@ from ingestion.model import Event
 from serving import params, queries
 from serving.store import ViewReader
 from tests.helpers import speed_drain
+from views.sketches import merge_all
 
 pytestmark = pytest.mark.spark
 
@@ -143,3 +145,48 @@ def test_bad_windows_are_refused(served: tuple[Settings, list[Event]]) -> None:
         answer(settings, H0 + HOUR, H0)
     with pytest.raises(ValueError, match="15m"):
         params.parse_last("15x")
+
+
+def test_cached_batch_rows_follow_the_pointer(served: tuple[Settings, list[Event]], spark: Any) -> None:
+    """A warm cache answers like a cold read, and a new current run of an hour is served at once, never stale."""
+    settings, events = served
+    start, end = H0 + 30 * MIN, H0 + 2 * HOUR + 30 * MIN  # batch minutes of H0, batch hour H0+1, speed minutes
+    with session(settings) as sess:
+        reader = ViewReader(settings, sess)
+        assert reader.cache is not None
+        cold = queries.summary(queries.load(reader.fresh(), start, end, "*"))
+        misses = reader.cache.misses
+        warm = queries.summary(queries.load(reader.fresh(), start, end, "*"))
+        assert reader.cache.misses == misses and reader.cache.hits > 0  # every batch row came from the cache
+        assert (warm.events, warm.users, warm.quantiles, warm.top_items) == (
+            cold.events, cold.users, cold.quantiles, cold.top_items
+        )  # fmt: skip
+
+        # A new version of H0 with every minute counted twice becomes current: the warm reader serves it at once.
+        minutes = queries.load(reader.fresh(), H0, H0 + HOUR, "*", coarsest="minute").buckets
+        doubled = [ViewRow("*", b.start, 2 * b.events, b.users_hll, b.values_kll, b.items_fi, b.start, b.start)
+                   for b in minutes]  # fmt: skip
+        merged = merge_all((b.users_hll, b.values_kll, b.items_fi) for b in minutes)
+        hour_row = ViewRow("*", H0, sum(r.events for r in doubled), *merged, H0, H0)
+        store = BatchStore(settings, sess)
+        run = uuid.uuid1()
+        store.write_version(H0, run, doubled, [hour_row])
+        store.swap(H0, run)
+        after = queries.summary(queries.load(reader.fresh(), start, end, "*"))
+        assert after.events == cold.events + len(exact(events, start, H0 + HOUR))
+
+        job.run(settings, H0, H0 + HOUR, spark=spark)  # the batch layer's rerun restores the hour: served at once
+        restored = queries.summary(queries.load(reader.fresh(), start, end, "*"))
+        assert restored.events == cold.events == len(exact(events, start, end))
+
+
+def test_no_row_cache_without_read_your_writes(served: tuple[Settings, list[Event]]) -> None:
+    settings, events = served
+    weak = settings.model_copy(
+        update={"cassandra": settings.cassandra.model_copy(update={"read_consistency": "ONE", "replication_factor": 3})}
+    )
+    with session(weak) as sess:
+        reader = ViewReader(weak, sess)
+        assert reader.cache is None
+        w = queries.load(reader, H0 + 30 * MIN, H0 + 2 * HOUR + 30 * MIN, "*")
+        assert queries.summary(w).events == len(exact(events, H0 + 30 * MIN, H0 + 2 * HOUR + 30 * MIN))

@@ -79,3 +79,30 @@ def test_limits_and_ranks(settings: Settings) -> None:
         params.ranks([1.5])
     with pytest.raises(params.BadQueryError, match="31 days"):
         params.duration(settings, "baseline", "40d")
+
+
+def test_row_cache_is_a_bounded_lru_that_keeps_empty_reads() -> None:
+    from datetime import UTC, datetime
+
+    from serving.store import Bucket, RowCache
+
+    row = Bucket(datetime(2026, 1, 1, tzinfo=UTC), "hour", "batch", 1, b"", b"", b"")
+    cache = RowCache(max_rows=3)
+    cache.put("a", (row, row))
+    cache.put("empty", ())  # an hour without rows is worth remembering too (counts as one)
+    assert cache.get("a") == (row, row) and cache.get("empty") == () and len(cache) == 3
+    cache.put("b", (row,))  # evicts the least recently used: "a" (then "empty" was used after it)
+    assert cache.get("a") is None and cache.get("empty") == () and cache.get("b") == (row,)
+    cache.put("huge", (row,) * 4)  # larger than the whole cache: not kept
+    assert cache.get("huge") is None and (cache.hits, cache.misses) == (4, 2)
+
+
+def test_row_cache_only_with_read_your_writes() -> None:
+    from infra.settings import Settings
+    from serving.store import rows_cacheable
+
+    assert rows_cacheable(Settings())  # LOCAL_QUORUM reads and writes
+    one = {"read_consistency": "ONE", "replication_factor": 3}
+    assert not rows_cacheable(Settings(cassandra=one))
+    assert rows_cacheable(Settings(cassandra={"read_consistency": "ONE", "replication_factor": 1}))
+    assert not rows_cacheable(Settings(serving={"cache_rows": 0}))
