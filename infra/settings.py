@@ -374,12 +374,12 @@ class ServingSettings(BaseModel):
     cassandra_retry_s: float = Field(
         5.0, gt=0, description="While Cassandra is unreachable, how long the API waits between connection attempts."
     )
-    cache_rows: int = Field(
-        50_000,
+    cache_mb: int = Field(
+        256,
         ge=0,
-        description="Batch-view rows a serving process keeps in memory (LRU), keyed by the batch run they belong "
-        "to, so a rerun is never served stale; 0 disables. Used only when reads see every acknowledged write "
-        "(quorum reads and writes, or replication factor 1).",
+        description="Memory (MiB) a serving process may use to keep batch-view rows it has read (LRU), keyed by "
+        "the batch run they belong to, so a rerun is never served stale; 0 disables. Used only when reads see "
+        "every acknowledged write (quorum reads and writes, or replication factor 1).",
     )
 
 

@@ -30,7 +30,7 @@ from infra.cassandra import READ_PROFILE, make_cluster, table
 from infra.settings import Settings
 from serving import params, queries
 from serving.merge import MINUTE, floor
-from serving.store import ViewReader
+from serving.store import RowCache, ViewReader
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +57,11 @@ class Backend:
         self._reader: ViewReader | None = None
         self._next_attempt = 0.0
         self.last_error: str | None = None
+
+    @property
+    def cache(self) -> RowCache | None:
+        """Return the batch-row cache shared by this process's readers (None before connecting or when disabled)."""
+        return self._reader.cache if self._reader is not None else None
 
     def reader(self) -> ViewReader:
         """Return a per-request reader.
@@ -126,6 +131,7 @@ class Metrics:
     requests: Counter
     latency: Histogram
     cassandra_up: Gauge
+    cache: Gauge
 
     @classmethod
     def create(cls) -> "Metrics":
@@ -142,6 +148,12 @@ class Metrics:
                 registry=reg,
             ),
             Gauge("trends_api_cassandra_up", "1 if the last Cassandra read succeeded.", registry=reg),
+            Gauge(
+                "trends_api_row_cache",
+                "Batch-row cache: bytes held, hits and misses since start (serving.cache_mb).",
+                ["what"],
+                registry=reg,
+            ),
         )
 
 
@@ -335,7 +347,11 @@ def ready(v: Reader) -> dict[str, str]:
 
 @ops.get("/metrics", response_class=Response)
 def prometheus(v: Reader) -> Response:
-    """Prometheus text: requests and latency by route, Cassandra up."""
+    """Prometheus text: requests and latency by route, Cassandra up, the batch-row cache."""
+    cache = v.backend.cache
+    if cache is not None:
+        for what, value in (("bytes", cache.bytes), ("hits", cache.hits), ("misses", cache.misses)):
+            v.metrics.cache.labels(what).set(value)
     return Response(generate_latest(v.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 

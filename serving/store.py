@@ -68,13 +68,22 @@ class Coverage:
         return floor(self.speed_newest_event, timedelta(minutes=1)) + timedelta(minutes=1)
 
 
-class RowCache:
-    """A bounded, thread-safe LRU of immutable batch rows: key -> the rows (possibly none) one read returned."""
+ROW_OVERHEAD_BYTES = 200  # a cached row's object and key, besides its sketch bytes
 
-    def __init__(self, max_rows: int) -> None:
-        self.max_rows = max_rows
-        self._entries: OrderedDict[Hashable, tuple[Bucket, ...]] = OrderedDict()
-        self._rows = 0  # an empty entry counts as one row
+
+def _size(rows: tuple[Bucket, ...]) -> int:
+    return ROW_OVERHEAD_BYTES + sum(
+        ROW_OVERHEAD_BYTES + len(b.users_hll) + len(b.values_kll) + len(b.items_fi) for b in rows
+    )
+
+
+class RowCache:
+    """A thread-safe LRU of immutable batch rows, bounded in bytes: key -> the rows (maybe none) one read returned."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[Hashable, tuple[tuple[Bucket, ...], int]] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -82,30 +91,33 @@ class RowCache:
     def get(self, key: Hashable) -> tuple[Bucket, ...] | None:
         """Return the cached rows of a key (most recently used now), or None."""
         with self._lock:
-            rows = self._entries.get(key)
-            if rows is None:
+            entry = self._entries.get(key)
+            if entry is None:
                 self.misses += 1
                 return None
             self._entries.move_to_end(key)
             self.hits += 1
-            return rows
+            return entry[0]
 
     def put(self, key: Hashable, rows: tuple[Bucket, ...]) -> None:
-        """Keep the rows of a key, evicting the least recently used entries beyond ``max_rows``."""
-        if len(rows) > self.max_rows:
+        """Keep the rows of a key, evicting the least recently used entries beyond ``max_bytes``."""
+        size = _size(rows)
+        if size > self.max_bytes:
             return
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
-                self._rows -= max(1, len(old))
-            self._entries[key] = rows
-            self._rows += max(1, len(rows))
-            while self._rows > self.max_rows:
-                _, evicted = self._entries.popitem(last=False)
-                self._rows -= max(1, len(evicted))
+                self._bytes -= old[1]
+            self._entries[key] = (rows, size)
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, (_, evicted) = self._entries.popitem(last=False)
+                self._bytes -= evicted
 
-    def __len__(self) -> int:
-        return self._rows
+    @property
+    def bytes(self) -> int:
+        """Return the bytes held (sketches plus a fixed overhead per row and entry)."""
+        return self._bytes
 
 
 QUORUM_LEVELS = {"QUORUM", "LOCAL_QUORUM", "EACH_QUORUM", "ALL"}
@@ -119,7 +131,7 @@ def rows_cacheable(settings: Settings) -> bool:
     cfg = settings.cassandra
     quorum = cfg.read_consistency in QUORUM_LEVELS and cfg.write_consistency in QUORUM_LEVELS
     single = cfg.replication_strategy == "SimpleStrategy" and cfg.replication_factor == 1
-    return settings.serving.cache_rows > 0 and (quorum or single)
+    return settings.serving.cache_mb > 0 and (quorum or single)
 
 
 def _days(start: datetime, end: datetime) -> list[date]:
@@ -147,7 +159,7 @@ class ViewReader:
             f"SELECT day, hour_runs FROM {table(settings, 'batch_days')} WHERE slice = ? AND month = ?"
         )
         self._pointers: dict[date, dict[datetime, Any]] = {}
-        self.cache = RowCache(settings.serving.cache_rows) if rows_cacheable(settings) else None
+        self.cache = RowCache(settings.serving.cache_mb * 1024 * 1024) if rows_cacheable(settings) else None
 
     def _row_statements(self, fields: frozenset[str]) -> dict[str, Any]:
         """Return the row reads selecting only ``fields`` of the sketches (prepared once per field set)."""

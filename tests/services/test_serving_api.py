@@ -11,6 +11,7 @@ import bisect
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -195,6 +196,11 @@ def test_ops_endpoints(server: str) -> None:
     metrics = httpx.get(f"{server}/metrics").text
     assert 'trends_api_requests_total{route="/api/v1/status",status="200"}' in metrics
     assert "trends_api_cassandra_up 1.0" in metrics
+    # a batch window asked twice: the second answer's batch rows come from the process's row cache
+    window = f"start={iso(H0)}&end={iso(H0 + HOUR)}"
+    assert httpx.get(f"{server}/api/v1/count?{window}").json() == httpx.get(f"{server}/api/v1/count?{window}").json()
+    cache = dict(re.findall(r'trends_api_row_cache\{what="(\w+)"\} (\S+)', httpx.get(f"{server}/metrics").text))
+    assert float(cache["hits"]) >= 1 and float(cache["bytes"]) > 0, cache
 
 
 BAD_REQUESTS = [

@@ -84,15 +84,18 @@ def test_limits_and_ranks(settings: Settings) -> None:
 def test_row_cache_is_a_bounded_lru_that_keeps_empty_reads() -> None:
     from datetime import UTC, datetime
 
+    from serving.store import ROW_OVERHEAD_BYTES as O
     from serving.store import Bucket, RowCache
 
-    row = Bucket(datetime(2026, 1, 1, tzinfo=UTC), "hour", "batch", 1, b"", b"", b"")
-    cache = RowCache(max_rows=3)
+    row = Bucket(datetime(2026, 1, 1, tzinfo=UTC), "hour", "batch", 1, b"h" * 100, b"", b"f" * 100)
+    one = O + (O + 200)  # an entry of one row: entry overhead + row overhead + its sketch bytes
+    cache = RowCache(max_bytes=3 * one - 1)
     cache.put("a", (row, row))
-    cache.put("empty", ())  # an hour without rows is worth remembering too (counts as one)
-    assert cache.get("a") == (row, row) and cache.get("empty") == () and len(cache) == 3
-    cache.put("b", (row,))  # evicts the least recently used: "a" (then "empty" was used after it)
+    cache.put("empty", ())  # an hour without rows is worth remembering too
+    assert cache.get("a") == (row, row) and cache.get("empty") == () and cache.bytes == one + (O + 200) + O
+    cache.put("b", (row,))  # over the bound: evicts the least recently used, "a" ("empty" was used after it)
     assert cache.get("a") is None and cache.get("empty") == () and cache.get("b") == (row,)
+    assert cache.bytes == O + one
     cache.put("huge", (row,) * 4)  # larger than the whole cache: not kept
     assert cache.get("huge") is None and (cache.hits, cache.misses) == (4, 2)
 
@@ -105,4 +108,4 @@ def test_row_cache_only_with_read_your_writes() -> None:
     one = {"read_consistency": "ONE", "replication_factor": 3}
     assert not rows_cacheable(Settings(cassandra=one))
     assert rows_cacheable(Settings(cassandra={"read_consistency": "ONE", "replication_factor": 1}))
-    assert not rows_cacheable(Settings(serving={"cache_rows": 0}))
+    assert not rows_cacheable(Settings(serving={"cache_mb": 0}))
