@@ -402,6 +402,5 @@ class _Reads:
         """Issue the reads concurrently, hand each result to its handler, return all rows."""
         for handle, rows in zip(self.handlers, self.reader._exec_many(self.requests), strict=True):
             handle(rows)
-        # In time order whatever came from the cache: merges of order-dependent sketches (KLL) give the same
-        # answer warm or cold.
+        # In time order, whatever came from the cache: the same rows in the same order, warm or cold.
         return sorted(self.out, key=lambda b: b.start)

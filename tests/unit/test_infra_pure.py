@@ -122,8 +122,8 @@ def test_kafka_cluster_renders_one_node_per_bootstrap_address(tmp_path: Path) ->
 def test_cassandra_cluster_nodes_share_ports_and_the_seed(tmp_path: Path) -> None:
     settings = Settings(
         data_dir=tmp_path,
-        cassandra={"contact_points": ["127.0.0.21", "127.0.0.22"]},
-        stack={"cassandra_jmx_port": 7299},
+        cassandra={"contact_points": ["127.0.0.21", "127.0.0.22"], "port": 9042},
+        stack={"cassandra_jmx_port": 7299, "cassandra_storage_port": 7000},
     )
     first, second = stack.nodes(settings, "cassandra")
     assert (first.name, second.name) == ("cassandra-1", "cassandra-2")
