@@ -134,6 +134,11 @@ def rows_cacheable(settings: Settings) -> bool:
     return settings.serving.cache_mb > 0 and (quorum or single)
 
 
+def _as_date(value: Any) -> date:
+    """Return a CQL ``date`` as a ``datetime.date`` (the driver's ``cassandra.util.Date`` never equals one)."""
+    return value if isinstance(value, date) else value.date()
+
+
 def _days(start: datetime, end: datetime) -> list[date]:
     d, out = floor(start, DAY), []
     while d < end:
@@ -242,8 +247,9 @@ class ViewReader:
         for month_days, rollups in zip(months.values(), rest[len(missing) :], strict=True):
             wanted = set(month_days)
             for r in rollups:
-                if r.day in wanted and r.hour_runs == fingerprint_of(self._pointers[r.day]):
-                    current.add(r.day)
+                day = _as_date(r.day)
+                if day in wanted and r.hour_runs == fingerprint_of(self._pointers[day]):
+                    current.add(day)
         hours: set[datetime] = set()
         for day in days:
             hours |= set(self._pointers[day])

@@ -196,3 +196,46 @@ def test_no_row_cache_without_read_your_writes(served: tuple[Settings, list[Even
         assert reader.cache is None
         w = queries.load(reader, H0 + 30 * MIN, H0 + 2 * HOUR + 30 * MIN, "*")
         assert queries.summary(w).events == len(exact(events, H0 + 30 * MIN, H0 + 2 * HOUR + 30 * MIN))
+
+
+def test_whole_days_are_served_by_the_daily_rollups(stack_up: Settings) -> None:
+    """Two batch days of one event per hour: a window over one and a half days reads hours, then the daily rollup."""
+    import datasketches as ds
+
+    keyspace = f"test_days_{random.randrange(1 << 30)}"
+    settings = stack_up.model_copy(update={"cassandra": stack_up.cassandra.model_copy(update={"keyspace": keyspace})})
+    migrations.migrate(settings)
+    day0 = datetime(2025, 6, 1, tzinfo=UTC)
+    try:
+        with session(settings) as sess:
+            store = BatchStore(settings, sess)
+            for h in range(48):
+                hour = day0 + h * HOUR
+                hll, kll, fi = ds.hll_sketch(12), ds.kll_doubles_sketch(200), ds.frequent_strings_sketch(10)
+                hll.update(f"u{h}")
+                kll.update(float(h))
+                fi.update(f"#h{h % 3}")
+                sketches = (bytes(hll.serialize_compact()), bytes(kll.serialize()), bytes(fi.serialize()))
+                run = uuid.uuid1()
+                store.write_version(
+                    hour,
+                    run,
+                    [ViewRow("*", hour, 1, *sketches, hour, hour)],
+                    [ViewRow("*", hour, 1, *sketches, hour, hour)],
+                )
+                store.swap(hour, run)
+            for d in (day0, day0 + 24 * HOUR):
+                store.remerge_day(d.date())
+            sess.execute(
+                f"INSERT INTO {keyspace}.batch_watermark (name, low, watermark) VALUES ('batch', %s, %s)",
+                (day0, day0 + 48 * HOUR),
+            )
+        w = answer(settings, day0 + 12 * HOUR, day0 + 48 * HOUR)
+        spans = [(p["layer"], p["resolution"], p["start"], p["end"]) for p in w.provenance.spans]
+        assert spans[:-1] == [("batch", "hour", day0 + h * HOUR, day0 + (h + 1) * HOUR) for h in range(12, 24)]
+        assert spans[-1] == ("batch", "day", day0 + 24 * HOUR, day0 + 48 * HOUR)
+        s = queries.summary(w)
+        assert (s.events, round(s.users)) == (36, 36) and w.provenance.gaps == []
+    finally:
+        with session(stack_up) as sess:
+            sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
