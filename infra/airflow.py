@@ -626,7 +626,8 @@ class Airflow:
         The runs are those whose data intervals start in ``[first, last]``; ``extra`` e.g.
         ``--reprocess-behavior completed``. A backfill's runs are bounded by its own ``--max-active-runs`` (Airflow
         3 does not apply the DAG's to them), so it is passed explicitly. Airflow allows one unfinished backfill per
-        DAG: while the previous one is being marked complete, the creation is retried for up to ``retry_s``.
+        DAG: while the previous one is being marked complete (or SQLite reports a lock), the creation is retried for up
+        to ``retry_s``.
 
         :raises StackError: the CLI refused for another reason, or for longer than ``retry_s``.
         """
@@ -642,8 +643,11 @@ class Airflow:
             if proc.returncode == 0:
                 return
             out = proc.stdout + proc.stderr
-            # Only the refusal is retried: a creation that failed half-way may have created runs already.
-            transient = "AlreadyRunningBackfill" if "AlreadyRunningBackfill" in out else None
+            # Retried: the refusal while the previous backfill is being completed, and a lock error of SQLite
+            # (SQLITE_BUSY on a lock upgrade does not wait for the busy timeout) — on that one Airflow deletes the
+            # half-created backfill and its runs itself (models.backfill._cleanup_partial_backfill). Anything
+            # else may have left runs behind: not retried.
+            transient = next((t for t in ("AlreadyRunningBackfill", "database is locked") if t in out), None)
             if transient is None or time.monotonic() > deadline:
                 msg = f"airflow backfill create failed: {out[-2000:]}"
                 raise StackError(msg)
