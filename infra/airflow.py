@@ -619,7 +619,7 @@ class Airflow:
         last: datetime,
         *extra: str,
         max_active_runs: int = 2,
-        retry_s: float = 300,
+        retry_s: float = 600,
     ) -> None:
         """Unpause the DAG and create a scheduler-driven backfill (``airflow backfill create``).
 
@@ -638,6 +638,7 @@ class Airflow:
         args = ["backfill", "create", "--dag-id", dag_id, "--from-date", first.isoformat()]
         args += ["--to-date", last.isoformat(), "--max-active-runs", str(max_active_runs), *extra]
         deadline = time.monotonic() + retry_s
+        reasons: list[str] = []
         while True:
             proc = self.cli(*args)
             if proc.returncode == 0:
@@ -649,9 +650,10 @@ class Airflow:
             # else may have left runs behind: not retried.
             transient = next((t for t in ("AlreadyRunningBackfill", "database is locked") if t in out), None)
             if transient is None or time.monotonic() > deadline:
-                msg = f"airflow backfill create failed: {out[-2000:]}"
+                msg = f"airflow backfill create failed (earlier attempts: {reasons or 'none'}): {out[-2000:]}"
                 raise StackError(msg)
-            logger.info("backfill of %s not created yet (%s); retrying", dag_id, transient)
+            reasons.append(transient)
+            logger.warning("backfill of %s not created yet (%s); retrying", dag_id, transient)
             time.sleep(5)
 
     def wait_runs(
