@@ -29,9 +29,12 @@ def parse_events(records: DataFrame) -> DataFrame:
 
     :returns: columns :data:`EVENT_COLUMNS` + ``parsed_ok``, ``partition``, ``offset``.
     """
-    decoded = records.select(
-        F.from_json(F.col("value").cast("string"), _wire_schema()).alias("e"), "partition", "offset"
-    )
+    parsed = F.from_json(F.col("value").cast("string"), _wire_schema())
+    # explode(array(x)) is one row per record, and a filter above a Generate is not pushed below it. Without it
+    # the optimizer pushes every filter on the event's fields (parsed_ok, the batch interval) through the
+    # projection by substituting the from_json call, so each record was parsed five times (SPARK-47672):
+    # 1M records read + parsed took 6.1 s instead of 3.3 s (bare read 1.8 s).
+    decoded = records.select(F.explode(F.array(parsed)).alias("e"), "partition", "offset")
     ts = F.col("e.ts").cast("timestamp")
     ok = F.col("e").isNotNull() & F.col("e.id").isNotNull() & ts.isNotNull() & F.col("e.item").isNotNull()
     return decoded.select(

@@ -34,3 +34,19 @@ def test_normalized_events_parse_and_garbage_is_flagged(spark: Any) -> None:
     assert m.ts.replace(tzinfo=UTC) == datetime.fromtimestamp(1777629600, UTC)
     assert tuple(valid_events(parsed).columns) == EVENT_COLUMNS
     assert valid_events(parsed).count() == 2
+
+
+def _from_json_calls(frame: Any) -> int:
+    plan = frame._jdf.queryExecution().executedPlan().toString()  # noqa: SLF001 - the JVM plan is the point
+    return int(plan.count("from_json("))
+
+
+def test_each_record_is_parsed_once_whatever_the_filters(spark: Any) -> None:
+    """Filters on the event's fields must not be pushed below the parse (each would re-parse the record)."""
+    from pyspark.sql import functions as F
+
+    frame = spark.createDataFrame([(b"{}", 0, 0)], "value binary, partition int, offset long")
+    parsed = parse_events(frame)
+    in_hour = F.col("parsed_ok") & (F.col("ts") >= F.lit(datetime(2026, 5, 1, tzinfo=UTC)))
+    assert _from_json_calls(valid_events(parsed)) == 1
+    assert _from_json_calls(parsed.where(in_hour).where(F.col("item") != "x").select(*EVENT_COLUMNS)) == 1
