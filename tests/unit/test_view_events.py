@@ -37,7 +37,7 @@ def test_normalized_events_parse_and_garbage_is_flagged(spark: Any) -> None:
 
 
 def _from_json_calls(frame: Any) -> int:
-    plan = frame._jdf.queryExecution().executedPlan().toString()  # noqa: SLF001 - the JVM plan is the point
+    plan = frame._jdf.queryExecution().executedPlan().toString()
     return int(plan.count("from_json("))
 
 
