@@ -6,6 +6,9 @@ Run: ``.venv/bin/python bench/speed_bench.py [--events 1000000]`` with the stack
    bare ``readStream.format("kafka") -> writeStream.format("noop")`` query, once by the speed layer (parse,
    watermark, dedupe, the four sketches, RocksDB state, update mode, Cassandra upserts) — both with
    ``availableNow`` and the same ``maxOffsetsPerTrigger``. Prints rows/s of each and the ratio (goal >= 0.6).
+   Two more queries bound what is reachable: Kafka -> the same JSON parse -> noop (no consumer of the JSON events
+   beats its ratio), and the same plus the speed layer's exact dedupe in RocksDB (no speed layer that dedupes
+   does).
 2. Latency: ``trends speed run`` with a 1 s trigger in its own process while events are produced at half the
    sustained rate measured in 1; the newest event time visible in Cassandra is polled every 50 ms, and each
    produced timestamp's latency is the time until Cassandra shows it. Prints p50/p99 (goal <= 2 s / <= 5 s).
@@ -33,6 +36,8 @@ from infra.cassandra import session, table
 from infra.settings import Settings
 from ingestion.model import format_ts
 
+PARSE_ONLY = "Kafka -> JSON parse -> noop"
+DEDUPE_ONLY = "... -> exact dedupe -> noop"
 ORIGINS = ["JFK", "LAX", "SFO", "ORD", "ATL"]
 
 
@@ -118,6 +123,21 @@ def throughput(settings: Settings, warmup: Settings, count: int) -> dict[str, fl
             .start()
         )
 
+    def floor(s: Settings, tag: str, dedupe: bool) -> object:
+        """Kafka -> the speed layer's JSON parse (-> its exact dedupe in RocksDB) -> noop: no sketches, no sink."""
+        from views.events import parse_events, valid_events
+
+        events = valid_events(parse_events(kafka(s)))  # type: ignore[arg-type]
+        if dedupe:
+            lateness = f"{s.speed.allowed_lateness_s} seconds"
+            events = events.withWatermark("ts", lateness).dropDuplicatesWithinWatermark(["id"])
+        return (
+            events.writeStream.format("noop")
+            .option("checkpointLocation", f"{s.checkpoint_root}/bench-{tag}-{uuid.uuid4().hex[:6]}")
+            .trigger(availableNow=True)
+            .start()
+        )
+
     def speed(s: Settings) -> object:
         sink = SpeedViewSink(s, f"{s.speed.query_name}_{uuid.uuid4().hex[:4]}", s.speed.view_ttl_s)
         return job.start(
@@ -130,11 +150,18 @@ def throughput(settings: Settings, warmup: Settings, count: int) -> dict[str, fl
     rates: dict[str, float] = {}
     try:
         # Warm-up on a small topic: JIT, code generation and connector classes, so no query pays for them.
-        for query in (bare(warmup, "warm", False), bare(warmup, "warm", True), speed(warmup)):
+        for query in (
+            bare(warmup, "warm", False),
+            bare(warmup, "warm", True),
+            floor(warmup, "warm", True),
+            speed(warmup),
+        ):
             _timed(query)
         for name, query_factory in (
             ("bare Kafka -> noop", lambda: bare(settings, "bare", False)),
             ("bare Kafka -> count -> noop", lambda: bare(settings, "count", True)),
+            (PARSE_ONLY, lambda: floor(settings, "parse", False)),
+            (DEDUPE_ONLY, lambda: floor(settings, "dedupe", True)),
             ("speed layer", lambda: speed(settings)),
         ):
             seconds, rows = _timed(query_factory())
@@ -269,6 +296,11 @@ def main() -> None:
             print(f"  {name:30} {rate:>10,.0f} rows/s")
         for name in ("bare Kafka -> count -> noop", "bare Kafka -> noop"):
             print(f"  ratio speed layer / {name}: {speed / rates[name]:.2f} (goal >= 0.6)")
+        for floor_name in (PARSE_ONLY, DEDUPE_ONLY):
+            ratios = ", ".join(
+                f"{rates[floor_name] / rates[n]:.2f}" for n in ("bare Kafka -> count -> noop", "bare Kafka -> noop")
+            )
+            print(f"  ceiling set by '{floor_name}': {ratios} (to count, to noop)")
 
         lat_topic = f"bench.latency.{run}"
         topics.ensure_topics(settings.kafka, [topics.TopicSpec(lat_topic, base.kafka.partitions, 1, {})])
