@@ -56,12 +56,13 @@ def transform(records: DataFrame, settings: Settings) -> DataFrame:
         F.count(F.lit(1)).alias("rows"),
         F.sum(F.when(F.col("parsed_ok"), 0).otherwise(1)).alias("unparseable"),
     )
-    events = (
-        valid_events(parsed)
-        .withWatermark("ts", f"{settings.speed.allowed_lateness_s} seconds")
-        .dropDuplicatesWithinWatermark(["id"])
-    )
-    return aggregate(events, settings.views.slice_dims, settings.views.top_k_items)
+    return aggregate(dedupe(valid_events(parsed), settings), settings.views.slice_dims, settings.views.top_k_items)
+
+
+def dedupe(events: DataFrame, settings: Settings) -> DataFrame:
+    """Watermark the events by the allowed lateness and drop repeated ids within it (RocksDB state)."""
+    lateness = f"{settings.speed.allowed_lateness_s} seconds"
+    return events.withWatermark("ts", lateness).dropDuplicatesWithinWatermark(["id"])
 
 
 def checkpoint_location(settings: Settings) -> str:
