@@ -1,10 +1,12 @@
-"""The batch layer: recompute one closed hour from exactly the Kafka offsets that hold it.
+"""The batch layer: recompute closed hours from exactly the Kafka offsets that hold them, many hours per Spark pass.
 
-extract (Kafka batch source over the planned offset ranges, ``failOnDataLoss``) -> transform (parse, keep the
-interval, dedupe ids exactly, the shared :func:`views.aggregation.aggregate`, hourly rollup by merging the
-minute sketches) -> load (a new version of the interval, pointer swap, daily re-merge, lineage). The same
-function serves ``trends batch run`` and the Airflow DAG; running it again for an interval replaces the
-interval's version and gives the same numbers.
+index (bring the event-time index up to date) -> plan (the hours' indexed spans, in chunks bounded by events and
+hours) -> per chunk: extract (Kafka batch source over the chunk's ranges, ``failOnDataLoss``) -> transform (keep
+each record in the hour its timestamp names, parse, dedupe ids exactly per hour, the shared
+:func:`views.aggregation.aggregate`, hourly and daily rollups by merging the minute sketches) -> load (a new
+version per hour, pointer swaps, daily rollups, lineage per hour). An hour with no records completes with an empty
+version. The same code serves ``trends batch run``, the hourly DAG and the backfill DAG; running it again for an
+hour replaces the hour's version and gives the same numbers, whatever the chunking.
 """
 
 from __future__ import annotations
@@ -12,13 +14,16 @@ from __future__ import annotations
 import logging
 import subprocess
 import time
-from collections.abc import Iterator
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from batch_layer import offsets
+from batch_layer import index, offsets
+from batch_layer.index import IndexStore
 from batch_layer.store import HOUR, BatchStore, ViewRow, new_run_id
 from infra.cassandra import session
 from infra.errors import TrendsError
@@ -32,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class RunResult:
-    """What one interval's run did (also written to the lineage table)."""
+    """What one hour's run did (also written to the lineage table)."""
 
     hour: datetime
     run_id: str
@@ -48,6 +53,28 @@ class RunResult:
             f"{self.hour:%Y-%m-%dT%H:%MZ} run {self.run_id[:8]}: read {c.get('read', 0)}, kept {c.get('kept', 0)} "
             f"(deduped {c.get('deduped', 0)}, late {c.get('late', 0)}, outside {c.get('outside', 0)}, "
             f"unparseable {c.get('unparseable', 0)}), {c.get('slices', 0)} slices in {self.seconds:.1f} s"
+        )
+
+
+@dataclass
+class Progress:
+    """Where a multi-hour recompute is, after each chunk."""
+
+    chunk: int
+    chunks: int
+    hours_done: int
+    hours: int
+    events: int
+    seconds: float
+
+    def line(self) -> str:
+        """Return the progress line: hours done of total, events, rate, ETA."""
+        rate = self.events / self.seconds if self.seconds > 0 else 0.0
+        left = self.hours - self.hours_done
+        eta = self.seconds / self.hours_done * left if self.hours_done else 0.0
+        return (
+            f"chunk {self.chunk}/{self.chunks}: {self.hours_done}/{self.hours} hours, {self.events:,} events "
+            f"in {self.seconds:.1f} s ({rate:,.0f} events/s), ETA {eta:.0f} s"
         )
 
 
@@ -96,41 +123,68 @@ def code_version(settings: Settings) -> str:
     return f"{ver}+{sha}" if sha else ver
 
 
-def extract(spark: SparkSession, settings: Settings, plan: offsets.OffsetPlan) -> DataFrame:
-    """Read exactly the planned offsets (end exclusive); fail if any of them is gone."""
-    starting, ending = plan.spark_offsets()
-    return (
+def chunks(
+    hours: Sequence[datetime], records: dict[datetime, int], max_events: int, max_hours: int
+) -> list[list[datetime]]:
+    """Split hours (in order) into passes of at most ``max_hours`` hours and about ``max_events`` records.
+
+    An hour is never split: an hour holding more than ``max_events`` records is a pass of its own.
+    """
+    out: list[list[datetime]] = []
+    current: list[datetime] = []
+    events = 0
+    for hour in hours:
+        n = records.get(hour, 0)
+        if current and (len(current) >= max_hours or events + n > max_events):
+            out.append(current)
+            current, events = [], 0
+        current.append(hour)
+        events += n
+    if current:
+        out.append(current)
+    return out
+
+
+def extract(spark: SparkSession, settings: Settings, plan: offsets.Plan) -> DataFrame:
+    """Read exactly the plan's offset ranges (one Kafka read per range of a partition, unioned); fail if any is gone."""
+    frames = [
         spark.read.format("kafka")
         .options(**settings.kafka.spark_options())
-        .option("subscribe", plan.topic)
+        .option("assign", assign)
         .option("startingOffsets", starting)
         .option("endingOffsets", ending)
         .option("failOnDataLoss", "true")
         .load()
-    )
+        for assign, starting, ending in plan.reads()
+    ]
+    out = frames[0]
+    for frame in frames[1:]:
+        out = out.unionByName(frame)
+    return out
 
 
-def dedupe(events: DataFrame) -> DataFrame:
-    """Keep one record per event id, exactly: the earliest by (partition, offset).
+def dedupe(events: DataFrame, by: Sequence[str] = ("id",)) -> DataFrame:
+    """Keep one record per event id (within ``by``), exactly: the earliest by (partition, offset).
 
     Deterministic, so a rerun keeps the same records even when duplicates differ. A window needs one shuffle and
     one sort by id; ``dropDuplicates``' ``first()`` over string columns planned a sort aggregate on both sides of
-    the shuffle (~1 s more per 1M events).
+    the shuffle (slower, see docs/benchmarks.md).
     """
     from pyspark.sql import Window  # noqa: PLC0415
     from pyspark.sql import functions as F  # noqa: PLC0415
 
-    first = Window.partitionBy("id").orderBy("partition", "offset")
+    first = Window.partitionBy(*by).orderBy("partition", "offset")
     return events.withColumn("_nth", F.row_number().over(first)).where(F.col("_nth") == 1).drop("_nth")
 
 
-def transform(
-    records: DataFrame, settings: Settings, start: datetime, end: datetime, plan: offsets.OffsetPlan
-) -> tuple[DataFrame, dict[str, Observation]]:
-    """Return the minute view of the interval's events, deduplicated by id, and the observations that count rows.
+def transform(records: DataFrame, settings: Settings, hours: Sequence[datetime]) -> tuple[DataFrame, Observation]:
+    """Return the minute view of the hours' events, deduplicated by id per hour, and the observation of the read.
 
-    The counts (read, unparseable, in the interval, kept, late) are observed while the one action that computes
-    the minutes runs, so Kafka is read, parsed and deduplicated once without caching a million rows.
+    A record belongs to the hour its Kafka timestamp names (the index's hour; ingestion sets it to the event time),
+    so every hour's result is the same whichever hours share its pass. A record of one of the hours whose event
+    time lies in another hour is *outside* (counted in the lineage of its record's hour, not aggregated); one that
+    does not parse is *unparseable*. Both are observed as the list of their hours (they are rare), during the one
+    action that computes the minutes, so Kafka is read, parsed and deduplicated once.
     """
     from pyspark.sql import Observation  # noqa: PLC0415
     from pyspark.sql import functions as F  # noqa: PLC0415
@@ -138,88 +192,209 @@ def transform(
     from views.aggregation import aggregate  # noqa: PLC0415
     from views.events import EVENT_COLUMNS, parse_events  # noqa: PLC0415
 
-    observed = {"read": Observation("batch_read"), "kept": Observation("batch_kept")}
-    in_interval = F.col("parsed_ok") & (F.col("ts") >= F.lit(start)) & (F.col("ts") < F.lit(end))
-    parsed = parse_events(records).observe(
-        observed["read"],
-        F.count(F.lit(1)).alias("read"),
-        F.sum(F.when(F.col("parsed_ok"), 0).otherwise(1)).alias("unparseable"),
-        F.sum(F.when(in_interval, 1).otherwise(0)).alias("in_interval"),
+    rec_hour = F.date_trunc("hour", F.col("timestamp"))
+    wanted = records.select("value", "partition", "offset", rec_hour.alias("rec_hour")).where(
+        F.col("rec_hour").isin(list(hours))
     )
-    kept = dedupe(parsed.where(in_interval).select(*EVENT_COLUMNS, "partition", "offset"))
-    interval_end = F.create_map(*(x for r in plan.ranges for x in (F.lit(r.partition), F.lit(r.interval_end))))
-    late = F.col("offset") >= F.element_at(interval_end, F.col("partition"))
-    kept = kept.observe(observed["kept"], F.count(F.lit(1)).alias("kept"), F.sum(late.cast("int")).alias("late"))
+    parsed = parse_events(wanted, keep=("partition", "offset", "rec_hour"))
+    in_hour = F.col("parsed_ok") & (F.date_trunc("hour", F.col("ts")) == F.col("rec_hour"))
+    epoch = F.unix_seconds(F.col("rec_hour"))
+    observed = Observation("batch_read")
+    parsed = parsed.observe(
+        observed,
+        F.count(F.lit(1)).alias("read"),
+        F.collect_list(F.when(~F.col("parsed_ok"), epoch)).alias("unparseable"),
+        F.collect_list(F.when(F.col("parsed_ok") & ~in_hour, epoch)).alias("outside"),
+    )
+    kept = dedupe(parsed.where(in_hour).select(*EVENT_COLUMNS, "partition", "offset", "rec_hour"), ("rec_hour", "id"))
     minutes = aggregate(kept.select(*EVENT_COLUMNS), settings.views.slice_dims, settings.views.top_k_items)
     return minutes, observed
 
 
-def hourly(spark: SparkSession, settings: Settings, minutes: list[Any], schema: Any) -> list[ViewRow]:
-    """Roll the collected minute rows (a few thousand at most) up into hours with the shared merge."""
+@dataclass
+class Computed:
+    """The small results of one pass, on the driver."""
+
+    minutes: dict[datetime, list[ViewRow]]
+    hours: dict[datetime, list[ViewRow]]
+    days: dict[date, list[ViewRow]]  # rollups of the days whose 24 hours are all in the pass
+    read: int
+    unparseable: Counter[datetime]
+    outside: Counter[datetime]
+
+
+def compute(spark: SparkSession, settings: Settings, plan: offsets.Plan) -> Computed:
+    """Run the Spark side of a pass (one read of the records) and bring its small results to the driver."""
     from views.aggregation import rollup  # noqa: PLC0415
 
-    if not minutes:
-        return []
-    frame = spark.createDataFrame(minutes, schema)
-    return [ViewRow.from_spark(r) for r in rollup(frame, "hour", settings.views.top_k_items).collect()]
-
-
-def compute(
-    spark: SparkSession, settings: Settings, plan: offsets.OffsetPlan, start: datetime, end: datetime
-) -> tuple[list[ViewRow], list[ViewRow], dict[str, int]]:
-    """Run the Spark side of an interval (one pass over the records) and bring its small results to the driver."""
+    hours = [h.hour for h in plan.hours]
     records = extract(spark, settings, plan)
-    minutes, observed = transform(records, settings, start, end, plan)
-    collected = minutes.collect()
-    read, kept = observed["read"].get, observed["kept"].get
-    minute_rows = [ViewRow.from_spark(r) for r in collected]
-    hour_rows = hourly(spark, settings, collected, minutes.schema)
-    counts = {
-        "read": int(read["read"] or 0),
-        "unparseable": int(read["unparseable"] or 0),
-        "in_interval": int(read["in_interval"] or 0),
-        "kept": int(kept["kept"] or 0),
-        "late": int(kept["late"] or 0),
+    minutes, observed = transform(records, settings, hours)
+    minutes = minutes.persist()
+    try:
+        collected = minutes.collect()
+        got = observed.get
+        hourly = rollup(minutes, "hour", settings.views.top_k_items)
+        hour_rows = hourly.collect()
+        wanted = set(hours)
+        full = sorted({h.date() for h in hours if all(h.replace(hour=i) in wanted for i in range(24))})
+        day_rows = []
+        if full:
+            from pyspark.sql import functions as F  # noqa: PLC0415
+
+            in_full = F.to_date(F.col("bucket_start")).isin(full)
+            day_rows = rollup(hourly.where(in_full), "day", settings.views.top_k_items).collect()
+    finally:
+        minutes.unpersist()
+    out = Computed({}, {}, {}, int(got["read"] or 0), Counter(), Counter())
+    for r in collected:
+        row = ViewRow.from_spark(r)
+        out.minutes.setdefault(row.bucket_start.replace(minute=0, second=0, microsecond=0), []).append(row)
+    for r in hour_rows:
+        row = ViewRow.from_spark(r)
+        out.hours.setdefault(row.bucket_start, []).append(row)
+    for r in day_rows:
+        row = ViewRow.from_spark(r)
+        out.days.setdefault(row.bucket_start.date(), []).append(row)
+    for name in ("unparseable", "outside"):
+        getattr(out, name).update(datetime.fromtimestamp(s, UTC) for s in got[name] or [])
+    if out.read != plan.records:
+        msg = (
+            f"the pass read {out.read} records of its hours where the index holds {plan.records}: the index is "
+            "inconsistent with the topic (was the topic recreated? then the index must be dropped with it)"
+        )
+        raise TrendsError(msg)
+    return out
+
+
+def _counts(hp: offsets.HourPlan, done: Computed | None) -> dict[str, int]:
+    from views.aggregation import GLOBAL_SLICE  # noqa: PLC0415
+
+    hour_rows = done.hours.get(hp.hour, []) if done else []
+    c = {
+        "read": hp.records,
+        "indexed": hp.records,
+        "unparseable": done.unparseable[hp.hour] if done else 0,
+        "outside": done.outside[hp.hour] if done else 0,
+        "kept": sum(r.events for r in hour_rows if r.slice == GLOBAL_SLICE),
+        "late": hp.late,
         "slices": len({r.slice for r in hour_rows}),
     }
-    counts["outside"] = counts["read"] - counts["unparseable"] - counts["in_interval"]
-    counts["deduped"] = counts["in_interval"] - counts["kept"]
-    return minute_rows, hour_rows, counts
+    c["in_interval"] = c["read"] - c["unparseable"] - c["outside"]
+    c["deduped"] = c["in_interval"] - c["kept"]
+    return c
 
 
-def run_hour(spark: SparkSession, settings: Settings, hour: datetime, *, force: bool = False) -> RunResult:
-    """Recompute one hour and make it the interval's current version.
+def load(store: BatchStore, plan: offsets.Plan, done: Computed | None, *, force: bool, code: str) -> list[RunResult]:
+    """Write a pass's versions, swap every hour's pointer, roll the days up and write each hour's lineage."""
+    hours = [h.hour for h in plan.hours]
+    days = sorted({h.date() for h in hours})
+    before = {d: store.pointers(d) for d in days}
+    runs = {h: new_run_id() for h in hours}
+    store.runs_started(
+        [(hp.hour, runs[hp.hour], hp.hour + HOUR, plan.topic, hp.to_json(), force, code) for hp in plan.hours]
+    )
+    try:
+        if done is not None:
+            store.write_versions(runs, done.minutes, done.hours)
+        store.swap_many([(hp.hour, runs[hp.hour], hp.records) for hp in plan.hours])
+        for day in days:
+            pointers = {**before[day], **{h: runs[h] for h in hours if h.date() == day}}
+            if done is not None and day in done.days:
+                per_slice = Counter(r.slice for h, rows in done.hours.items() if h.date() == day for r in rows)
+                store.write_day(day, pointers, done.days[day], per_slice)
+            else:
+                store.remerge_day(day)
+    except BaseException as exc:
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        store.runs_finished([(h, runs[h], "failed", {}, error) for h in hours])
+        raise
+    results = [RunResult(hp.hour, str(runs[hp.hour]), hp.to_json(), _counts(hp, done)) for hp in plan.hours]
+    store.runs_finished([(r.hour, runs[r.hour], "completed", r.counts, None) for r in results])
+    for hour in hours:
+        if hour in before[hour.date()]:
+            store.delete_superseded(hour, store.settings.batch.keep_versions)
+    return results
 
-    :raises offsets.IntervalNotClosedError: when the hour may still receive events (unless ``force``).
-    :raises offsets.DataLossError: when Kafka no longer holds the hour's offsets.
+
+def recheck_stale(settings: Settings, idx: IndexStore, plan: offsets.Plan) -> int:
+    """After the swaps: mark hours whose index grew while they were computed (the indexer may have checked first)."""
+    totals = idx.hour_totals(plan.topic, {h.hour.date() for h in plan.hours})
+    grown = {h.hour: totals[h.hour] for h in plan.hours if totals.get(h.hour, (0, 0))[0] > h.records}
+    return idx.mark_stale(plan.topic, grown) if grown else 0
+
+
+def _hours_of(start: datetime | None, end: datetime | None, hours: Sequence[datetime] | None) -> list[datetime]:
+    if hours is None:
+        if start is None or end is None:
+            msg = "give start and end, or hours"
+            raise TrendsError(msg)
+        hours = list(hours_between(start, end))
+    return sorted(set(hours))
+
+
+def run(
+    settings: Settings,
+    start: datetime | None = None,
+    end: datetime | None = None,
+    *,
+    hours: Sequence[datetime] | None = None,
+    force: bool = False,
+    spark: SparkSession | None = None,
+    progress: Callable[[Progress], None] | None = None,
+    index_first: bool = True,
+) -> list[RunResult]:
+    """Recompute hours (``[start, end)`` or the given ones) in chunked Spark passes, then advance the watermark.
+
+    :raises offsets.IntervalNotClosedError: when the last hour may still receive events (unless ``force``).
+    :raises offsets.DataLossError: when Kafka no longer holds a chunk's offsets (earlier chunks stay done).
     """
-    t0 = time.monotonic()
-    end = hour + HOUR
+    hours = _hours_of(start, end, hours)
+    if not hours:
+        return []
     topic = settings.kafka.events_topic
-    lateness = timedelta(seconds=settings.batch.lateness_s)
-    grace = max(timedelta(seconds=settings.batch.grace_s), lateness)
+    if index_first:
+        index.run_index(settings)
     if not force:
-        offsets.check_closed(settings.kafka, topic, end, grace)
-    plan = offsets.plan(settings.kafka, topic, hour, end, lateness)
-    run_id = new_run_id()
-    result = RunResult(hour, str(run_id), plan.to_json())
+        offsets.check_closed(index.horizon(settings), hours[-1] + HOUR, offsets.grace(settings))
+    t0 = time.monotonic()
+    own = False
+    results: list[RunResult] = []
+    code = code_version(settings)
     with session(settings) as sess:
-        store = BatchStore(settings, sess)
-        store.run_started(hour, run_id, end, topic, plan.to_json(), force, code_version(settings))
+        idx, store = IndexStore(settings, sess), BatchStore(settings, sess)
+        totals = idx.hour_totals(topic, {h.date() for h in hours})
+        records = {h: totals.get(h, (0, 0))[0] for h in hours}
+        passes = chunks(hours, records, settings.batch.chunk_events, settings.batch.chunk_hours)
+        events = 0
         try:
-            minute_rows, hour_rows, counts = compute(spark, settings, plan, hour, end)
-            store.write_version(hour, run_id, minute_rows, hour_rows)
-            store.swap(hour, run_id)
-            store.remerge_day(hour.date())
-        except BaseException as exc:
-            store.run_finished(hour, run_id, "failed", {}, f"{type(exc).__name__}: {exc}"[:2000])
-            raise
-        store.run_finished(hour, run_id, "completed", counts, None)
-        store.delete_superseded(hour, settings.batch.keep_versions)
-    result.counts = counts
-    result.seconds = time.monotonic() - t0
-    logger.info("%s", result.line())
-    return result
+            for i, chunk in enumerate(passes, 1):
+                c0 = time.monotonic()
+                plan = offsets.plan(settings, idx, chunk, topic)
+                done = None
+                if plan.records:
+                    if spark is None:
+                        from infra.spark import get_spark  # noqa: PLC0415
+
+                        spark, own = get_spark(settings, "batch"), True
+                    done = compute(spark, settings, plan)
+                chunk_results = load(store, plan, done, force=force, code=code)
+                recheck_stale(settings, idx, plan)
+                seconds = (time.monotonic() - c0) / max(1, len(chunk_results))
+                for r in chunk_results:
+                    r.seconds = seconds
+                    logger.info("%s", r.line())
+                results += chunk_results
+                events += plan.records
+                if progress is not None:
+                    progress(Progress(i, len(passes), len(results), len(hours), events, time.monotonic() - t0))
+        finally:
+            if own and spark is not None:
+                spark.stop()
+        _low, mark = store.advance_watermark(hours[0])
+    for r in results:
+        r.watermark = mark
+    return results
 
 
 def advance(settings: Settings, hint: datetime) -> tuple[datetime | None, datetime | None]:
@@ -228,22 +403,37 @@ def advance(settings: Settings, hint: datetime) -> tuple[datetime | None, dateti
         return BatchStore(settings, sess).advance_watermark(hint)
 
 
-def run(
-    settings: Settings, start: datetime, end: datetime, *, force: bool = False, spark: SparkSession | None = None
-) -> list[RunResult]:
-    """Recompute every hour of ``[start, end)`` in order, then advance the watermark; stop at the first refusal."""
-    from infra.spark import get_spark  # noqa: PLC0415
+def stale_hours(settings: Settings) -> dict[datetime, tuple[int, int]]:
+    """Return hour -> (records indexed now, records its current run read) for every stale hour."""
+    with session(settings) as sess:
+        return IndexStore(settings, sess).stale(settings.kafka.events_topic)
 
-    hours = list(hours_between(start, end))
-    own = spark is None
-    spark = spark or get_spark(settings, "batch")
-    results = []
-    try:
-        for hour in hours:
-            results.append(run_hour(spark, settings, hour, force=force))
-            _low, mark = advance(settings, hour)
-            results[-1].watermark = mark
-    finally:
-        if own:
-            spark.stop()
-    return results
+
+def missing_hours(settings: Settings, below: datetime, limit: int) -> list[datetime]:
+    """Return up to ``limit`` closed hours from the watermark up to ``below`` without a current run, oldest first."""
+    if limit <= 0:
+        return []
+    with session(settings) as sess:
+        store = BatchStore(settings, sess)
+        _low, mark, _pinned = store.watermark()
+        if mark is None or mark >= below:
+            return []
+        out: list[datetime] = []
+        hour = mark
+        pointers: dict[date, dict[datetime, uuid.UUID]] = {}
+        while hour < below and len(out) < limit:
+            day = hour.date()
+            if day not in pointers:
+                pointers[day] = store.pointers(day)
+            if hour not in pointers[day]:
+                out.append(hour)
+            hour += HOUR
+        return out
+
+
+def plan_hourly(settings: Settings, hour: datetime) -> list[datetime]:
+    """Return the hours an hourly DAG run computes: its own, missing closed hours below it, and stale ones."""
+    limit = settings.batch.heal_max_hours
+    missing = missing_hours(settings, hour, limit)
+    stale = [h for h in stale_hours(settings) if h < hour][:limit]
+    return sorted({hour, *missing, *stale})

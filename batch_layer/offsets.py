@@ -1,30 +1,28 @@
-"""Which Kafka offsets hold an interval's events, and whether the interval may be computed yet.
+"""Which Kafka offsets hold a set of hours (from the event-time index), and whether the hours may be computed.
 
-Events carry their event time as the Kafka record timestamp, so ``ListOffsets`` by timestamp finds, per
-partition, the first record at or after a time. For ``[start, end)`` we read from the first record at or after
-``start - lateness`` to the first record at or after ``end + lateness`` (exclusive): every event of the interval
-that arrived no later than the lateness allowance lies in between (records before the start bound all have
-earlier times; an event found past the end bound arrived more than the allowance late, which the speed layer
-would have dropped too).
+A plan reads exactly the indexed spans of its hours, merged per partition into ranges (Spark's Kafka batch source
+takes one range per partition per read, so the k-th ranges of all partitions form the k-th read, and the reads
+are unioned). Records of other hours inside the ranges are dropped by the job, by the hour their timestamp names.
 
 Two refusals, never a silent partial result:
 
-* **not closed** — the interval is closed when, in every partition that holds records, the newest event time
-  (``MAX_TIMESTAMP``) has passed ``end + grace``; the grace is at least the lateness allowance.
-* **data lost** — the range would begin at the oldest record retention kept (``earliest > 0``): records before
-  it, now deleted, may have belonged to the interval.
+* **not closed** — the hours' end is closed when every *active* partition's newest record time (as the index
+  saw it) has passed ``end + grace``; idle partitions do not hold it back (:func:`batch_layer.index.horizon_of`).
+* **data lost** — a range begins before the oldest offset retention kept: records the hours need are gone.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
+from batch_layer.index import Horizon, IndexStore, Span
 from infra.errors import TrendsError
-from infra.settings import KafkaSettings
+from infra.settings import KafkaSettings, Settings
 
 logger = logging.getLogger(__name__)
 
@@ -40,138 +38,161 @@ class DataLossError(TrendsError):
 
 
 @dataclass(frozen=True)
-class PartitionRange:
-    """Offsets ``[start, end)`` of one partition to read for an interval, plus where the interval's end falls."""
+class Range:
+    """Offsets ``[start, end)`` of one partition read by a pass."""
 
     partition: int
     start: int
     end: int
-    interval_end: int  # first offset with timestamp >= interval end: events after it arrived after the interval
-    earliest: int
-    latest: int
-
-    @property
-    def records(self) -> int:
-        """Return how many records the range holds."""
-        return max(0, self.end - self.start)
 
 
 @dataclass(frozen=True)
-class OffsetPlan:
-    """The offset ranges of one interval, as recorded in the lineage."""
+class HourPlan:
+    """The indexed spans of one hour, as recorded in its lineage."""
 
-    topic: str
-    ranges: tuple[PartitionRange, ...]
-
-    def spark_offsets(self) -> tuple[str, str]:
-        """Return ``startingOffsets`` and ``endingOffsets`` JSON for Spark's Kafka batch source."""
-        starts = {str(r.partition): r.start for r in self.ranges}
-        ends = {str(r.partition): r.end for r in self.ranges}
-        return json.dumps({self.topic: starts}), json.dumps({self.topic: ends})
-
-    def to_json(self) -> str:
-        """Return the lineage form: per partition ``[start, end)``."""
-        return json.dumps({str(r.partition): [r.start, r.end] for r in self.ranges}, sort_keys=True)
+    hour: datetime
+    spans: tuple[Span, ...]
 
     @property
     def records(self) -> int:
-        """Return the records the plan reads."""
-        return sum(r.records for r in self.ranges)
+        """Return the indexed records of the hour."""
+        return sum(s.records for s in self.spans)
+
+    @property
+    def late(self) -> int:
+        """Return the indexed records of the hour that arrived after their partition had passed its end."""
+        return sum(s.late for s in self.spans)
+
+    def to_json(self) -> str:
+        """Return the lineage form: per partition the ``[start, end)`` offset spans holding the hour's records."""
+        out: dict[str, list[list[int]]] = {}
+        for s in sorted(self.spans, key=lambda s: (s.partition, s.first)):
+            out.setdefault(str(s.partition), []).append([s.first, s.last + 1])
+        return json.dumps(out, sort_keys=True)
 
 
-def _ms(ts: datetime) -> int:
-    return int(ts.timestamp() * 1000)
+@dataclass(frozen=True)
+class Plan:
+    """The hours of one Spark pass and the offset ranges that hold their records."""
+
+    topic: str
+    hours: tuple[HourPlan, ...]
+    ranges: tuple[Range, ...]
+
+    @property
+    def records(self) -> int:
+        """Return the indexed records of the plan's hours."""
+        return sum(h.records for h in self.hours)
+
+    @property
+    def span_records(self) -> int:
+        """Return the records the ranges hold (the hours' records and others between them)."""
+        return sum(r.end - r.start for r in self.ranges)
+
+    def reads(self) -> list[tuple[str, str, str]]:
+        """Return ``(assign, startingOffsets, endingOffsets)`` JSON of each read: the k-th range of each partition."""
+        per: dict[int, list[Range]] = {}
+        for r in self.ranges:
+            per.setdefault(r.partition, []).append(r)
+        out = []
+        for k in range(max((len(v) for v in per.values()), default=0)):
+            chosen = {p: rs[k] for p, rs in sorted(per.items()) if len(rs) > k}
+            out.append(
+                (
+                    json.dumps({self.topic: sorted(chosen)}),
+                    json.dumps({self.topic: {str(p): r.start for p, r in chosen.items()}}),
+                    json.dumps({self.topic: {str(p): r.end for p, r in chosen.items()}}),
+                )
+            )
+        return out
 
 
-def _list_offsets(admin: Any, topic: str, partitions: list[int], spec: Any) -> dict[int, tuple[int, int]]:
-    from confluent_kafka import TopicPartition  # noqa: PLC0415
+def coalesce(spans: Iterable[Span], gap: int, max_ranges: int) -> list[Range]:
+    """Merge spans into offset ranges per partition.
 
-    request = {TopicPartition(topic, p): spec for p in partitions}
-    futures = admin.list_offsets(request, request_timeout=TIMEOUT_S)
-    out = {}
-    for tp, future in futures.items():
-        info = future.result(timeout=TIMEOUT_S)
-        out[tp.partition] = (int(info.offset), int(info.timestamp))
+    Overlapping spans and spans at most ``gap`` records apart are merged, then the closest ones until a partition
+    has at most ``max_ranges`` (each range is one more Spark read).
+    """
+    per: dict[int, list[Span]] = {}
+    for s in spans:
+        per.setdefault(s.partition, []).append(s)
+    out: list[Range] = []
+    for p, ss in sorted(per.items()):
+        merged: list[list[int]] = []
+        for s in sorted(ss, key=lambda s: s.first):
+            if merged and s.first <= merged[-1][1] + gap:
+                merged[-1][1] = max(merged[-1][1], s.last + 1)
+            else:
+                merged.append([s.first, s.last + 1])
+        while len(merged) > max_ranges:
+            i = min(range(len(merged) - 1), key=lambda i: merged[i + 1][0] - merged[i][1])
+            merged[i : i + 2] = [[merged[i][0], merged[i + 1][1]]]
+        out += [Range(p, a, b) for a, b in merged]
     return out
 
 
-def _admin(kafka: KafkaSettings) -> Any:
-    from confluent_kafka.admin import AdminClient  # noqa: PLC0415
+def earliest_offsets(kafka: KafkaSettings, topic: str, partitions: Iterable[int]) -> dict[int, int]:
+    """Return the oldest offset retention kept, per partition."""
+    from confluent_kafka import TopicPartition  # noqa: PLC0415
+    from confluent_kafka.admin import AdminClient, OffsetSpec  # noqa: PLC0415
 
-    return AdminClient({**kafka.client_config(), "log_level": 3})
+    admin = AdminClient({**kafka.client_config(), "log_level": 3})
+    request = {TopicPartition(topic, p): OffsetSpec.earliest() for p in partitions}  # type: ignore[no-untyped-call]
+    if not request:
+        return {}
+    futures = admin.list_offsets(request, request_timeout=TIMEOUT_S)
+    return {tp.partition: int(f.result(timeout=TIMEOUT_S).offset) for tp, f in futures.items()}
 
 
-def partitions_of(admin: Any, topic: str) -> list[int]:
-    """Return the partition ids of a topic.
+def plan(settings: Settings, store: IndexStore, hours: Sequence[datetime], topic: str | None = None) -> Plan:
+    """Return the plan of the hours from the index.
 
-    :raises TrendsError: when the topic does not exist.
+    :raises DataLossError: when retention removed records the hours need.
     """
-    meta = admin.list_topics(topic, timeout=TIMEOUT_S).topics.get(topic)
-    if meta is None or meta.error is not None or not meta.partitions:
-        msg = f"topic {topic} does not exist"
-        raise TrendsError(msg)
-    return sorted(meta.partitions)
-
-
-def newest_event_times(kafka: KafkaSettings, topic: str) -> dict[int, datetime | None]:
-    """Return, per partition, the newest record timestamp (None for an empty partition)."""
-    from confluent_kafka.admin import OffsetSpec  # noqa: PLC0415
-
-    admin = _admin(kafka)
-    parts = partitions_of(admin, topic)
-    newest = _list_offsets(admin, topic, parts, OffsetSpec.max_timestamp())  # type: ignore[no-untyped-call]
-    return {
-        p: datetime.fromtimestamp(ts / 1000, UTC) if offset >= 0 and ts >= 0 else None
-        for p, (offset, ts) in newest.items()
-    }
-
-
-def closed_at(kafka: KafkaSettings, topic: str) -> datetime | None:
-    """Return the time up to which every non-empty partition has moved on (the minimum newest event time)."""
-    times = [t for t in newest_event_times(kafka, topic).values() if t is not None]
-    return min(times) if times else None
-
-
-def check_closed(kafka: KafkaSettings, topic: str, end: datetime, grace: timedelta) -> None:
-    """Raise :class:`IntervalNotClosedError` unless every non-empty partition has passed ``end + grace``."""
-    horizon = closed_at(kafka, topic)
-    if horizon is None or horizon < end + grace:
-        shown = horizon.isoformat() if horizon else "no events at all"
+    topic = topic or settings.kafka.events_topic
+    spans = store.spans(topic, hours)
+    hour_plans = tuple(HourPlan(h, tuple(spans[h])) for h in hours)
+    ranges = coalesce(
+        (s for h in hour_plans for s in h.spans),
+        settings.batch.index_span_gap,
+        settings.batch.max_ranges_per_partition,
+    )
+    earliest = earliest_offsets(settings.kafka, topic, {r.partition for r in ranges})
+    lost = [r for r in ranges if r.start < earliest.get(r.partition, 0)]
+    if lost:
+        first = {r.partition for r in lost}
+        gone = sorted(
+            {h.hour for h in hour_plans for s in h.spans if s.partition in first and s.first < earliest[s.partition]}
+        )
+        detail = ", ".join(f"partition {r.partition} starts at offset {earliest[r.partition]}" for r in lost)
         msg = (
-            f"the interval ending {end.isoformat()} is not closed: the newest event time common to all partitions "
-            f"is {shown}, and it must pass {(end + grace).isoformat()} (end + grace). Wait, or use --force."
+            f"Kafka no longer holds all records of {len(gone)} hour(s) from {gone[0].isoformat()} in {topic}: "
+            f"retention removed the records before the range ({detail}). Refusing a partial result."
+        )
+        raise DataLossError(msg)
+    return Plan(topic, hour_plans, tuple(ranges))
+
+
+def grace(settings: Settings) -> timedelta:
+    """Return how far past an interval's end every active partition must be before it is closed."""
+    return max(timedelta(seconds=settings.batch.grace_s), timedelta(seconds=settings.batch.lateness_s))
+
+
+def check_closed(h: Horizon, end: datetime, grace_: timedelta) -> None:
+    """Raise :class:`IntervalNotClosedError` unless the horizon has passed ``end + grace``."""
+    if h.closed_at is None or h.closed_at < end + grace_:
+        msg = (
+            f"the interval ending {end.isoformat()} is not closed: {h.describe()}, and it must pass "
+            f"{(end + grace_).isoformat()} (end + grace). Wait, or use --force."
         )
         raise IntervalNotClosedError(msg)
 
 
-def plan(kafka: KafkaSettings, topic: str, start: datetime, end: datetime, lateness: timedelta) -> OffsetPlan:
-    """Resolve the per-partition offset ranges of ``[start, end)`` widened by the lateness allowance.
+def is_closed(h: Horizon, end: datetime, grace_: timedelta) -> bool:
+    """Tell whether the horizon has passed ``end + grace``."""
+    return h.closed_at is not None and h.closed_at >= end + grace_
 
-    :raises DataLossError: when retention removed records the interval may need.
-    """
-    from confluent_kafka.admin import OffsetSpec  # noqa: PLC0415
 
-    admin = _admin(kafka)
-    parts = partitions_of(admin, topic)
-    earliest = _list_offsets(admin, topic, parts, OffsetSpec.earliest())  # type: ignore[no-untyped-call]
-    latest = _list_offsets(admin, topic, parts, OffsetSpec.latest())  # type: ignore[no-untyped-call]
-
-    def at(ts: datetime) -> dict[int, int]:
-        found = _list_offsets(admin, topic, parts, OffsetSpec.for_timestamp(_ms(ts)))
-        # -1: no record at or after ts yet -> the range runs to the end of the partition
-        return {p: off if off >= 0 else latest[p][0] for p, (off, _ts) in found.items()}
-
-    starts, ends, interval_ends = at(start - lateness), at(end + lateness), at(end)
-    ranges = tuple(
-        PartitionRange(p, starts[p], max(starts[p], ends[p]), interval_ends[p], earliest[p][0], latest[p][0])
-        for p in parts
-    )
-    lost = [r for r in ranges if r.earliest > 0 and r.start <= r.earliest]
-    if lost:
-        detail = ", ".join(f"partition {r.partition} starts at offset {r.earliest}" for r in lost)
-        msg = (
-            f"Kafka no longer holds all events of [{start.isoformat()}, {end.isoformat()}) in {topic}: retention "
-            f"removed the records before the range ({detail}). Refusing a partial result."
-        )
-        raise DataLossError(msg)
-    return OffsetPlan(topic, ranges)
+def describe_ranges(ranges: Sequence[Range]) -> dict[str, Any]:
+    """Return the ranges as a JSON-able dict (progress and logs)."""
+    return {str(r.partition): [r.start, r.end] for r in ranges}

@@ -102,7 +102,7 @@ class BatchStore:
             "items_fi, min_ts, max_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
         self.ins_pointer = prep(
-            f"INSERT INTO {t['batch_intervals']} (day, hour, run_id, completed_at) VALUES (?, ?, ?, ?)"
+            f"INSERT INTO {t['batch_intervals']} (day, hour, run_id, completed_at, indexed) VALUES (?, ?, ?, ?, ?)"
         )
         self.sel_pointers = prep(f"SELECT hour, run_id FROM {t['batch_intervals']} WHERE day = ?")
         self.ins_run = prep(
@@ -111,8 +111,8 @@ class BatchStore:
         )
         self.upd_run = prep(
             f"UPDATE {t['batch_runs']} SET status = ?, rows_read = ?, rows_unparseable = ?, rows_outside = ?, "
-            "rows_in_interval = ?, rows_deduped = ?, rows_kept = ?, rows_late = ?, slices = ?, finished_at = ?, "
-            "error = ? WHERE hour = ? AND run_id = ?"
+            "rows_in_interval = ?, rows_deduped = ?, rows_kept = ?, rows_late = ?, slices = ?, rows_indexed = ?, "
+            "finished_at = ?, error = ? WHERE hour = ? AND run_id = ?"
         )
         self.sel_runs = prep(f"SELECT run_id, status FROM {t['batch_runs']} WHERE hour = ?")
         self.del_minutes = prep(f"DELETE FROM {t['batch_minutes']} WHERE slice = ? AND hour = ? AND run_id = ?")
@@ -122,7 +122,10 @@ class BatchStore:
             f"INSERT INTO {t['batch_watermark']} (name, low, watermark, updated_at) VALUES (?, ?, ?, ?)"
         )
         self.pin_watermark = prep(f"UPDATE {t['batch_watermark']} SET pinned = ?, updated_at = ? WHERE name = ?")
-        for stmt in (self.ins_minute, self.ins_hour, self.ins_day, self.ins_day_slice, self.ins_pointer):
+        for stmt in (
+            self.ins_minute, self.ins_hour, self.ins_day, self.ins_day_slice, self.ins_pointer, self.ins_run,
+            self.upd_run,
+        ):  # fmt: skip
             stmt.is_idempotent = True
 
     # -- a run's rows -----------------------------------------------------------------------------------------
@@ -157,11 +160,55 @@ class BatchStore:
         self._bulk(self.ins_day_slice, [(hour.date(), r.slice) for r in hour_rows])
         return len(minute_params) + len(hour_params)
 
-    def swap(self, hour: datetime, run_id: uuid.UUID) -> None:
+    def write_versions(
+        self,
+        runs: dict[datetime, uuid.UUID],
+        minutes: dict[datetime, list[ViewRow]],
+        hours: dict[datetime, list[ViewRow]],
+    ) -> int:
+        """Write the minute and hour rows of many hours, each under its hour's run id; return the rows written."""
+        minute_params = [
+            (r.slice, h, runs[h], r.bucket_start, r.events, r.users_hll, r.values_kll, r.items_fi, r.min_ts, r.max_ts)
+            for h, rows in minutes.items()
+            for r in rows
+        ]
+        hour_params = [
+            (r.slice, h.date(), h, runs[h], r.events, r.users_hll, r.values_kll, r.items_fi, r.min_ts, r.max_ts)
+            for h, rows in hours.items()
+            for r in rows
+        ]
+        self._bulk(self.ins_minute, minute_params)
+        self._bulk(self.ins_hour, hour_params)
+        self._bulk(self.ins_day_slice, sorted({(h.date(), r.slice) for h, rows in hours.items() for r in rows}))
+        return len(minute_params) + len(hour_params)
+
+    def swap(self, hour: datetime, run_id: uuid.UUID, indexed: int | None = None) -> None:
         """Make ``run_id`` the current version of the hour (one row: atomic for readers)."""
-        self.sess.execute(
-            self.ins_pointer, (hour.date(), hour, run_id, datetime.now(UTC)), execution_profile=WRITE_PROFILE
-        )
+        self.swap_many([(hour, run_id, indexed)])
+
+    def swap_many(self, swaps: Sequence[tuple[datetime, uuid.UUID, int | None]]) -> None:
+        """Swap the pointers of many hours (each one row); ``indexed``: the hour's records the run read."""
+        now = datetime.now(UTC)
+        self._bulk(self.ins_pointer, [(h.date(), h, run_id, now, indexed) for h, run_id, indexed in swaps])
+
+    def write_day(
+        self, day: date, pointers: dict[datetime, uuid.UUID], rows: Sequence[ViewRow], hours: dict[str, int]
+    ) -> int:
+        """Write a day's rollup computed with its hours.
+
+        :arg pointers: the day's current runs after the swaps (fingerprinted into the row).
+        :arg hours: per slice, how many of the day's hours have a row.
+        """
+        fingerprint = fingerprint_of(pointers)
+        self._bulk(
+            self.ins_day,
+            [
+                (r.slice, day.strftime("%Y-%m"), day, fingerprint, hours.get(r.slice, 0), r.events, r.users_hll,
+                 r.values_kll, r.items_fi, r.min_ts, r.max_ts)
+                for r in rows
+            ],
+        )  # fmt: skip
+        return len(rows)
 
     def pointers(self, day: date) -> dict[datetime, uuid.UUID]:
         """Return the current run of each completed hour of a day."""
@@ -220,36 +267,31 @@ class BatchStore:
         self, hour: datetime, run_id: uuid.UUID, end: datetime, topic: str, offsets: str, forced: bool, code: str
     ) -> None:
         """Record a run as running, with the offsets it reads."""
-        self.sess.execute(
-            self.ins_run,
-            (hour, run_id, end, "running", topic, offsets, forced, code, datetime.now(UTC)),
-            execution_profile=WRITE_PROFILE,
-        )
+        self.runs_started([(hour, run_id, end, topic, offsets, forced, code)])
+
+    def runs_started(self, runs: Sequence[tuple[datetime, uuid.UUID, datetime, str, str, bool, str]]) -> None:
+        """Record runs as running: (hour, run_id, end, topic, offset spans, forced, code version) each."""
+        now = datetime.now(UTC)
+        self._bulk(self.ins_run, [(h, rid, end, "running", t, o, f, c, now) for h, rid, end, t, o, f, c in runs])
 
     def run_finished(
         self, hour: datetime, run_id: uuid.UUID, status: str, counts: dict[str, int], error: str | None
     ) -> None:
         """Record a run's outcome and counts."""
-        c = counts
-        self.sess.execute(
+        self.runs_finished([(hour, run_id, status, counts, error)])
+
+    def runs_finished(self, runs: Sequence[tuple[datetime, uuid.UUID, str, dict[str, int], str | None]]) -> None:
+        """Record runs' outcomes and counts."""
+        now = datetime.now(UTC)
+        self._bulk(
             self.upd_run,
-            (
-                status,
-                c.get("read"),
-                c.get("unparseable"),
-                c.get("outside"),
-                c.get("in_interval"),
-                c.get("deduped"),
-                c.get("kept"),
-                c.get("late"),
-                c.get("slices"),
-                datetime.now(UTC),
-                error,
-                hour,
-                run_id,
-            ),
-            execution_profile=WRITE_PROFILE,
-        )
+            [
+                (status, c.get("read"), c.get("unparseable"), c.get("outside"), c.get("in_interval"),
+                 c.get("deduped"), c.get("kept"), c.get("late"), c.get("slices"), c.get("indexed"), now, error,
+                 hour, run_id)
+                for hour, run_id, status, c, error in runs
+            ],
+        )  # fmt: skip
 
     # -- watermark ---------------------------------------------------------------------------------------------
     def watermark(self) -> tuple[datetime | None, datetime | None, datetime | None]:

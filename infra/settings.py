@@ -143,6 +143,7 @@ class CassandraSettings(BaseModel):
     connect_timeout_s: float = Field(10.0, gt=0, description="Driver connect timeout, seconds.")
     request_timeout_s: float = Field(20.0, gt=0, description="Default per-request timeout, seconds.")
     write_concurrency: int = Field(64, ge=1, description="Concurrent requests of bulk writes.")
+    read_concurrency: int = Field(32, ge=1, description="Concurrent requests of bulk reads (the batch index).")
 
     def replication_map(self) -> dict[str, str | int]:
         """Return the keyspace replication map for ``CREATE KEYSPACE``."""
@@ -334,15 +335,60 @@ class BatchSettings(BaseModel):
     lateness_s: int = Field(
         3600,
         ge=0,
-        description="How far (seconds) the offset range of an interval is widened on both sides: events arriving "
-        "up to this late are counted. Larger than the speed layer's allowance, so the batch corrects what the "
-        "speed layer dropped as late.",
+        description="Lateness allowance (seconds): an interval is not computed before every active partition's "
+        "newest event time has passed its end + this (see grace_s). Events later still are not lost: the index "
+        "finds them wherever they are in the log, and their hour turns stale and is recomputed.",
     )
     grace_s: int = Field(
         3600,
         ge=0,
-        description="An interval [start, end) is closed when every partition's newest event time has passed "
+        description="An interval [start, end) is closed when every active partition's newest event time has passed "
         "end + this many seconds (never less than the lateness).",
+    )
+    idle_partition_s: int = Field(
+        900,
+        ge=1,
+        description="A partition without a new record for this long (wall time, as the indexer saw it) is idle and "
+        "does not hold hours open (like Flink's withIdleness); when all are idle, hours up to now minus this close.",
+    )
+    index_span_gap: int = Field(
+        10_000,
+        ge=0,
+        description="The index extends an hour's offset span over at most this many records of other hours between "
+        "two of its records (larger: fewer spans, more foreign records read by a recompute).",
+    )
+    index_flush_records: int = Field(
+        500_000, ge=1, description="The indexer checkpoints after this many new records (and at the end)."
+    )
+    index_stall_s: float = Field(
+        60.0, gt=0, description="The indexer gives up when Kafka returns no record for this long before the end."
+    )
+    chunk_events: int = Field(
+        2_000_000,
+        ge=1,
+        description="A multi-hour recompute reads at most about this many indexed records per Spark pass (an hour "
+        "is never split).",
+    )
+    chunk_hours: int = Field(
+        2208, ge=1, description="A multi-hour recompute computes at most this many hours per Spark pass (92 days)."
+    )
+    max_ranges_per_partition: int = Field(
+        64,
+        ge=1,
+        description="A pass reads at most this many offset ranges per partition (closest ranges are merged beyond "
+        "it): Spark's Kafka source takes one range per partition per read, so each range is a unioned read.",
+    )
+    heal_max_hours: int = Field(
+        48,
+        ge=0,
+        description="Each hourly DAG run also computes up to this many closed hours without a current run, and as "
+        "many stale hours, oldest first, so the batch view heals itself after an outage or late data.",
+    )
+    backfill_parallelism: int = Field(
+        2, ge=1, description="Chunks of a backfill DAG run computed at the same time (each one spark-submit)."
+    )
+    task_timeout_s: int = Field(
+        3 * 3600, ge=60, description="execution_timeout of the batch DAGs' tasks (a hung task fails and retries)."
     )
     keep_versions: int = Field(
         2, ge=1, le=10, description="Versions of an interval kept after a rerun (the current one included)."

@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from batch_layer import job, offsets
+from batch_layer import index, job, offsets
 from batch_layer.store import BatchStore
 from infra import migrations
 from infra.cassandra import session, table
@@ -114,8 +114,9 @@ def test_recompute_hours_with_lineage_watermark_and_idempotent_rerun(batch_env: 
         assert jfk[0].events == sum(1 for i in range(n) if i % 3)
         (run,) = env.runs(hour)
         assert run.status == "completed" and run.rows_kept == n
-        spans = json.loads(run.offsets)
-        assert sum(end - start for start, end in spans.values()) == run.rows_read
+        spans = json.loads(run.offsets)  # per partition, the [start, end) spans holding the hour's records
+        assert sum(end - start for ranges in spans.values() for start, end in ranges) == run.rows_read
+        assert run.rows_indexed == run.rows_read == n + len(range(0, n, 50))
 
     with session(env.settings) as sess:
         low, mark, pinned = BatchStore(env.settings, sess).watermark()
@@ -190,6 +191,7 @@ def test_refuses_offsets_that_retention_removed(batch_env: BatchEnv, spark: Any)
     env = batch_env
     env.produce(events_for(H0, 60, "gone"), partition=0)
     env.produce(events_for(H0 + 3 * HOUR, 3, "closer"), partition=0)
+    index.run_index(env.settings)  # the hour's records are indexed, then retention removes some of them
     admin = AdminClient(env.settings.kafka.client_config())
     topic = env.settings.kafka.events_topic
     # What retention does to old segments: the partition's first offsets are gone.

@@ -1,0 +1,531 @@
+"""The event-time index of the events topic: which offsets hold each hour's records, built incrementally.
+
+Offset-by-timestamp (``ListOffsets``) finds the first record at or after a time, which only locates an hour when
+the log is in time order. History replayed behind newer events, late producers and merged topics break that, so
+the batch layer indexes the log itself: one pass over the offsets not indexed yet records, per hour of the
+**record timestamp** and per partition, the offset spans holding that hour's records and their counts. Ingestion
+sets the record timestamp to the event time (the contract, see ``docs/layers.md``); a record whose JSON time
+names another hour is counted as *outside* in the lineage of the hour its timestamp names, never lost silently.
+
+A span ``[first, last]`` of an hour grows while the hour's next record lies at most ``index_span_gap`` records
+after it (so interleaved hours near a boundary share spans instead of shattering them into thousands), else a new
+span starts. The checkpoint per partition (next offset, newest record time, spans still open) is written after
+the spans it covers, and spans are keyed by their first offset: killed at any point, a rerun from the checkpoint
+writes the same rows again and ends with the same index. Cost: O(new records), no Spark.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from infra.cassandra import READ_PROFILE, WRITE_PROFILE, session, table
+from infra.errors import TrendsError
+from infra.settings import Settings
+
+if TYPE_CHECKING:
+    from cassandra.cluster import Session
+
+logger = logging.getLogger(__name__)
+
+HOUR_MS = 3_600_000
+HOUR = timedelta(hours=1)
+
+
+def ms_to_dt(ms: int) -> datetime:
+    """Return epoch milliseconds as an aware UTC datetime."""
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def dt_to_ms(ts: datetime) -> int:
+    """Return an aware datetime as epoch milliseconds."""
+    return int(ts.timestamp() * 1000)
+
+
+def _utc(ts: datetime | None) -> datetime | None:
+    if ts is None:
+        return None
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+
+
+@dataclass(frozen=True)
+class Span:
+    """Offsets ``[first, last]`` (inclusive) of one partition hold ``records`` records of one hour."""
+
+    partition: int
+    first: int
+    last: int
+    records: int
+    late: int = 0
+
+
+@dataclass
+class _Open:
+    first: int
+    last: int
+    records: int
+    late: int
+
+
+@dataclass
+class PartitionState:
+    """The indexer's checkpoint of one partition."""
+
+    partition: int
+    next_offset: int = 0
+    max_ts_ms: int | None = None
+    last_record_at: datetime | None = None
+    open: dict[int, _Open] = field(default_factory=dict)  # hour (epoch ms) -> span a later record may extend
+    skipped: int = 0  # records without a usable timestamp, or removed by retention before they were indexed
+
+    @property
+    def max_ts(self) -> datetime | None:
+        """Return the newest record time indexed."""
+        return None if self.max_ts_ms is None else ms_to_dt(self.max_ts_ms)
+
+    def open_json(self) -> str:
+        """Return the open spans as the checkpoint stores them."""
+        return json.dumps({str(h): [s.first, s.last, s.records, s.late] for h, s in sorted(self.open.items())})
+
+    @staticmethod
+    def parse_open(text: str | None) -> dict[int, _Open]:
+        """Read the open spans of a checkpoint."""
+        return {int(h): _Open(*v) for h, v in json.loads(text or "{}").items()}
+
+
+class PartitionIndexer:
+    """Turns one partition's records, in offset order, into hour spans (pure: no I/O)."""
+
+    def __init__(self, state: PartitionState, gap: int) -> None:
+        self.state = state
+        self.gap = gap
+        self.changed: dict[tuple[int, int], _Open] = {}  # (hour, first) -> span to write
+        self.touched: set[int] = set()
+        self.new_records = 0
+
+    def add(self, offset: int, ts_ms: int) -> None:
+        """Index one record (offsets ascending)."""
+        st = self.state
+        st.next_offset = offset + 1
+        if ts_ms < 0:
+            st.skipped += 1
+            return
+        hour = ts_ms - ts_ms % HOUR_MS
+        late = 1 if st.max_ts_ms is not None and st.max_ts_ms >= hour + HOUR_MS else 0
+        span = st.open.get(hour)
+        if span is not None and offset - span.last <= self.gap:
+            span.last = offset
+            span.records += 1
+            span.late += late
+        else:
+            span = _Open(offset, offset, 1, late)
+            st.open[hour] = span
+        self.changed[(hour, span.first)] = span
+        self.touched.add(hour)
+        if st.max_ts_ms is None or ts_ms > st.max_ts_ms:
+            st.max_ts_ms = ts_ms
+        self.new_records += 1
+
+    def drain(self) -> list[tuple[int, Span]]:
+        """Return the spans changed since the last drain and forget the open ones no record can extend any more."""
+        out = [
+            (h, Span(self.state.partition, s.first, s.last, s.records, s.late)) for (h, _), s in self.changed.items()
+        ]
+        self.changed = {}
+        horizon = self.state.next_offset - 1 - self.gap
+        self.state.open = {h: s for h, s in self.state.open.items() if s.last >= horizon}
+        return out
+
+
+@dataclass(frozen=True)
+class Horizon:
+    """How far event time has moved on in the topic, as the index saw it."""
+
+    closed_at: datetime | None  # every partition that still receives records has passed this time
+    held_by: int | None  # the partition whose newest record is the oldest (None: no active partition)
+    idle: tuple[int, ...]  # partitions with records but none new for longer than the idle setting
+    newest: dict[int, datetime | None]
+
+    def describe(self) -> str:
+        """Return a line for status output."""
+        idle = f"; idle partitions (ignored): {', '.join(map(str, self.idle))}" if self.idle else ""
+        held = f"held back by partition {self.held_by}" if self.held_by is not None else "no active partition"
+        shown = self.closed_at.isoformat() if self.closed_at else "no events indexed"
+        return f"event time closed up to {shown} ({held}{idle})"
+
+
+def horizon_of(states: Iterable[PartitionState], now: datetime, idle_after: timedelta) -> Horizon:
+    """Return the time every partition still receiving records has passed.
+
+    A partition without a new record for longer than ``idle_after`` (wall time, as the indexer saw it) is idle and
+    does not hold the horizon back, as Flink's ``withIdleness`` does for watermarks. When every partition is idle
+    the stream as a whole is quiet: its horizon is the newest record time or ``now - idle_after``, whichever is
+    later (an event arriving after that is late, and the hour it belongs to turns stale and is recomputed). The
+    horizon never runs ahead of the wall clock.
+    """
+    with_data = [s for s in states if s.max_ts_ms is not None]
+    newest = {s.partition: s.max_ts for s in states}
+    active = [s for s in with_data if s.last_record_at is not None and now - s.last_record_at <= idle_after]
+    idle = tuple(sorted(s.partition for s in with_data if s not in active))
+    held_by = None
+    closed: datetime | None = None
+    if active:
+        oldest = min(active, key=lambda s: (s.max_ts_ms, s.partition))
+        held_by, closed = oldest.partition, oldest.max_ts
+    elif with_data:
+        closed = max(*(s.max_ts for s in with_data if s.max_ts), now - idle_after)
+    if closed is not None:
+        closed = min(closed, now)
+    return Horizon(closed, held_by, idle, newest)
+
+
+@dataclass
+class IndexResult:
+    """What one indexing pass did."""
+
+    records: int = 0
+    partitions: int = 0
+    hours_touched: int = 0
+    stale_hours: int = 0
+    seconds: float = 0.0
+    flushes: int = 0
+
+    def line(self) -> str:
+        """Return a one-line summary."""
+        rate = self.records / self.seconds if self.seconds > 0 else 0.0
+        return (
+            f"indexed {self.records} new records of {self.partitions} partitions in {self.seconds:.1f} s "
+            f"({rate:,.0f}/s): {self.hours_touched} hours touched, {self.stale_hours} now stale"
+        )
+
+
+class IndexStore:
+    """The index tables over one session (prepared statements; every write an idempotent upsert)."""
+
+    def __init__(self, settings: Settings, sess: Session) -> None:
+        self.settings = settings
+        self.sess = sess
+        t = {n: table(settings, n) for n in (
+            "batch_index_spans", "batch_index_hours", "batch_index_state", "batch_stale", "batch_intervals",
+        )}  # fmt: skip
+        p = sess.prepare
+        self.ins_span = p(
+            f"INSERT INTO {t['batch_index_spans']} (topic, hour, partition, first_offset, last_offset, records, late) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)"
+        )
+        self.sel_spans = p(
+            f"SELECT partition, first_offset, last_offset, records, late FROM {t['batch_index_spans']} "
+            "WHERE topic = ? AND hour = ?"
+        )
+        self.ins_hour = p(
+            f"INSERT INTO {t['batch_index_hours']} (topic, day, hour, records, late, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?)"
+        )
+        self.sel_hours = p(f"SELECT hour, records, late FROM {t['batch_index_hours']} WHERE topic = ? AND day = ?")
+        self.ins_state = p(
+            f"INSERT INTO {t['batch_index_state']} (topic, partition, next_offset, max_ts, last_record_at, open_spans, "
+            "skipped, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+        self.sel_state = p(
+            f"SELECT partition, next_offset, max_ts, last_record_at, open_spans, skipped FROM {t['batch_index_state']} "
+            "WHERE topic = ?"
+        )
+        self.ins_stale = p(f"INSERT INTO {t['batch_stale']} (topic, hour, records, noticed_at) VALUES (?, ?, ?, ?)")
+        self.sel_stale = p(f"SELECT hour, records FROM {t['batch_stale']} WHERE topic = ?")
+        self.sel_pointers = p(f"SELECT hour, run_id, indexed FROM {t['batch_intervals']} WHERE day = ?")
+        for stmt in (self.ins_span, self.ins_hour, self.ins_state, self.ins_stale):
+            stmt.is_idempotent = True
+
+    # -- bulk helpers -----------------------------------------------------------------------------------------
+    def _write(self, stmt: Any, params: list[tuple[Any, ...]]) -> None:
+        from cassandra.concurrent import execute_concurrent_with_args  # noqa: PLC0415
+
+        if params:
+            execute_concurrent_with_args(
+                self.sess,
+                stmt,
+                params,
+                concurrency=self.settings.cassandra.write_concurrency,
+                raise_on_first_error=True,
+                execution_profile=WRITE_PROFILE,
+            )
+
+    def _read(self, stmt: Any, params: list[tuple[Any, ...]]) -> list[list[Any]]:
+        from cassandra.concurrent import execute_concurrent_with_args  # noqa: PLC0415
+
+        if not params:
+            return []
+        results = execute_concurrent_with_args(
+            self.sess,
+            stmt,
+            params,
+            concurrency=self.settings.cassandra.read_concurrency,
+            raise_on_first_error=True,
+            execution_profile=READ_PROFILE,
+        )
+        return [list(r.result_or_exc) for r in results]
+
+    # -- reads ------------------------------------------------------------------------------------------------
+    def states(self, topic: str) -> dict[int, PartitionState]:
+        """Return the checkpoint of every partition indexed so far."""
+        out = {}
+        for r in self.sess.execute(self.sel_state, (topic,), execution_profile=READ_PROFILE):
+            max_ts = _utc(r.max_ts)
+            out[r.partition] = PartitionState(
+                r.partition,
+                int(r.next_offset or 0),
+                dt_to_ms(max_ts) if max_ts else None,
+                _utc(r.last_record_at),
+                PartitionState.parse_open(r.open_spans),
+                int(r.skipped or 0),
+            )
+        return out
+
+    def spans(self, topic: str, hours: Iterable[datetime]) -> dict[datetime, list[Span]]:
+        """Return the spans of each hour (an hour without records has none)."""
+        hours = list(hours)
+        rows = self._read(self.sel_spans, [(topic, h) for h in hours])
+        return {
+            h: [Span(r.partition, r.first_offset, r.last_offset, r.records, r.late or 0) for r in rs]
+            for h, rs in zip(hours, rows, strict=True)
+        }
+
+    def hour_totals(self, topic: str, days: Iterable[date]) -> dict[datetime, tuple[int, int]]:
+        """Return (records, late) of every indexed hour of the days."""
+        days = list(days)
+        out: dict[datetime, tuple[int, int]] = {}
+        for rows in self._read(self.sel_hours, [(topic, d) for d in days]):
+            for r in rows:
+                out[_utc(r.hour)] = (int(r.records), int(r.late or 0))  # type: ignore[index]
+        return out
+
+    def pointers(self, days: Iterable[date]) -> dict[datetime, tuple[Any, int | None]]:
+        """Return the current run and the indexed records it read, per completed hour of the days."""
+        days = list(days)
+        out: dict[datetime, tuple[Any, int | None]] = {}
+        for rows in self._read(self.sel_pointers, [(d,) for d in days]):
+            for r in rows:
+                out[_utc(r.hour)] = (r.run_id, r.indexed)  # type: ignore[index]
+        return out
+
+    def stale(self, topic: str) -> dict[datetime, tuple[int, int]]:
+        """Return hour -> (records indexed now, records its current run read) for every stale hour."""
+        noticed = {_utc(r.hour): int(r.records) for r in self.sess.execute(self.sel_stale, (topic,))}
+        if not noticed:
+            return {}
+        pointers = self.pointers({h.date() for h in noticed if h is not None})
+        totals = self.hour_totals(topic, {h.date() for h in noticed if h is not None})
+        out = {}
+        for hour in noticed:
+            assert hour is not None  # noqa: S101 - clustering key
+            run = pointers.get(hour)
+            now = totals.get(hour, (noticed[hour], 0))[0]
+            if run is not None and run[1] is not None and now > run[1]:
+                out[hour] = (now, int(run[1]))
+        return dict(sorted(out.items()))
+
+    # -- writes -----------------------------------------------------------------------------------------------
+    def write_spans(self, topic: str, spans: list[tuple[int, Span]]) -> None:
+        """Upsert spans (keyed by hour, partition and first offset)."""
+        self._write(
+            self.ins_span,
+            [(topic, ms_to_dt(h), s.partition, s.first, s.last, s.records, s.late) for h, s in spans],
+        )
+
+    def resum(self, topic: str, hours: Iterable[datetime]) -> dict[datetime, tuple[int, int]]:
+        """Recompute and store the totals of the hours from their spans; return them."""
+        spans = self.spans(topic, hours)
+        totals = {h: (sum(s.records for s in ss), sum(s.late for s in ss)) for h, ss in spans.items()}
+        now = datetime.now(UTC)
+        self._write(self.ins_hour, [(topic, h.date(), h, r, late, now) for h, (r, late) in totals.items()])
+        return totals
+
+    def mark_stale(self, topic: str, totals: dict[datetime, tuple[int, int]]) -> int:
+        """Record the hours whose indexed records exceed what their current run read; return how many."""
+        pointers = self.pointers({h.date() for h in totals})
+        stale = [
+            (topic, h, records, datetime.now(UTC))
+            for h, (records, _late) in totals.items()
+            if h in pointers and pointers[h][1] is not None and records > int(pointers[h][1])  # type: ignore[arg-type]
+        ]
+        self._write(self.ins_stale, stale)
+        return len(stale)
+
+    def write_states(self, topic: str, states: Iterable[PartitionState]) -> None:
+        """Write the checkpoint of the partitions (after the spans they cover)."""
+        now = datetime.now(UTC)
+        self._write(
+            self.ins_state,
+            [
+                (topic, s.partition, s.next_offset, s.max_ts, s.last_record_at, s.open_json(), s.skipped, now)
+                for s in states
+            ],
+        )
+
+
+def _consumer(settings: Settings) -> Any:
+    from confluent_kafka import Consumer  # noqa: PLC0415
+
+    return Consumer(
+        {
+            **settings.kafka.client_config(),
+            "group.id": "trends-batch-indexer",  # offsets are never committed: the checkpoint is in Cassandra
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "log_level": 3,
+        }
+    )
+
+
+def _partitions(consumer: Any, topic: str) -> list[int]:
+    meta = consumer.list_topics(topic, timeout=30).topics.get(topic)
+    if meta is None or meta.error is not None or not meta.partitions:
+        msg = f"topic {topic} does not exist"
+        raise TrendsError(msg)
+    return sorted(meta.partitions)
+
+
+class _Pass:
+    """One indexing pass: the partitions' indexers, the end offsets it stops at, and what it did."""
+
+    def __init__(self, settings: Settings, store: IndexStore, consumer: Any, topic: str) -> None:
+        self.cfg = settings.batch
+        self.store = store
+        self.consumer = consumer
+        self.topic = topic
+        self.indexers: dict[int, PartitionIndexer] = {}
+        self.ends: dict[int, int] = {}
+        self.result = IndexResult()
+
+    def start(self, partitions: list[int]) -> None:
+        """Resume every partition from its checkpoint, up to the end it has now."""
+        from confluent_kafka import TopicPartition  # noqa: PLC0415
+
+        states = self.store.states(self.topic)
+        assign = []
+        for p in partitions:
+            st = states.get(p) or PartitionState(p)
+            low, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=30)
+            if st.next_offset > high:
+                msg = (
+                    f"partition {p} of {self.topic} ends at offset {high} but {st.next_offset} was indexed already: "
+                    "the topic was recreated or truncated; its index (batch_index_* rows of the topic) must go too"
+                )
+                raise TrendsError(msg)
+            if st.next_offset < low:
+                logger.warning("partition %s: offsets %s..%s were removed before being indexed", p, st.next_offset, low)
+                st.skipped += low - st.next_offset
+                st.next_offset = low
+            self.indexers[p] = PartitionIndexer(st, self.cfg.index_span_gap)
+            if st.next_offset < high:
+                self.ends[p] = high
+                assign.append(TopicPartition(self.topic, p, st.next_offset))
+        self.result.partitions = len(partitions)
+        if assign:
+            self.consumer.assign(assign)
+
+    def consume(self, now: Callable[[], datetime], progress: Callable[[IndexResult], None] | None) -> None:
+        """Read until every partition reached its end, checkpointing every ``index_flush_records`` records."""
+        pending = dict(self.ends)
+        since_flush = 0
+        t0 = time.monotonic()
+        quiet_until = t0 + self.cfg.index_stall_s
+        while pending:
+            batch = self.consumer.consume(num_messages=10_000, timeout=1.0)
+            if not batch:
+                if time.monotonic() > quiet_until:
+                    msg = f"the indexer got no record of {self.topic} for {self.cfg.index_stall_s} s ({pending})"
+                    raise TrendsError(msg)
+                continue
+            quiet_until = time.monotonic() + self.cfg.index_stall_s
+            since_flush += self._records(batch, pending)
+            if since_flush >= self.cfg.index_flush_records:
+                self.flush(now())
+                since_flush = 0
+                if progress is not None:
+                    self.result.seconds = time.monotonic() - t0
+                    progress(self.result)
+        self.flush(now())
+
+    def _records(self, batch: list[Any], pending: dict[int, int]) -> int:
+        from confluent_kafka import KafkaError  # noqa: PLC0415
+
+        added = 0
+        for m in batch:
+            err = m.error()
+            p = m.partition()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    msg = f"reading {self.topic}: {err}"
+                    raise TrendsError(msg)
+                st = self.indexers[p].state
+                st.next_offset = max(st.next_offset, min(m.offset(), self.ends.get(p, m.offset())))
+                if p in pending and st.next_offset >= pending[p]:
+                    del pending[p]
+                continue
+            offset, end = m.offset(), self.ends.get(p)
+            if end is None or offset >= end:
+                pending.pop(p, None)
+                continue
+            self.indexers[p].add(offset, m.timestamp()[1])
+            added += 1
+            if offset >= end - 1:
+                pending.pop(p, None)
+        return added
+
+    def flush(self, now: datetime) -> None:
+        """Write the spans, then the hours' totals and staleness, then the checkpoint: a kill anywhere repeats."""
+        spans: list[tuple[int, Span]] = []
+        touched: set[int] = set()
+        for ix in self.indexers.values():
+            spans += ix.drain()
+            touched |= ix.touched
+            ix.touched = set()
+            if ix.new_records:
+                ix.state.last_record_at = now
+                self.result.records += ix.new_records
+                ix.new_records = 0
+        self.store.write_spans(self.topic, spans)
+        totals = self.store.resum(self.topic, (ms_to_dt(h) for h in sorted(touched)))
+        self.result.stale_hours += self.store.mark_stale(self.topic, totals)
+        self.result.hours_touched += len(touched)
+        self.store.write_states(self.topic, (ix.state for ix in self.indexers.values()))
+        self.result.flushes += 1
+
+
+def run_index(
+    settings: Settings,
+    *,
+    topic: str | None = None,
+    progress: Callable[[IndexResult], None] | None = None,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> IndexResult:
+    """Index the topic's records from the checkpoint up to the end the partitions had when the pass started."""
+    topic = topic or settings.kafka.events_topic
+    t0 = time.monotonic()
+    consumer = _consumer(settings)
+    try:
+        partitions = _partitions(consumer, topic)
+        with session(settings) as sess:
+            one = _Pass(settings, IndexStore(settings, sess), consumer, topic)
+            one.start(partitions)
+            one.consume(now, progress)
+    finally:
+        consumer.close()
+    one.result.seconds = time.monotonic() - t0
+    logger.info("%s", one.result.line())
+    return one.result
+
+
+def horizon(settings: Settings, topic: str | None = None, now: datetime | None = None) -> Horizon:
+    """Return the topic's horizon from the index checkpoint (run :func:`run_index` first for a fresh one)."""
+    topic = topic or settings.kafka.events_topic
+    with session(settings) as sess:
+        states = IndexStore(settings, sess).states(topic)
+    return horizon_of(states.values(), now or datetime.now(UTC), timedelta(seconds=settings.batch.idle_partition_s))
