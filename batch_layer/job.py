@@ -128,18 +128,36 @@ def chunks(
 ) -> list[list[datetime]]:
     """Split hours (in order) into passes of at most ``max_hours`` hours and about ``max_events`` records.
 
-    An hour is never split: an hour holding more than ``max_events`` records is a pass of its own.
+    Whole days stay in one pass where they fit (a pass then writes their daily rollups itself, and passes running
+    side by side never re-merge the same day); a day too big for one pass is split by hours. An hour is never
+    split: an hour holding more than ``max_events`` records is a pass of its own.
     """
+    days: dict[date, list[datetime]] = {}
+    for hour in hours:
+        days.setdefault(hour.date(), []).append(hour)
     out: list[list[datetime]] = []
     current: list[datetime] = []
     events = 0
-    for hour in hours:
-        n = records.get(hour, 0)
-        if current and (len(current) >= max_hours or events + n > max_events):
-            out.append(current)
-            current, events = [], 0
-        current.append(hour)
-        events += n
+
+    def fits(n_hours: int, n_events: int) -> bool:
+        return not current or (len(current) + n_hours <= max_hours and events + n_events <= max_events)
+
+    for day_hours in days.values():
+        day_events = sum(records.get(h, 0) for h in day_hours)
+        if len(day_hours) <= max_hours and day_events <= max_events:
+            if not fits(len(day_hours), day_events):
+                out.append(current)
+                current, events = [], 0
+            current += day_hours
+            events += day_events
+            continue
+        for hour in day_hours:  # a day bigger than a pass: by hours
+            n = records.get(hour, 0)
+            if not fits(1, n):
+                out.append(current)
+                current, events = [], 0
+            current.append(hour)
+            events += n
     if current:
         out.append(current)
     return out
@@ -437,3 +455,27 @@ def plan_hourly(settings: Settings, hour: datetime) -> list[datetime]:
     missing = missing_hours(settings, hour, limit)
     stale = [h for h in stale_hours(settings) if h < hour][:limit]
     return sorted({hour, *missing, *stale})
+
+
+def backfill_chunks(settings: Settings, start: datetime, end: datetime, *, only_missing: bool = False) -> list[str]:
+    """Index the topic, refuse an open range, and return the chunks of ``[start, end)`` (JSON lists of hours).
+
+    :raises offsets.IntervalNotClosedError: when the range's end is not closed yet.
+    """
+    import json  # noqa: PLC0415
+
+    hours = list(hours_between(start, end))
+    index.run_index(settings)
+    offsets.check_closed(index.horizon(settings), hours[-1] + HOUR, offsets.grace(settings))
+    topic = settings.kafka.events_topic
+    with session(settings) as sess:
+        idx, store = IndexStore(settings, sess), BatchStore(settings, sess)
+        days = sorted({h.date() for h in hours})
+        if only_missing:
+            done = {h for d in days for h in store.pointers(d)}
+            hours = [h for h in hours if h not in done]
+        totals = idx.hour_totals(topic, days)
+    records = {h: totals.get(h, (0, 0))[0] for h in hours}
+    passes = chunks(hours, records, settings.batch.chunk_events, settings.batch.chunk_hours)
+    logger.info("backfill of %s hours (%s records) in %s chunks", len(hours), sum(records.values()), len(passes))
+    return [json.dumps([h.isoformat() for h in p]) for p in passes]

@@ -6,14 +6,15 @@ Run: ``.venv/bin/python bench/batch_bench.py [--events 1000000] [--repeat 2] [--
 1. A topic like the events topic (its partition count, ``retention.ms=-1``) is filled with N events (the JSON of
    ``bench/speed_bench.py``, unique ids) spread over ONE historical UTC hour a few days ago, then one later event
    into EVERY partition, past end + grace, so the hour counts as closed (``batch_layer.offsets.check_closed``).
-2. In one SparkSession, after a warm-up of both on a small topic, alternately and ``--repeat`` times each:
-   - bare: ``spark.read.format("kafka")`` over exactly the offsets ``batch_layer.offsets.plan`` gives for the hour
-     (``startingOffsets``/``endingOffsets`` as the job builds them) -> ``count()``;
-   - recompute: ``batch_layer.job.run`` of the hour, as ``trends batch run`` does it (closed check, offset plan,
-     lineage, read, parse, dedupe, minute aggregation with ``origin`` slices, hourly rollup, versioned write to
-     Cassandra, pointer swap, daily re-merge, watermark).
+2. The event-time index of the topic is built (``batch_layer.index.run_index``, timed: the indexer's figure).
+3. In one SparkSession, after a warm-up of both on a small topic, alternately and ``--repeat`` times each:
+   - bare: ``spark.read.format("kafka")`` over exactly the offsets the index plans for the hour
+     (``batch_layer.job.extract``) -> ``count()``;
+   - recompute: ``batch_layer.job.run`` of the hour, as ``trends batch run`` does it (index catch-up, closed
+     check, plan, lineage, read, parse, dedupe, minute aggregation with ``origin`` slices, hourly rollup,
+     versioned write to Cassandra, pointer swap, daily rollup, watermark).
    Prints the median seconds and events/s of each and ratio = bare s / recompute s (goal >= 0.5).
-3. Checks that the batch view's hourly row of the global slice ``*`` counts N events.
+4. Checks that the batch view's hourly row of the global slice ``*`` counts N events.
 
 ``--stages`` also times the steps of one recompute separately (the production functions called one by one), and
 prints the ratio the read + parse alone, and the read + parse + exact dedupe alone, would reach: no recompute of
@@ -37,8 +38,9 @@ from confluent_kafka import Producer
 # bench/ is the script's folder, hence on sys.path: the same event shape as the speed layer bench.
 from speed_bench import event_json
 
-from batch_layer import job, offsets
-from batch_layer.store import HOUR, BatchStore, new_run_id
+from batch_layer import index, job, offsets
+from batch_layer.index import IndexStore
+from batch_layer.store import HOUR, BatchStore
 from infra import migrations, topics
 from infra.cassandra import session
 from infra.settings import Settings
@@ -98,19 +100,15 @@ def fill_hour(settings: Settings, hour: datetime, count: int, partitions: int) -
     print(f"filled {topic} with {count:,} events of {hour:%Y-%m-%dT%H:%MZ} in {time.monotonic() - t0:.1f} s")
 
 
-def bare_count(spark: Any, settings: Settings, plan: offsets.OffsetPlan) -> int:
+def bare_count(spark: Any, settings: Settings, plan: offsets.Plan) -> int:
     """Count the planned records with a bare Kafka batch read: nothing parsed, aggregated or written."""
-    starting, ending = plan.spark_offsets()
-    return int(
-        spark.read.format("kafka")
-        .options(**settings.kafka.spark_options())
-        .option("subscribe", plan.topic)
-        .option("startingOffsets", starting)
-        .option("endingOffsets", ending)
-        .option("failOnDataLoss", "true")
-        .load()
-        .count()
-    )
+    return int(job.extract(spark, settings, plan).count())
+
+
+def plan_of(settings: Settings, hour: datetime) -> offsets.Plan:
+    """Return the index's plan of one hour."""
+    with session(settings) as sess:
+        return offsets.plan(settings, IndexStore(settings, sess), [hour])
 
 
 def recompute(spark: Any, settings: Settings, hour: datetime) -> job.RunResult:
@@ -145,13 +143,7 @@ def hourly_count(settings: Settings, hour: datetime) -> tuple[int | None, int]:
 
 
 def stages(spark: Any, settings: Settings, hour: datetime) -> list[tuple[str, float]]:
-    """Time the steps of one recompute separately, calling the production functions one by one (as job.compute)."""
-    from batch_layer.store import ViewRow
-
-    end = hour + HOUR
-    lateness = timedelta(seconds=settings.batch.lateness_s)
-    grace = max(timedelta(seconds=settings.batch.grace_s), lateness)
-    topic = settings.kafka.events_topic
+    """Time the steps of one recompute separately, calling the production functions one by one (as job.run)."""
     out: list[tuple[str, float]] = []
 
     def step(name: str, fn: Callable[[], Any]) -> Any:
@@ -159,11 +151,9 @@ def stages(spark: Any, settings: Settings, hour: datetime) -> list[tuple[str, fl
         out.append((name, seconds))
         return value
 
-    def closed_and_plan() -> offsets.OffsetPlan:
-        offsets.check_closed(settings.kafka, topic, end, grace)
-        return offsets.plan(settings.kafka, topic, hour, end, lateness)
-
-    plan = step("closed check + offset plan", closed_and_plan)
+    step("index catch-up (nothing new)", lambda: index.run_index(settings))
+    step("closed check", lambda: offsets.check_closed(index.horizon(settings), hour + HOUR, offsets.grace(settings)))
+    plan = step("plan from the index", lambda: plan_of(settings, hour))
     from pyspark.sql import functions as F
 
     from views.events import EVENT_COLUMNS, parse_events
@@ -174,22 +164,18 @@ def stages(spark: Any, settings: Settings, hour: datetime) -> list[tuple[str, fl
     parsed = parse_events(job.extract(spark, settings, plan)).where("parsed_ok")
     step(PARSE_ONLY, lambda: digest(parsed))
     step(DEDUPE_ONLY, lambda: digest(job.dedupe(parsed)))
-    minutes, _observed = job.transform(job.extract(spark, settings, plan), settings, hour, end, plan)
-    minute_rows = step("one pass: read, parse, dedupe, aggregate, counters (job.transform)", minutes.collect)
-    hrows = step(
-        "hourly rollup of the collected minutes", lambda: job.hourly(spark, settings, minute_rows, minutes.schema)
+    done = step(
+        "one pass: read, parse, dedupe, aggregate, rollups (job.compute)", lambda: job.compute(spark, settings, plan)
     )
-    mrows = [ViewRow.from_spark(r) for r in minute_rows]
     t_session = time.monotonic()
     with session(settings) as sess:
         store = BatchStore(settings, sess)
         out.append(("Cassandra session + prepared statements", time.monotonic() - t_session))
-        run_id = new_run_id()
+        n_rows = sum(len(v) for v in done.minutes.values()) + sum(len(v) for v in done.hours.values())
         step(
-            f"Cassandra write ({len(mrows)} minute + {len(hrows)} hour rows)",
-            lambda: store.write_version(hour, run_id, mrows, hrows),
+            f"load: {n_rows} rows, swap, daily rollup, lineage (job.load)",
+            lambda: job.load(store, plan, done, force=True, code="bench"),
         )
-        step("pointer swap + daily re-merge", lambda: (store.swap(hour, run_id), store.remerge_day(hour.date())))
     return out
 
 
@@ -232,11 +218,17 @@ def main() -> None:
         from infra.spark import get_spark
 
         spark = get_spark(settings, "bench")
-        lateness = timedelta(seconds=settings.batch.lateness_s)
-        plan = offsets.plan(settings.kafka, topic, hour, hour + HOUR, lateness)
-        warm_plan = offsets.plan(warmup.kafka, warm_topic, warm_hour, warm_hour + HOUR, lateness)
+        index.run_index(warmup)
+        index_s, indexed = timed(lambda: index.run_index(settings))
+        plan = plan_of(settings, hour)
+        warm_plan = plan_of(warmup, warm_hour)
         assert plan.records == args.events, (plan.records, args.events)
-        print(f"offsets of the hour: {plan.to_json()} ({plan.records:,} records)")
+        print(f"offsets of the hour: {plan.hours[0].to_json()} ({plan.records:,} records)")
+        bare_index_s, _ = timed(lambda: bare_count(spark, settings, plan))
+        print(
+            f"indexer: {indexed.records:,} records in {index_s:.1f} s ({indexed.records / index_s:,.0f}/s) vs bare "
+            f"Spark read + count of them {bare_index_s:.1f} s: ratio {bare_index_s / index_s:.2f} (goal >= 0.5)"
+        )
 
         # Warm-up: JIT, code generation, connector classes and the Cassandra driver, so neither side pays for them.
         t_warm = time.monotonic()
@@ -252,7 +244,7 @@ def main() -> None:
             bare_s.append(seconds)
             seconds, result = timed(lambda: recompute(spark, settings, hour))
             assert result.counts["kept"] == args.events, result.counts
-            assert result.offsets == plan.to_json(), (result.offsets, plan.to_json())
+            assert result.offsets == plan.hours[0].to_json(), (result.offsets, plan.hours[0].to_json())
             recompute_s.append(seconds)
             print(f"  round {i + 1}: bare {bare_s[-1]:.1f} s, recompute {recompute_s[-1]:.1f} s | {result.line()}")
 

@@ -1,9 +1,17 @@
-"""Hourly batch layer DAG: wait until the hour is closed, recompute it from Kafka, verify, advance the watermark.
+"""Batch layer DAGs: the hourly recompute of live data, and backfills of long history in chunked Spark passes.
 
-Thin on purpose: no I/O and no heavy imports at parse time; every task is keyed by its data interval
-(``[data_interval_start, data_interval_end)`` = one UTC hour) and idempotent — the recompute writes a new
-version and swaps the interval's pointer, so retries, reruns and backfills replace instead of adding.
-Backfills: ``airflow backfill create --dag-id trends_batch --from-date A --to-date B`` (see the README).
+Thin on purpose: no I/O and no heavy imports at parse time; every task is keyed by its data interval or its
+range, and idempotent — a recompute writes new versions and swaps the hours' pointers, so retries, reruns and
+backfills replace instead of adding.
+
+* ``trends_batch`` (hourly, ``[data_interval_start, data_interval_end)``): index the topic and wait until the hour
+  is closed, plan (the hour, up to ``batch.heal_max_hours`` closed hours below it without a current run — left by
+  an outage, ``catchup=False`` schedules only the latest — and as many stale hours), recompute them in one
+  spark-submit, verify the hour against the speed view, advance the watermark.
+* ``trends_backfill`` (triggered with a range): index, split ``[start, end)`` into chunks
+  (``batch.chunk_hours`` / ``batch.chunk_events``), one mapped spark-submit per chunk, ``batch.backfill_parallelism``
+  at a time, then advance the watermark. Trigger it from the UI's form, with ``airflow dags trigger
+  trends_backfill --conf '{"start": "...", "end": "..."}'`` or ``POST /api/v2/dags/trends_backfill/dagRuns``.
 """
 
 from __future__ import annotations
@@ -11,15 +19,19 @@ from __future__ import annotations
 import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import PokeReturnValue, dag, task
+from airflow.sdk import Param, PokeReturnValue, dag, task
 from airflow.timetables.interval import CronDataIntervalTimetable
 
 REPO = Path(__file__).resolve().parent.parent
 SUBMIT = str(REPO / "batch_layer" / "submit.py")
-# The connection of the Spark master to submit to (e.g. spark://host:7077, or local[2]); Settings' default name.
+# Settings read from the environment at parse time without reading files (the defaults are those of
+# infra.settings.BatchSettings; tests/unit/test_dags.py checks they agree).
 SPARK_CONN_ID = os.environ.get("TRENDS_BATCH__SPARK_CONN_ID", "trends_spark")
+TASK_TIMEOUT = timedelta(seconds=int(os.environ.get("TRENDS_BATCH__TASK_TIMEOUT_S", "10800")))
+BACKFILL_PARALLELISM = int(os.environ.get("TRENDS_BATCH__BACKFILL_PARALLELISM", "2"))
 
 
 def connector_jars() -> str:
@@ -36,14 +48,29 @@ DEFAULT_ARGS = {
     "retry_delay": timedelta(minutes=1),
     "retry_exponential_backoff": True,
     "max_retry_delay": timedelta(minutes=20),
+    "execution_timeout": TASK_TIMEOUT,
 }
+
+
+def _submit(task_id: str, **kwargs: Any) -> Any:
+    """Return the spark-submit of ``batch_layer/submit.py`` (partial when mapped)."""
+    common = {
+        "task_id": task_id,
+        "conn_id": SPARK_CONN_ID,
+        "application": SUBMIT,
+        "jars": "{{ connector_jars() }}",
+        # The driver binds where settings say (loopback by default); the job reads TRENDS_* like everything else.
+        "env_vars": {"PYTHONPATH": str(REPO), "SPARK_LOCAL_IP": os.environ.get("TRENDS_SPARK__LOCAL_IP", "127.0.0.1")},
+        "pool_slots": 1,
+    }
+    return {**common, **kwargs}
 
 
 @dag(
     dag_id="trends_batch",
     schedule=CronDataIntervalTimetable("0 * * * *", timezone="UTC"),
     start_date=datetime(2025, 1, 1, tzinfo=UTC),
-    catchup=False,  # history is filled by explicit backfills, not by a burst of catch-up runs
+    catchup=False,  # the plan task heals hours an outage left behind; history is filled by trends_backfill
     # At most two scheduled hours at a time. Airflow 3 bounds a backfill by its own --max-active-runs instead (the
     # README and `trends demo` pass 2), and every task by the executor's parallelism (TRENDS_AIRFLOW__PARALLELISM).
     max_active_runs=2,
@@ -53,37 +80,38 @@ DEFAULT_ARGS = {
     doc_md=__doc__,
 )
 def trends_batch() -> None:
-    """Recompute one closed hour of the views."""
+    """Recompute one closed hour of the views (and heal missing and stale hours below it)."""
 
     @task.sensor(poke_interval=120, timeout=6 * 3600, mode="reschedule")
     def wait_until_closed(data_interval_end: datetime | None = None) -> PokeReturnValue:
-        """Poke until every partition's newest event time has passed the hour's end + grace."""
-        from batch_layer import offsets
+        """Index new records, then poke until every active partition has passed the hour's end + grace."""
+        from batch_layer import index, offsets
         from infra.settings import Settings
 
         settings = Settings()
         assert data_interval_end is not None
-        grace = max(timedelta(seconds=settings.batch.grace_s), timedelta(seconds=settings.batch.lateness_s))
-        horizon = offsets.closed_at(settings.kafka, settings.kafka.events_topic)
-        return PokeReturnValue(is_done=horizon is not None and horizon >= data_interval_end + grace)
+        index.run_index(settings)
+        horizon = index.horizon(settings)
+        return PokeReturnValue(is_done=offsets.is_closed(horizon, data_interval_end, offsets.grace(settings)))
 
+    @task
+    def plan(data_interval_start: datetime | None = None) -> str:
+        """Return the hours to compute (JSON): this one, missing closed hours below it, stale hours."""
+        import json
+
+        from batch_layer.job import plan_hourly
+        from infra.settings import Settings
+
+        assert data_interval_start is not None
+        return json.dumps([h.isoformat() for h in plan_hourly(Settings(), data_interval_start)])
+
+    # --force: the sensor decided the hour is closed; --no-index: it has just indexed
     recompute = SparkSubmitOperator(
-        task_id="recompute",
-        conn_id=SPARK_CONN_ID,
-        application=SUBMIT,
-        name="trends-batch-{{ data_interval_start.strftime('%Y%m%dT%H') }}",
-        # --force: the sensor above decided the hour is closed; the job must not refuse it a second time
-        application_args=[
-            "--start",
-            "{{ data_interval_start.isoformat() }}",
-            "--end",
-            "{{ data_interval_end.isoformat() }}",
-            "--force",
-        ],
-        jars="{{ connector_jars() }}",
-        # The driver binds where settings say (loopback by default); the job reads TRENDS_* like everything else.
-        env_vars={"PYTHONPATH": str(REPO), "SPARK_LOCAL_IP": os.environ.get("TRENDS_SPARK__LOCAL_IP", "127.0.0.1")},
-        pool_slots=1,
+        **_submit(
+            "recompute",
+            name="trends-batch-{{ data_interval_start.strftime('%Y%m%dT%H') }}",
+            application_args=["--hours", "{{ ti.xcom_pull(task_ids='plan') }}", "--force", "--no-index"],
+        )
     )
 
     @task
@@ -105,7 +133,68 @@ def trends_batch() -> None:
         low, mark = advance(Settings(), data_interval_start)
         return f"batch watermark [{low}, {mark})"
 
-    wait_until_closed() >> recompute >> verify() >> advance_watermark()
+    wait_until_closed() >> plan() >> recompute >> verify() >> advance_watermark()
 
 
 trends_batch()
+
+
+@dag(
+    dag_id="trends_backfill",
+    schedule=None,
+    start_date=datetime(2025, 1, 1, tzinfo=UTC),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    tags=["trends", "batch-layer", "backfill"],
+    user_defined_macros={"connector_jars": connector_jars},
+    params={
+        "start": Param(
+            "2025-01-01T00:00:00+00:00", type="string", format="date-time", description="First hour (inclusive), UTC."
+        ),
+        "end": Param(
+            "2025-01-02T00:00:00+00:00", type="string", format="date-time", description="End (exclusive), a whole hour."
+        ),
+        "only_missing": Param(False, type="boolean", description="Skip hours that already have a current run."),
+    },
+    doc_md=__doc__,
+)
+def trends_backfill() -> None:
+    """Recompute a range of closed hours in chunked Spark passes, several at a time."""
+
+    @task
+    def chunks(params: dict[str, Any] | None = None) -> list[list[str]]:
+        """Index the topic, refuse an open range, and return the spark-submit arguments of each chunk."""
+        from batch_layer import job
+        from infra.settings import Settings
+
+        assert params is not None
+        settings = Settings()
+        start, end = datetime.fromisoformat(params["start"]), datetime.fromisoformat(params["end"])
+        return [
+            ["--hours", chunk, "--force", "--no-index"]
+            for chunk in job.backfill_chunks(settings, start, end, only_missing=bool(params.get("only_missing")))
+        ]
+
+    recompute = SparkSubmitOperator.partial(
+        **_submit(
+            "recompute",
+            name="trends-backfill-{{ run_id | replace(':', '') | replace('+', '') }}",
+            max_active_tis_per_dag=BACKFILL_PARALLELISM,
+        )
+    ).expand(application_args=chunks())
+
+    @task
+    def advance_watermark(params: dict[str, Any] | None = None) -> str:
+        """Extend the batch watermark over the range's contiguous completed hours."""
+        from batch_layer.job import advance
+        from infra.settings import Settings
+
+        assert params is not None
+        low, mark = advance(Settings(), datetime.fromisoformat(params["start"]))
+        return f"batch watermark [{low}, {mark})"
+
+    recompute >> advance_watermark()
+
+
+trends_backfill()

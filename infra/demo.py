@@ -23,7 +23,7 @@ from typing import Any
 
 import click
 
-from batch_layer.offsets import closed_at
+from batch_layer import index, job, offsets
 from batch_layer.store import BatchStore
 from infra import migrations, stack, topics
 from infra.airflow import Airflow
@@ -121,10 +121,12 @@ def _wait_speed(settings: Settings, until: datetime, timeout_s: float = 600) -> 
 
 def _backfill(settings: Settings, first: datetime) -> list[datetime]:
     """Backfill the closed hours from ``first`` through Airflow; return the hours now served by the batch view."""
-    horizon = closed_at(settings.kafka, settings.kafka.events_topic)
-    if horizon is None:
+    result = index.run_index(settings)
+    horizon = index.horizon(settings)
+    click.echo(f"trends batch index: {result.line()}; {horizon.describe()}")
+    if horizon.closed_at is None:
         return []
-    last_end = _floor(horizon - timedelta(seconds=settings.batch.grace_s), HOUR)
+    last_end = _floor(horizon.closed_at - offsets.grace(settings), HOUR)
     starts = [first + i * HOUR for i in range(int((last_end - first) / HOUR))]
     if not starts:
         click.echo("no closed hour yet")
@@ -158,6 +160,38 @@ def _backfill(settings: Settings, first: datetime) -> list[datetime]:
 
     af.wait_runs(token, DAG_ID, todo, timeout_s=1800, on_poll=progress)
     return starts
+
+
+def _hour_events(settings: Settings, hour: datetime) -> int:
+    with session(settings) as sess:
+        store = BatchStore(settings, sess)
+        run = store.pointers(hour.date()).get(hour)
+        return sum(
+            r.events
+            for r in sess.execute(store.sel_hours, ("*", hour.date()))
+            if r.run_id == run and r.hour.replace(tzinfo=UTC) == hour
+        )
+
+
+def _absorb_late(settings: Settings, hour: datetime) -> None:
+    """Produce late events of a completed hour; show it stale in the index, then recomputed by `--stale`."""
+    before = _hour_events(settings, hour)
+    start = hour + timedelta(minutes=10)
+    cmd = _trends("ingest", "generate", "--start", start.isoformat(), "--count", "25", "--event-rate", "0.02",
+                  "--fast", "--items", "2000", "--seed", str(time.time_ns() % 1_000_000))  # fmt: skip
+    click.echo(f"25 late events of {hour:%H:%M} UTC arrive now (its batch run counted {before})")
+    if subprocess.run(cmd, check=False, env=_env(settings), capture_output=True).returncode != 0:  # noqa: S603
+        click.echo("(producing the late events failed; skipped)")
+        return
+    index.run_index(settings)
+    stale = job.stale_hours(settings)
+    for h, (now, read) in stale.items():
+        click.echo(f"trends batch status: {h:%Y-%m-%d %H:%M} UTC is stale, {now - read} records arrived since its run")
+    click.echo("trends batch run --stale")
+    cmd = _trends("batch", "run", "--stale")
+    proc = subprocess.run(cmd, check=False, env=_env(settings), capture_output=True, text=True)  # noqa: S603
+    click.echo((proc.stdout.strip().splitlines() or ["(no output)"])[-1])
+    click.echo(f"{hour:%H:%M} UTC now counts {_hour_events(settings, hour)} in the batch view (was {before})")
 
 
 def _get(url: str) -> Any:
@@ -233,6 +267,9 @@ def demo(settings: Settings, fresh: bool, hours: int, event_rate: float, live_ra
         first = datetime.fromisoformat(state.get("first_hour", state["start"]))
         hours_done = _backfill(settings, _floor(first, HOUR))
         click.echo(f"batch view serves {len(hours_done)} closed hour(s)")
+        if hours_done:
+            _step("late data: the index finds it, the hour turns stale, a recompute absorbs it")
+            _absorb_late(settings, hours_done[0])
     finally:
         if live is not None:
             _stop(live, live_started)

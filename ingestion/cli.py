@@ -104,6 +104,22 @@ Examples:
 """
 
 
+def parse_hours(text: str) -> tuple[int, ...]:
+    """Parse ``0-7`` or ``0-5,22,23`` into hours.
+
+    :raises click.UsageError: on anything else.
+    """
+    hours: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            hours += range(int(lo), int(hi or lo) + 1)
+    except ValueError as exc:
+        msg = f"--quiet-hours {text!r}: expected hours like 0-7 or 0-5,22,23"
+        raise click.UsageError(msg) from exc
+    return tuple(hours)
+
+
 @ingest.command(epilog=GENERATE_EXAMPLES)
 @click.option("-n", "--count", type=click.IntRange(min=0), help="Number of events.")
 @click.option("--duration", type=click.FloatRange(min=0), help="Seconds: wall clock (live) or event time (historical).")
@@ -112,6 +128,14 @@ Examples:
 @click.option("--start", help=f"First event time of a historical stream: {WHEN_HELP}.")
 @click.option("--end", help="End (exclusive) of a historical stream's event time.")
 @click.option("--event-rate", type=click.FloatRange(min=0.001), help="Historical: events per event-time second.")
+@click.option(
+    "--quiet-hours",
+    metavar="H-H[,H]",
+    help="Historical: UTC hours of the day without events, e.g. 0-7 (nights) or 0-5,22,23.",
+)
+@click.option(
+    "--gap-every-days", type=click.IntRange(min=0), default=0, help="Historical: every n-th day has no event (n >= 2)."
+)
 @click.option("--seed", type=int, default=42, show_default=True, help="Random seed: same seed, same stream.")
 @click.option("--items", type=click.IntRange(min=1), default=10_000, show_default=True, help="Distinct items.")
 @click.option("--zipf", type=float, default=1.1, show_default=True, help="Zipf exponent of item popularity.")
@@ -140,6 +164,8 @@ def generate(
     start: str | None,
     end: str | None,
     event_rate: float | None,
+    quiet_hours: str | None,
+    gap_every_days: int,
     seed: int,
     items: int,
     zipf: float,
@@ -179,6 +205,8 @@ def generate(
             users=users,
             bursts=tuple(gen.Burst.parse(b) for b in bursts),
             key_field=settings.ingest.key_field,
+            quiet_hours=parse_hours(quiet_hours) if quiet_hours else (),
+            gap_every_days=gap_every_days,
         )
         config.check(now, timedelta(seconds=settings.ingest.max_future_skew_s))
     except gen.GeneratorError as exc:

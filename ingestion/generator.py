@@ -109,6 +109,15 @@ class GeneratorConfig:
     value_sigma: float = 0.8
     bursts: tuple[Burst, ...] = ()
     key_field: str = "item"
+    quiet_hours: tuple[int, ...] = ()  # historical: UTC hours of the day without any event (nights)
+    gap_every_days: int = 0  # historical: every n-th day (counted from 1970-01-01) has no event at all; 0: none
+
+    @property
+    def cycle(self) -> DailyCycle | None:
+        """Return the historical stream's daily cycle, if it has quiet hours or gap days."""
+        if not self.quiet_hours and not self.gap_every_days:
+            return None
+        return DailyCycle(tuple(sorted(set(self.quiet_hours))), self.gap_every_days)
 
     @property
     def historical(self) -> bool:
@@ -126,7 +135,13 @@ class GeneratorConfig:
             return self.count
         if self.historical and self.start is not None:
             if self.end is not None:
-                return max(0, math.floor((self.end - self.start).total_seconds() * self.events_per_event_second))
+                cycle = self.cycle
+                seconds = (
+                    (self.end - self.start).total_seconds()
+                    if cycle is None
+                    else (cycle.active_ms(ts_millis(self.end)) - cycle.active_ms(ts_millis(self.start))) / 1000
+                )
+                return max(0, math.floor(seconds * self.events_per_event_second))
             if self.duration_s is not None:
                 return math.floor(self.duration_s * self.events_per_event_second)
         return None
@@ -145,12 +160,21 @@ class GeneratorConfig:
         if self.start is not None and self.start.tzinfo is None:
             msg = "the start time needs a UTC offset"
             raise GeneratorError(msg)
+        if (self.quiet_hours or self.gap_every_days) and not self.historical:
+            msg = "quiet hours and gap days shape a historical stream: give a start"
+            raise GeneratorError(msg)
+        if self.cycle is not None:
+            self.cycle.check()
         if self.historical:
             total = self.total()
             if total is None or self.start is None:
                 msg = "a historical stream needs an end, a duration or a count"
                 raise GeneratorError(msg)
             last = self.start + timedelta(seconds=total / self.events_per_event_second)
+            if self.cycle is not None and total:
+                offset = (total - 1) * 1000 / self.events_per_event_second
+                last_ms = int(self.cycle.times(ts_millis(self.start), [offset])[0])
+                last = datetime.fromtimestamp(last_ms / 1000, UTC)
             if last > now + max_future_skew:
                 msg = (
                     f"the stream would reach {format_ts(last)}, beyond now + the allowed future skew; "
@@ -162,6 +186,67 @@ class GeneratorConfig:
             if burst.item not in known:
                 msg = f"burst item {burst.item} is not one of #t1..#t{self.items}"
                 raise GeneratorError(msg)
+
+
+DAY_MS: Final = 86_400_000
+HOUR_MS: Final = 3_600_000
+
+
+@dataclass(frozen=True)
+class DailyCycle:
+    """Real streams are sparse: quiet hours every night and whole days without events (outages, weekends).
+
+    Event time of a historical stream runs on an *active* clock that stops during quiet hours and gap days: the
+    n-th event is at active time n / event_rate after the start, mapped onto the calendar.
+    """
+
+    quiet_hours: tuple[int, ...]
+    gap_every_days: int
+
+    def check(self) -> None:
+        """Refuse a cycle without any active hour.
+
+        :raises GeneratorError: with what to change.
+        """
+        if any(not 0 <= h < 24 for h in self.quiet_hours) or len(set(self.quiet_hours)) >= 24:
+            msg = "quiet hours are UTC hours 0..23, and at least one hour of the day must stay active"
+            raise GeneratorError(msg)
+        if self.gap_every_days == 1 or self.gap_every_days < 0:
+            msg = "gap days: every n-th day with n >= 2 (0: none)"
+            raise GeneratorError(msg)
+
+    @property
+    def active_hours(self) -> list[int]:
+        """Return the UTC hours of a day that have events."""
+        return [h for h in range(24) if h not in self.quiet_hours]
+
+    def is_gap(self, day: int) -> bool:
+        """Tell whether the day (counted from the epoch) is a gap day."""
+        return self.gap_every_days > 0 and day % self.gap_every_days == self.gap_every_days - 1
+
+    def active_ms(self, ts_ms: int) -> int:
+        """Return the active milliseconds from the epoch to ``ts_ms``."""
+        per_day = len(self.active_hours) * HOUR_MS
+        day, within = divmod(ts_ms, DAY_MS)
+        n = self.gap_every_days
+        active_days = day - (day // n if n else 0)
+        out = active_days * per_day
+        if not self.is_gap(day):
+            hour, rest = divmod(within, HOUR_MS)
+            out += sum(HOUR_MS for h in self.active_hours if h < hour)
+            out += rest if hour in self.active_hours else 0
+        return out
+
+    def times(self, start_ms: int, offsets_ms: Any) -> np.ndarray[Any, np.dtype[np.int64]]:
+        """Map active-clock offsets (ms after ``start_ms``) to event times (epoch ms)."""
+        hours = np.asarray(self.active_hours, dtype=np.int64)
+        per_day = len(hours) * HOUR_MS
+        active = self.active_ms(start_ms) + np.asarray(offsets_ms, dtype=np.float64).astype(np.int64)
+        active_day, within = np.divmod(active, per_day)
+        n = self.gap_every_days
+        day = active_day + (active_day // (n - 1) if n else 0)  # skip the gap days
+        slot, rest = np.divmod(within, HOUR_MS)
+        return np.asarray(day * DAY_MS + hours[slot] * HOUR_MS + rest, dtype=np.int64)
 
 
 @dataclass
@@ -283,6 +368,9 @@ class SyntheticStream:
     def _timestamps(self, first: int, n: int) -> np.ndarray[Any, np.dtype[np.int64]]:
         if self.config.historical:
             index = np.arange(first, first + n, dtype=np.int64)
+            cycle = self.config.cycle
+            if cycle is not None:
+                return cycle.times(self._start_ms, index * 1000 / self.config.events_per_event_second)
             return self._start_ms + (index * 1000 / self.config.events_per_event_second).astype(np.int64)
         now = max(int(self._clock() * 1000), self._last_ts)  # never backwards, even if the clock is
         return np.full(n, now, dtype=np.int64)

@@ -309,10 +309,12 @@ def series(
 
 @router.get("/status")
 def status(v: Reader) -> dict[str, Any]:
-    """Show the boundary between the layers, the pin, and the speed layer's freshness."""
+    """Show the boundary between the layers, the pin, the speed layer's freshness and the stale batch hours."""
     now = datetime.now(UTC)
     try:
-        cov = v.backend.reader().coverage(floor(now, MINUTE), floor(now, MINUTE) + MINUTE, "*")
+        reader = v.backend.reader()
+        cov = reader.coverage(floor(now, MINUTE), floor(now, MINUTE) + MINUTE, "*")
+        stale = reader.stale_hours()
     except _driver_errors() as exc:
         raise CassandraUnavailableError(_reason(exc)) from exc
     newest = cov.speed_newest_event
@@ -326,6 +328,8 @@ def status(v: Reader) -> dict[str, Any]:
         "speed_lag_s": None if newest is None else round((now - newest).total_seconds(), 3),
         "slice_dims": v.settings.views.slice_dims,
         "refresh_s": v.settings.serving.dashboard_refresh_s,
+        # hours whose records grew after their batch run (late data): served as they were until recomputed
+        "stale_hours": [{"hour": h, "records_since": n} for h, n in stale.items()],
     }
 
 

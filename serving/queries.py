@@ -53,6 +53,7 @@ class Provenance:
     boundary_pinned: bool
     speed_newest_event: datetime | None
     speed_updated_at: datetime | None
+    stale: list[dict[str, Any]] = field(default_factory=list)  # batch hours with records indexed since their run
 
     @classmethod
     def of(cls, spans: list[Span], cov: Coverage) -> Provenance:
@@ -71,6 +72,12 @@ class Provenance:
             boundary_pinned=cov.pinned,
             speed_newest_event=cov.speed_newest_event,
             speed_updated_at=cov.speed_updated_at,
+            stale=[
+                {"hour": h, "records_since": n}
+                for h, n in sorted(cov.stale.items())
+                if any(s.layer == "batch" and s.start <= h < s.end for s in spans)
+                or any(s.layer == "batch" and h <= s.start < h + HOUR for s in spans)
+            ],
         )
 
 

@@ -18,7 +18,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +59,7 @@ class Coverage:
     current_days: set[date]
     speed_newest_event: datetime | None
     speed_updated_at: datetime | None
+    stale: dict[datetime, int] = field(default_factory=dict)  # batch hours -> records indexed since their run
 
     @property
     def speed_fresh_until(self) -> datetime | None:
@@ -155,7 +156,11 @@ class ViewReader:
         self.sess = sess
         p = sess.prepare
         self.q_watermark = p(f"SELECT low, watermark, pinned FROM {table(settings, 'batch_watermark')} WHERE name = ?")
-        self.q_pointers = p(f"SELECT hour, run_id FROM {table(settings, 'batch_intervals')} WHERE day = ?")
+        self.q_pointers = p(f"SELECT hour, run_id, indexed FROM {table(settings, 'batch_intervals')} WHERE day = ?")
+        self.q_all_stale = p(f"SELECT hour, records FROM {table(settings, 'batch_stale')} WHERE topic = ?")
+        self.q_stale = p(
+            f"SELECT hour, records FROM {table(settings, 'batch_stale')} WHERE topic = ? AND hour >= ? AND hour < ?"
+        )
         self.q_progress = p(
             f"SELECT newest_event_ts, updated_at FROM {table(settings, 'speed_progress')} WHERE query = ?"
         )
@@ -164,6 +169,7 @@ class ViewReader:
             f"SELECT day, hour_runs FROM {table(settings, 'batch_days')} WHERE slice = ? AND month = ?"
         )
         self._pointers: dict[date, dict[datetime, Any]] = {}
+        self._indexed: dict[datetime, int | None] = {}
         self.cache = RowCache(settings.serving.cache_mb * 1024 * 1024) if rows_cacheable(settings) else None
 
     def _row_statements(self, fields: frozenset[str]) -> dict[str, Any]:
@@ -201,6 +207,7 @@ class ViewReader:
         """
         other = copy.copy(self)
         other._pointers = {}
+        other._indexed = {}
         return other
 
     def _exec(self, stmt: Any, params: tuple[Any, ...]) -> Iterable[Any]:
@@ -219,7 +226,23 @@ class ViewReader:
     def _load_pointers(self, days: list[date]) -> None:
         missing = [d for d in days if d not in self._pointers]
         for day, rows in zip(missing, self._exec_many([(self.q_pointers, (d,)) for d in missing]), strict=True):
-            self._pointers[day] = {utc(r.hour): r.run_id for r in rows}  # type: ignore[misc]
+            self._keep_pointers(day, rows)
+
+    def _keep_pointers(self, day: date, rows: list[Any]) -> None:
+        self._pointers[day] = {utc(r.hour): r.run_id for r in rows}  # type: ignore[misc]
+        self._indexed.update({utc(r.hour): r.indexed for r in rows})  # type: ignore[misc]
+
+    def stale_hours(self, limit: int = 1000) -> dict[datetime, int]:
+        """Return every batch hour whose indexed records grew after its current run, with how many arrived since."""
+        rows = list(self._exec(self.q_all_stale, (self.settings.kafka.events_topic,)))
+        self._load_pointers(sorted({r.hour.date() for r in rows}))
+        out = {}
+        for r in rows:
+            hour = utc(r.hour)
+            read = self._indexed.get(hour) if hour is not None else None
+            if hour is not None and read is not None and r.records > read:
+                out[hour] = int(r.records - read)
+        return dict(sorted(out.items())[:limit])
 
     def coverage(self, start: datetime, end: datetime, slice_: str) -> Coverage:
         """Read the boundary, the completed hours, current daily rollups and the speed freshness.
@@ -236,13 +259,14 @@ class ViewReader:
             [
                 (self.q_watermark, ("batch",)),
                 (self.q_progress, (self.settings.speed.query_name,)),
+                (self.q_stale, (self.settings.kafka.events_topic, floor(start, HOUR), end)),
                 *((self.q_pointers, (d,)) for d in missing),
                 *((self.q_day_rollups, (slice_, m)) for m in months),
             ]
         )
-        mark_rows, prog_rows, rest = rows[0], rows[1], rows[2:]
+        mark_rows, prog_rows, stale_rows, rest = rows[0], rows[1], rows[2], rows[3:]
         for day, pointer_rows in zip(missing, rest[: len(missing)], strict=True):
-            self._pointers[day] = {utc(r.hour): r.run_id for r in pointer_rows}  # type: ignore[misc]
+            self._keep_pointers(day, pointer_rows)
         current: set[date] = set()
         for month_days, rollups in zip(months.values(), rest[len(missing) :], strict=True):
             wanted = set(month_days)
@@ -256,7 +280,13 @@ class ViewReader:
         row = mark_rows[0] if mark_rows else None
         low, mark, pinned = (utc(row.low), utc(row.watermark), utc(row.pinned)) if row else (None, None, None)
         prog = prog_rows[0] if prog_rows else None
+        stale = {}
+        for r in stale_rows:  # an hour is stale while the index holds more of its records than its run read
+            hour, read = utc(r.hour), self._indexed.get(utc(r.hour))  # type: ignore[arg-type]
+            if hour is not None and hour in hours and read is not None and r.records > read:
+                stale[hour] = int(r.records - read)
         return Coverage(
+            stale=stale,
             boundary=pinned or mark,
             pinned=pinned is not None,
             batch_low=low,

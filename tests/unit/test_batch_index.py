@@ -88,8 +88,12 @@ def test_spans_coalesce_into_few_ranges_and_reads_take_one_range_per_partition()
     assert HourPlan(H, tuple(spans)).to_json() == '{"0": [[0, 10], [5, 21], [24, 31], [100, 111]], "1": [[7, 8]]}'
 
 
-def test_chunks_bound_hours_and_events_and_never_split_an_hour() -> None:
-    hours = [H + timedelta(hours=i) for i in range(10)]
+def test_chunks_bound_hours_and_events_keep_days_whole_and_never_split_an_hour() -> None:
+    hours = [H + timedelta(hours=i) for i in range(10)]  # 10:00 .. 19:00 of one day
     records = {hours[1]: 50, hours[2]: 500, hours[5]: 40}
     assert [len(c) for c in chunks(hours, records, max_events=100, max_hours=4)] == [2, 1, 4, 3]
     assert [len(c) for c in chunks(hours, {}, max_events=1, max_hours=100)] == [10]
+    days = [H.replace(hour=0) + timedelta(hours=i) for i in range(24 * 5)]
+    assert [len(c) for c in chunks(days, {}, max_events=1, max_hours=50)] == [48, 48, 24]
+    busy = {days[30]: 10, days[80]: 10}
+    assert [len(c) for c in chunks(days, busy, max_events=15, max_hours=1000)] == [72, 48]

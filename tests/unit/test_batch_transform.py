@@ -39,7 +39,7 @@ def test_duplicates_keep_the_earliest_record_per_hour_and_every_row_is_counted(s
         record(1, 2, "dup", 7, "#next-hour", hour=11),  # the same id in another hour: deduped per hour, kept
         record(1, 3, "rogue", 5, "#rogue", hour=12, stamp_hour=11),  # stamped 11:05, says 12:05: outside
         record(1, 4, "later", 5, "#not-this-pass", hour=12),  # an hour the pass does not compute: ignored
-        (b"{broken", 1, 5, datetime(2026, 5, 1, 10, 30)),
+        (b"{broken", 1, 5, datetime(2026, 5, 1, 10, 30, tzinfo=UTC).replace(tzinfo=None)),
     ]
     frame = spark.createDataFrame(records, "value binary, partition int, offset long, timestamp timestamp")
     settings = Settings(views={"slice_dims": []})

@@ -6,7 +6,10 @@ import json
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
+
+from infra.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,6 +23,16 @@ from airflow.dag_processing.dagbag import DagBag
 bag = DagBag(dag_folder="dags")
 dag = bag.dags.get("trends_batch")
 out = {"errors": {k: str(v) for k, v in bag.import_errors.items()}, "dags": sorted(bag.dags)}
+backfill = bag.dags.get("trends_backfill")
+if backfill is not None:
+    out.update(
+        backfill_tasks={t.task_id: sorted(t.downstream_task_ids) for t in backfill.tasks},
+        backfill_params=sorted(backfill.params.keys()),
+        backfill_schedule=type(backfill.timetable).__name__,
+        backfill_mapped=type(backfill.get_task("recompute")).__name__,
+        backfill_parallel=backfill.get_task("recompute").max_active_tis_per_dag,
+        timeouts=sorted({str(t.execution_timeout) for d in bag.dags.values() for t in d.tasks}),
+    )
 if dag is not None:
     tt = dag.timetable
     out.update(
@@ -44,9 +57,10 @@ def test_dag_folder_parses_with_the_expected_dag(tmp_path: Path) -> None:
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     out = json.loads(line.removeprefix("RESULT "))
     assert out["errors"] == {}
-    assert out["dags"] == ["trends_batch"]
+    assert out["dags"] == ["trends_backfill", "trends_batch"]
     assert out["tasks"] == {
-        "wait_until_closed": ["recompute"],
+        "wait_until_closed": ["plan"],
+        "plan": ["recompute"],
         "recompute": ["verify"],
         "verify": ["advance_watermark"],
         "advance_watermark": [],
@@ -56,3 +70,13 @@ def test_dag_folder_parses_with_the_expected_dag(tmp_path: Path) -> None:
     assert all(n >= 2 for n in out["retries"].values())
     assert out["recompute"] == "SparkSubmitOperator"
     assert out["sensor_mode"] == "reschedule"
+    assert out["backfill_tasks"] == {
+        "chunks": ["recompute"],
+        "recompute": ["advance_watermark"],
+        "advance_watermark": [],
+    }
+    assert out["backfill_params"] == ["end", "only_missing", "start"]
+    assert out["backfill_schedule"] == "NullTimetable"  # triggered with a range, never scheduled
+    assert out["backfill_mapped"] == "MappedOperator" and out["backfill_parallel"] == 2
+    settings = Settings()
+    assert out["timeouts"] == [str(timedelta(seconds=settings.batch.task_timeout_s))]  # every task, the setting's
