@@ -30,7 +30,9 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -655,6 +657,63 @@ class Airflow:
             reasons.append(transient)
             logger.warning("backfill of %s not created yet (%s); retrying", dag_id, transient)
             time.sleep(5)
+
+    def trigger(self, token: str, dag_id: str, conf: dict[str, Any]) -> str:
+        """Unpause the DAG and trigger a run with ``conf`` (``POST /api/v2/dags/{id}/dagRuns``); return its run id.
+
+        :raises StackError: the API refused (with its answer).
+        """
+        run_id = f"manual__{datetime.now(UTC):%Y%m%dT%H%M%S}_{uuid.uuid4().hex[:6]}"
+        for method, path, body in (
+            ("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False}),
+            ("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"dag_run_id": run_id, "logical_date": None, "conf": conf}),
+        ):
+            request = urllib.request.Request(  # noqa: S310 - http://host:port of our API server
+                self.url + path,
+                data=json.dumps(body).encode(),
+                method=method,
+                headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=30):  # noqa: S310
+                    pass
+            except urllib.error.HTTPError as exc:
+                msg = f"{method} {path} answered {exc.code}: {exc.read()[:2000]!r}"
+                raise StackError(msg) from exc
+        return run_id
+
+    def wait_run(
+        self,
+        token: str,
+        dag_id: str,
+        run_id: str,
+        timeout_s: float = 1800,
+        on_poll: Callable[[dict[str, int]], None] | None = None,
+    ) -> None:
+        """Wait until a run succeeded; ``on_poll`` gets its task instances' states counted.
+
+        :raises StackError: the run failed, or did not finish in time.
+        """
+        deadline = time.monotonic() + timeout_s
+        quoted = urllib.parse.quote(run_id, safe="")
+        state = "?"
+        while time.monotonic() < deadline:
+            state = self.get(token, f"/api/v2/dags/{dag_id}/dagRuns/{quoted}")["state"]
+            if on_poll is not None:
+                tis = self.get(token, f"/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances?limit=1000")
+                counts: dict[str, int] = {}
+                for ti in tis["task_instances"]:
+                    key = f"{ti['task_id']} {ti['state'] or 'queued'}"
+                    counts[key] = counts.get(key, 0) + 1
+                on_poll(counts)
+            if state == "success":
+                return
+            if state == "failed":
+                msg = f"{dag_id} run {run_id} failed\n{tail(self.log_files())}"
+                raise StackError(msg)
+            time.sleep(3)
+        msg = f"{dag_id} run {run_id} not done within {timeout_s:.0f} s (state {state})"
+        raise StackError(msg)
 
     def wait_runs(
         self,

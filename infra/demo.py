@@ -32,7 +32,7 @@ from infra.settings import Settings
 from serving.store import ViewReader
 
 HOUR = timedelta(hours=1)
-DAG_ID = "trends_batch"
+BACKFILL_DAG_ID = "trends_backfill"
 # Planted bursts: item rank : factor : minutes before the end of the history : duration (minutes).
 BURSTS = ((40, 15.0, 25, 20), (90, 12.0, 25, 20), (150, 10.0, 25, 20))
 RECENT = timedelta(minutes=30)  # the window the demo asks about
@@ -140,25 +140,21 @@ def _backfill(settings: Settings, first: datetime) -> list[datetime]:
         return starts
     af = Airflow(settings)
     token = af.token()
-    af.wait_dag(token, DAG_ID)
-    click.echo(
-        f"airflow backfill create --dag-id {DAG_ID} --from-date {todo[0]:%Y-%m-%dT%H:%M} --to-date {todo[-1]:%H:%M}"
-    )
-    af.backfill(DAG_ID, todo[0], todo[-1])
+    af.wait_dag(token, BACKFILL_DAG_ID)
+    conf = {"start": todo[0].isoformat(), "end": (todo[-1] + HOUR).isoformat()}
+    click.echo(f"airflow dags trigger {BACKFILL_DAG_ID} --conf '{json.dumps(conf)}'")
+    run_id = af.trigger(token, BACKFILL_DAG_ID, conf)
     t0 = time.monotonic()
-    seen: dict[str, str] = {}
+    seen: dict[str, int] = {}
 
-    def progress(states: dict[str, str]) -> None:
-        if states != seen:
+    def progress(counts: dict[str, int]) -> None:
+        if counts != seen:
             seen.clear()
-            seen.update(states)
-            counts: dict[str, int] = {}
-            for s in states.values():
-                counts[s] = counts.get(s, 0) + 1
+            seen.update(counts)
             shown = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
             click.echo(f"  {time.monotonic() - t0:5.0f} s  {shown}")
 
-    af.wait_runs(token, DAG_ID, todo, timeout_s=1800, on_poll=progress)
+    af.wait_run(token, BACKFILL_DAG_ID, run_id, timeout_s=1800, on_poll=progress)
     return starts
 
 

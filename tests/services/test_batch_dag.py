@@ -23,12 +23,23 @@ from infra.cassandra import session, table
 from infra.settings import Settings
 from ingestion.model import Event
 from tests.helpers import free_port
+from tests.services.test_batch_history import Truth, history_config, produce_history
 
 pytestmark = pytest.mark.spark
 
 H0 = datetime(2025, 11, 20, 4, tzinfo=UTC)
 HOUR = timedelta(hours=1)
+DAY = timedelta(days=1)
+HISTORY = datetime(2025, 9, 1, tzinfo=UTC)  # a month of sparse history, older than the hours above
+HISTORY_DAYS = 32
 REPO_DAGS = Path(__file__).resolve().parents[2] / "dags"
+
+
+def produce(settings: Settings, events: list[Event], partitions: int) -> None:
+    producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True, "acks": "all"})
+    for i, e in enumerate(events):
+        producer.produce(settings.kafka.events_topic, value=e.to_json(), timestamp=e.ts_ms, partition=i % partitions)
+    assert producer.flush(30) == 0
 
 
 def api(af: Airflow, token: str, path: str) -> Any:
@@ -70,7 +81,7 @@ def dag_env(stack_up: Settings, new_topic: Callable[..., str], tmp_path: Path) -
         data_dir=tmp_path / "data",
         kafka={"events_topic": topic},
         cassandra={"keyspace": keyspace},
-        batch={"lateness_s": 300, "grace_s": 300},
+        batch={"lateness_s": 300, "grace_s": 300, "chunk_hours": 8 * 24},
         views={"slice_dims": ["origin"]},
         airflow={"api_port": free_port(), "dags_folder": REPO_DAGS},
     )
@@ -142,11 +153,35 @@ def test_scheduler_driven_backfill_and_reprocess(dag_env: tuple[Settings, Airflo
     runs = check()
     assert sorted(r.status for r in runs) == ["completed"] * 6
 
+    # History replayed into the live topic, then a month of it backfilled through trends_backfill with a range:
+    # chunked spark-submits mapped over the range (chunk_hours 8 days: 4 chunks, 2 at a time).
+    truth = Truth()
+    produce_history(settings, history_config(start=HISTORY, days=HISTORY_DAYS, rate=0.004), truth)
+    end = HISTORY + HISTORY_DAYS * DAY
+    run_id = af.trigger(token, "trends_backfill", {"start": HISTORY.isoformat(), "end": end.isoformat()})
+    af.wait_run(token, "trends_backfill", run_id, timeout_s=900)
+    mapped = api(af, token, f"/api/v2/dags/trends_backfill/dagRuns/{run_id}/taskInstances?limit=100")
+    assert sorted(t["map_index"] for t in mapped["task_instances"] if t["task_id"] == "recompute") == [0, 1, 2, 3]
+    with session(settings) as sess:
+        store = BatchStore(settings, sess)
+        days = [(HISTORY + i * DAY).date() for i in range(HISTORY_DAYS)]
+        assert all(len(store.pointers(d)) == 24 for d in days)  # every hour, the empty ones included
+        rows = {
+            r.day.date() if hasattr(r.day, "date") else r.day: r.events
+            for m in {d.strftime("%Y-%m") for d in days}
+            for r in sess.execute(
+                f"SELECT day, events FROM {table(settings, 'batch_days')} WHERE slice = '*' AND month = %s", (m,)
+            )
+        }
+    assert {d: rows.get(d, 0) for d in days} == {d: truth.day_count(d) for d in days}
+    assert sum(truth.count.values()) > 1000 and sum(1 for d in days if not truth.day_count(d)) >= 5
 
-def test_airflow_dags_test_recomputes_one_interval(
+
+def test_hourly_runs_compute_empty_missing_and_stale_hours(
     stack_up: Settings, new_topic: Callable[..., str], tmp_path: Path
 ) -> None:
-    """``airflow dags test trends_batch <T>``: the whole DAG in-process for the interval ending at T, no servers."""
+    """``airflow dags test trends_batch <T>``, in-process runs of the hourly DAG: an empty hour completes and the
+    watermark passes it; a run after an outage computes every closed hour left behind; late data is absorbed."""
     topic = new_topic(partitions=2)
     keyspace = f"test_dagtest_{uuid.uuid4().hex[:8]}"
     settings = Settings(
@@ -157,31 +192,59 @@ def test_airflow_dags_test_recomputes_one_interval(
         airflow={"api_port": free_port(), "dags_folder": REPO_DAGS},
     )
     migrations.migrate(settings)
-    hour = H0 - 24 * HOUR
-    producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True, "acks": "all"})
-    for i in range(90):
-        e = Event(id=f"t{i}", ts=hour + timedelta(seconds=i * 39), item=f"#i{i % 3}", user=f"u{i % 7}")
-        producer.produce(topic, key=e.item, value=e.to_json(), timestamp=e.ts_ms)
-    for p in (0, 1):
-        e = Event(id=f"closer{p}", ts=hour + 3 * HOUR, item="#c")
-        producer.produce(topic, value=e.to_json(), timestamp=e.ts_ms, partition=p)
-    assert producer.flush(30) == 0
+    h0 = H0 - 24 * HOUR
+    sizes = {0: 90, 1: 40, 2: 0, 3: 0, 4: 25, 5: 60, 6: 10}  # hours 2 and 3: a quiet night
+    events = [
+        Event(id=f"t{h}-{i}", ts=h0 + h * HOUR + timedelta(seconds=i * 39), item=f"#i{i % 3}", user=f"u{i % 7}")
+        for h, n in sizes.items()
+        for i in range(n)
+    ]
+    events += [Event(id=f"closer{p}", ts=h0 + 9 * HOUR, item="#c") for p in (0, 1)]
+    produce(settings, events, partitions=2)
     af = Airflow(settings)
-    try:
-        af.init_db()
+
+    def dag_test(hour: datetime) -> None:
         proc = af.cli("dags", "test", "trends_batch", (hour + HOUR).isoformat(), timeout=600)
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
         assert "state=success" in proc.stdout + proc.stderr
-        with session(settings) as sess:
-            store = BatchStore(settings, sess)
-            assert store.watermark()[:2] == (hour, hour + HOUR)
-            run = store.pointers(hour.date())[hour]
+
+    def hour_counts(sess: Any, store: BatchStore) -> dict[int, int]:
+        out = {}
+        for h in sizes:
+            hour = h0 + h * HOUR
+            run = store.pointers(hour.date()).get(hour)
             rows = sess.execute(
                 f"SELECT run_id, events FROM {table(settings, 'batch_hours')} WHERE slice = '*' AND day = %s "
                 "AND hour = %s",
                 (hour.date(), hour),
             )
-            assert [r.events for r in rows if r.run_id == run] == [90]
+            out[h] = -1 if run is None else sum(r.events for r in rows if r.run_id == run)
+        return out
+
+    try:
+        af.init_db()
+        dag_test(h0)
+        with session(settings) as sess:
+            store = BatchStore(settings, sess)
+            assert store.watermark()[:2] == (h0, h0 + HOUR)
+            assert hour_counts(sess, store) == {0: 90, 1: -1, 2: -1, 3: -1, 4: -1, 5: -1, 6: -1}
+
+        # The scheduler was down for hours 1..4 (catchup=False schedules only the latest): the run of hour 5
+        # computes them too, the quiet night included, and the watermark passes all of them.
+        dag_test(h0 + 5 * HOUR)
+        with session(settings) as sess:
+            store = BatchStore(settings, sess)
+            assert store.watermark()[:2] == (h0, h0 + 6 * HOUR)
+            assert hour_counts(sess, store) == {**sizes, 6: -1}
+
+        # Late events of hour 1 arrive; the next scheduled run finds the hour stale and recomputes it.
+        late = [Event(id=f"late{i}", ts=h0 + HOUR + timedelta(minutes=5 * i), item="#late") for i in range(6)]
+        produce(settings, late, partitions=2)
+        dag_test(h0 + 6 * HOUR)
+        with session(settings) as sess:
+            store = BatchStore(settings, sess)
+            assert store.watermark()[:2] == (h0, h0 + 7 * HOUR)
+            assert hour_counts(sess, store) == {**sizes, 1: 46}
     finally:
         with session(stack_up) as sess:
             sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")

@@ -113,11 +113,11 @@ def history_settings(keyspace_settings: Settings, new_topic: Callable[..., str])
     )
 
 
-def history_config(days: int = DAYS, rate: float = 0.006) -> GeneratorConfig:
+def history_config(start: datetime = START, days: int = DAYS, rate: float = 0.006) -> GeneratorConfig:
     return GeneratorConfig(
         seed=7,
-        start=START,
-        end=START + days * DAY,
+        start=start,
+        end=start + days * DAY,
         event_rate=rate,
         rate=None,
         items=300,
