@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.errors import StackError
+from infra.security import MIN_SECRET_CHARS, exposure_problem, is_loopback
 from infra.settings import LOCAL_ADMIN_PASSWORD, Settings
 from infra.stack import ServiceStatus, ensure_port_free, process_alive, reap, signal_group, tail
 
@@ -47,7 +48,6 @@ REPO_DAGS = Path(__file__).resolve().parent.parent / "dags"
 HEALTH_PATH = "/api/v2/monitor/health"
 TOKEN_PATH = "/auth/token"  # noqa: S105 - a URL path, not a password
 SIMPLE_AUTH_MANAGER = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
-LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 WILDCARD = frozenset({"0.0.0.0", "::", ""})  # noqa: S104 - recognised, to reach such a server on loopback
 LOG_ROTATE_BYTES = 50 * 1024 * 1024
 
@@ -137,20 +137,31 @@ class Airflow:
         return tuple(c for c in COMPONENTS if c is not TRIGGERER or self.conf.triggerer)
 
     @property
+    def api_host(self) -> str:
+        """Return the address the API server really binds: ``airflow.config`` overrides ``airflow.host``."""
+        return self.conf.config.get("AIRFLOW__API__HOST", self.conf.host)
+
+    @property
+    def api_port(self) -> int:
+        """Return the port the API server really binds: ``airflow.config`` overrides ``airflow.api_port``."""
+        value = self.conf.config.get("AIRFLOW__API__PORT", "")
+        return int(value) if value.strip().isdigit() else self.conf.api_port
+
+    @property
     def client_host(self) -> str:
         """Return the address to reach the API server at (loopback when it binds every interface)."""
-        return "127.0.0.1" if self.conf.host in WILDCARD else self.conf.host
+        return "127.0.0.1" if self.api_host in WILDCARD else self.api_host
 
     @property
     def url(self) -> str:
         """Return the base URL of the UI and REST API."""
         host = f"[{self.client_host}]" if ":" in self.client_host else self.client_host
-        return f"http://{host}:{self.conf.api_port}"
+        return f"http://{host}:{self.api_port}"
 
     @property
     def address(self) -> str:
         """Return host:port of the API server."""
-        return f"{self.client_host}:{self.conf.api_port}"
+        return f"{self.client_host}:{self.api_port}"
 
     @property
     def dags_folder(self) -> Path:
@@ -269,13 +280,39 @@ class Airflow:
         return self.cfg_file
 
     # -- checks before starting -------------------------------------------------------------------------------
-    def _check_safe(self) -> None:
-        if self.conf.host not in LOOPBACK and self.conf.admin_password.get_secret_value() == LOCAL_ADMIN_PASSWORD:
-            msg = (
-                f"refusing to serve Airflow on {self.conf.host} with the default admin password: "
-                "set TRENDS_AIRFLOW__ADMIN_PASSWORD, or keep TRENDS_AIRFLOW__HOST on 127.0.0.1."
+    def check_safe(self) -> None:
+        """Refuse a non-loopback API server with the default, a short or no admin password, or with auth disabled.
+
+        The host checked is the one Airflow will bind: ``AIRFLOW__API__HOST`` in ``airflow.config`` wins over
+        ``airflow.host``.
+
+        :raises StackError: on an unsafe configuration, or a DAGs folder that does not exist.
+        """
+        host = self.api_host
+        if not is_loopback(host):
+            password = self.conf.admin_password.get_secret_value()
+            where = "TRENDS_AIRFLOW__HOST" + (
+                " and AIRFLOW__API__HOST in TRENDS_AIRFLOW__CONFIG" if "AIRFLOW__API__HOST" in self.conf.config else ""
             )
-            raise StackError(msg)
+            if password == LOCAL_ADMIN_PASSWORD:
+                msg = (
+                    f"refusing to serve Airflow on {host or 'every interface'} (not loopback) with the default admin "
+                    f"password: set TRENDS_AIRFLOW__ADMIN_PASSWORD (at least {MIN_SECRET_CHARS} characters), or keep "
+                    f"{where} on 127.0.0.1."
+                )
+                raise StackError(msg)
+            problem = exposure_problem(
+                "Airflow", host, password, guard_var="TRENDS_AIRFLOW__ADMIN_PASSWORD", host_var=where
+            )
+            if problem:
+                raise StackError(problem)
+            all_admins = self.airflow_env().get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "")
+            if all_admins.strip().lower() in {"true", "1", "t", "yes", "on"}:
+                msg = (
+                    f"refusing to serve Airflow on {host or 'every interface'} (not loopback) with "
+                    "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS set: it lets everyone in as admin."
+                )
+                raise StackError(msg)
         if not self.dags_folder.is_dir():
             msg = f"the DAGs folder {self.dags_folder} does not exist (TRENDS_AIRFLOW__DAGS_FOLDER)."
             raise StackError(msg)
@@ -395,9 +432,9 @@ class Airflow:
         if all(pids[c.name] is not None for c in self.components):
             logger.info("airflow already running (api-server pid %s)", pids[API_SERVER.name])
             return int(pids[API_SERVER.name] or 0)
-        self._check_safe()
+        self.check_safe()
         if pids[API_SERVER.name] is None:
-            ensure_port_free(self.conf.host, self.conf.api_port, "airflow (API server)", "TRENDS_AIRFLOW__API_PORT")
+            ensure_port_free(self.api_host, self.api_port, "airflow (API server)", "TRENDS_AIRFLOW__API_PORT")
         env = self.process_env()
         seconds = self.init_db()
         logger.info("airflow metadata DB ready in %.1f s", seconds)

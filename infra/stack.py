@@ -36,6 +36,7 @@ from typing_extensions import override
 
 from infra import jars
 from infra.errors import StackError
+from infra.security import exposure_problem, is_loopback
 from infra.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -100,6 +101,9 @@ class StackService(Protocol):
 
     def stop(self) -> bool:
         """Stop the server; return whether it ran."""
+
+    def check_safe(self) -> None:
+        """Raise :class:`StackError` when starting the server as configured would expose it without authentication."""
 
     def status(self) -> ServiceStatus:
         """Return the server's current state."""
@@ -268,6 +272,12 @@ class Service(ABC):
         """Return the environment of the server process (None: inherit ours)."""
         return None
 
+    def check_safe(self) -> None:  # noqa: B027 - optional hook
+        """Raise :class:`StackError` when starting the server as configured would expose it without authentication.
+
+        Runs before anything is launched (``up`` checks every server first). Servers on loopback always pass.
+        """
+
     # -- shared machinery ----------------------------------------------------------------------------------
     @property
     def address(self) -> str:
@@ -334,6 +344,7 @@ class Service(ABC):
         if pid is not None:
             logger.info("%s already running (pid %s)", self.name, pid)
             return pid
+        self.check_safe()
         for port, purpose, setting in self.ports():
             ensure_port_free(self.host, port, f"{self.name} ({purpose})", setting)
         if self.bundle is not None:
@@ -476,6 +487,23 @@ class Kafka(Service):
         ]
 
     @override
+    def check_safe(self) -> None:
+        if is_loopback(self.host):
+            return
+        msg = (
+            f"refusing to start {self.name} on {self.host}:{self.client_port}, which is not a loopback address: the "
+            "local stack runs Kafka without authentication (PLAINTEXT listeners, no SASL, no ACLs) and cannot set "
+            "SASL up itself. Keep TRENDS_KAFKA__BOOTSTRAP_SERVERS on 127.0.0.x for the local stack. To serve other "
+            "machines, run brokers with a SASL listener (SASL_SSL with SCRAM-SHA-512 users created by "
+            "kafka-storage/kafka-configs, `sasl.enabled.mechanisms`, a JAAS config per listener, TLS keystores and "
+            "an authorizer; see docs/deploy.md) and point the pipeline at them with "
+            "TRENDS_KAFKA__BOOTSTRAP_SERVERS, TRENDS_KAFKA__SECURITY_PROTOCOL=SASL_SSL, "
+            "TRENDS_KAFKA__SASL_MECHANISM=SCRAM-SHA-512, TRENDS_KAFKA__SASL_USERNAME and TRENDS_KAFKA__SASL_PASSWORD "
+            "(without `trends stack up kafka`)."
+        )
+        raise StackError(msg)
+
+    @override
     def render_config(self) -> Path:
         shutil.copy(CONF_DIR / "kafka" / "log4j2.properties", self.conf_dir / "log4j2.properties")
         brokers = self.settings.kafka.brokers
@@ -608,6 +636,21 @@ class Cassandra(Service):
             (stack.cassandra_storage_port, "storage", "TRENDS_STACK__CASSANDRA_STORAGE_PORT"),
             (self.jmx_port, "JMX", "TRENDS_STACK__CASSANDRA_JMX_PORT"),
         ]
+
+    @override
+    def check_safe(self) -> None:
+        if is_loopback(self.host):
+            return
+        msg = (
+            f"refusing to start {self.name} on {self.host}:{self.client_port}, which is not a loopback address: the "
+            "local stack runs Cassandra with AllowAllAuthenticator (no passwords) and cannot set authentication up "
+            "itself. Keep TRENDS_CASSANDRA__CONTACT_POINTS on 127.0.0.x for the local stack. To serve other "
+            "machines, run nodes with `authenticator: PasswordAuthenticator` and `authorizer: CassandraAuthorizer` "
+            "in cassandra.yaml (and client TLS), replace the default cassandra/cassandra superuser with your own "
+            "role, and point the pipeline at them with TRENDS_CASSANDRA__CONTACT_POINTS, "
+            "TRENDS_CASSANDRA__USERNAME and TRENDS_CASSANDRA__PASSWORD (without `trends stack up cassandra`)."
+        )
+        raise StackError(msg)
 
     @override
     def render_config(self) -> Path:
@@ -792,6 +835,19 @@ class ApiService(PipelineService):
     @override
     def accepts_clients(self) -> bool:
         return _http_ok(f"http://{self.host}:{self.client_port}/health")
+
+    @override
+    def check_safe(self) -> None:
+        token = self.settings.serving.api_token
+        problem = exposure_problem(
+            "the API",
+            self.settings.serving.host,
+            token.get_secret_value() if token is not None else None,
+            guard_var="TRENDS_SERVING__API_TOKEN",
+            host_var="TRENDS_SERVING__HOST",
+        )
+        if problem:
+            raise StackError(problem)
 
 
 class SparkMaster(Service):
@@ -1032,6 +1088,9 @@ def up(settings: Settings, names: Sequence[str] | None = None) -> list[UpResult]
     A second call while they run is a no-op. Data survives ``down``/``up``.
     """
     chosen = services(settings, names)
+    for svc in chosen:  # refuse an unsafe configuration before anything is launched
+        if svc.pid() is None:
+            svc.check_safe()
     java = find_java(settings) if any(svc.needs_java and svc.pid() is None for svc in chosen) else ""
     launched: list[tuple[StackService, int, bool, float]] = []
     try:

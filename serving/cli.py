@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
@@ -12,6 +13,8 @@ from typing import Any
 import click
 
 from infra.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -92,14 +95,36 @@ def query() -> None:
 @click.command()
 @click.option("--host", help="Bind address (default: serving.host, loopback).")
 @click.option("--port", type=click.IntRange(0, 65535), help="Port (default: serving.port).")
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="Bind a non-loopback address without an API token (or with a short one); logs a warning.",
+)
 @click.pass_obj
-def serve(settings: Settings, host: str | None, port: int | None) -> None:
-    """Serve the HTTP API (/api/v1, /docs, /health, /ready, /metrics) and the dashboard (/)."""
+def serve(settings: Settings, host: str | None, port: int | None, insecure: bool) -> None:
+    """Serve the HTTP API (/api/v1, /docs, /health, /ready, /metrics) and the dashboard (/).
+
+    Off loopback the API needs TRENDS_SERVING__API_TOKEN (16 characters or more) unless --insecure is given.
+    """
+    from infra.security import exposure_problem
+
+    host, port = host if host is not None else settings.serving.host, settings.serving.port if port is None else port
+    token = settings.serving.api_token.get_secret_value() if settings.serving.api_token is not None else None
+    problem = exposure_problem(
+        "the API", host, token, guard_var="TRENDS_SERVING__API_TOKEN", host_var="--host/TRENDS_SERVING__HOST"
+    )
+    if problem and not insecure:
+        msg = f"{problem} (--insecure serves it anyway)"
+        raise click.UsageError(msg)
+    if problem:
+        logger.warning(
+            "--insecure: serving the API on %s without proper authentication: anyone who reaches it can query it", host
+        )
+
     import uvicorn
 
     from serving.api import create_app
 
-    host, port = host or settings.serving.host, settings.serving.port if port is None else port
     click.echo(f"dashboard http://{host}:{port}/  API docs http://{host}:{port}/docs")
     uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower(), access_log=False)
 
