@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.errors import StackError
-from infra.security import MIN_SECRET_CHARS, exposure_problem, is_loopback
+from infra.security import MIN_SECRET_CHARS, exposure_problem, has_userinfo, is_loopback, is_secret_key
 from infra.settings import LOCAL_ADMIN_PASSWORD, Settings
 from infra.stack import ServiceStatus, ensure_port_free, process_alive, reap, signal_group, tail
 
@@ -230,6 +231,24 @@ class Airflow:
             env[conn_var] = json.dumps({"conn_type": "spark", "host": self.settings.spark.master})
         env.update(conf.config)
         return env
+
+    @staticmethod
+    def split_secret_env(env: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+        """Split Airflow variables into those safe to print and the secret ones (by name, or a URI's password)."""
+        plain: dict[str, str] = {}
+        secret: dict[str, str] = {}
+        for key, value in env.items():
+            # The SQLite URL the stack sets is a path; a URL with a password is caught by its userinfo.
+            is_secret = (is_secret_key(key) and key != "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN") or has_userinfo(value)
+            (secret if is_secret else plain)[key] = value
+        return plain, secret
+
+    def write_secret_env(self, secret: dict[str, str]) -> Path:
+        """Write ``export`` lines of secret variables to a file only the owner reads; return its path."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        path = self.home / "secret.env"
+        _write_private(path, "".join(f"export {k}={shlex.quote(v)}\n" for k, v in secret.items()))
+        return path
 
     @staticmethod
     def bin_dir() -> Path:

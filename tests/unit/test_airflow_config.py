@@ -6,6 +6,7 @@ import configparser
 import json
 import os
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -121,7 +122,7 @@ def test_airflow_env_command_prints_exports(tmp_path: Path, monkeypatch: pytest.
     result = CliRunner().invoke(cli, ["stack", "airflow-env"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines and all(line.startswith("export ") for line in lines)
+    assert lines and all(line.startswith("export ") for line in lines if not line.startswith(". "))
     assert f"export AIRFLOW_HOME={tmp_path / 'airflow'}" in lines
     assert "export AIRFLOW__CORE__EXECUTION_API_SERVER_URL=http://127.0.0.1:18555/execution/" in lines
     assert lines[0].endswith(':"$PATH"')
@@ -135,3 +136,80 @@ def test_stack_up_keeps_airflow_opt_in() -> None:
     assert [svc.name for svc in stack.services(Settings(), ["airflow", "kafka"])] == ["kafka", "airflow"]
     with pytest.raises(StackError, match="unknown service"):
         stack.services(Settings(), ["zookeeper"])
+
+
+def test_airflow_env_never_prints_secrets_but_the_shell_still_gets_them(tmp_path: Path) -> None:
+    import subprocess
+
+    config = {
+        "AIRFLOW_CONN_WAREHOUSE": "postgresql://etl:hunter2@db:5432/dw",
+        "AIRFLOW__SECRETS__BACKEND_KWARGS": '{"token": "tok-hunter2"}',
+        "AIRFLOW__WEBSERVER__BASE_URL": "http://viewer:hunter2@127.0.0.1:8080",
+        "AIRFLOW__CORE__PARALLELISM": "3",
+    }
+    env = {
+        **os.environ,
+        "TRENDS_DATA_DIR": str(tmp_path),
+        "TRENDS_AIRFLOW__CONFIG": json.dumps(config),
+        "TRENDS_AIRFLOW__ADMIN_PASSWORD": "admin-hunter2",
+    }
+    trends = str(Path(sys.executable).parent / "trends")
+    printed = subprocess.run([trends, "stack", "airflow-env"], env=env, capture_output=True, text=True, check=True)
+    assert "hunter2" not in printed.stdout + printed.stderr
+    assert "export AIRFLOW__CORE__PARALLELISM=3" in printed.stdout.splitlines()
+    secret_file = tmp_path / "airflow" / "secret.env"
+    assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
+    # What `eval "$(trends stack airflow-env)"` gives the airflow CLI: every value, the secret ones included.
+    names = ("AIRFLOW_CONN_WAREHOUSE", "AIRFLOW__SECRETS__BACKEND_KWARGS", "AIRFLOW__WEBSERVER__BASE_URL")
+    script = 'eval "$1"; printf "%s\\n" ' + " ".join(f'"${name}"' for name in names)
+    shell = subprocess.run(["bash", "-c", script, "-", printed.stdout], capture_output=True, text=True, check=True)
+    assert shell.stdout.splitlines() == [
+        config["AIRFLOW_CONN_WAREHOUSE"],
+        config["AIRFLOW__SECRETS__BACKEND_KWARGS"],
+        config["AIRFLOW__WEBSERVER__BASE_URL"],
+    ]
+
+
+def test_trends_config_masks_secret_keys_and_userinfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from infra.cli import cli
+    from infra.settings import get_settings
+
+    for key, value in {
+        "TRENDS_DATA_DIR": str(tmp_path),
+        "TRENDS_SPARK__CONF": json.dumps(
+            {
+                "spark.hadoop.fs.s3a.secret.key": "hunter2",
+                "spark.hive.metastore.uris": "thrift://u:hunter2@h:9083",
+                "spark.sql.shuffle.partitions": "7",
+            }
+        ),
+        "TRENDS_SPARK__MASTER": "spark://user:hunter2@127.0.0.1:7077",
+        "TRENDS_AIRFLOW__CONFIG": json.dumps(
+            {
+                "AIRFLOW_CONN_PG": "postgresql://u:hunter2@h/d",
+                "AIRFLOW__CORE__FERNET_KEY": "hunter2",
+                "AIRFLOW__API__AUTH_TOKEN": "hunter2",
+                "AIRFLOW__CORE__PARALLELISM": "3",
+            }
+        ),
+        "TRENDS_AIRFLOW__DATABASE_URL": "postgresql://airflow:hunter2@127.0.0.1/airflow",
+        "TRENDS_AIRFLOW__ADMIN_PASSWORD": "hunter2",
+        "TRENDS_KAFKA__SASL_PASSWORD": "hunter2",
+        "TRENDS_CASSANDRA__PASSWORD": "hunter2",
+        "TRENDS_SERVING__API_TOKEN": "hunter2",
+    }.items():
+        monkeypatch.setenv(key, value)
+    get_settings.cache_clear()
+    try:
+        result = CliRunner().invoke(cli, ["config"])
+    finally:
+        get_settings.cache_clear()
+    assert result.exit_code == 0, result.output
+    assert "hunter2" not in result.output
+    shown = json.loads(result.output)
+    assert shown["spark"]["conf"]["spark.sql.shuffle.partitions"] == "7"  # the rest stays readable
+    assert shown["spark"]["conf"]["spark.hive.metastore.uris"] == "thrift://**********@h:9083"
+    assert shown["spark"]["master"] == "spark://**********@127.0.0.1:7077"
+    assert shown["airflow"]["config"]["AIRFLOW__CORE__PARALLELISM"] == "3"
+    assert shown["airflow"]["config"]["AIRFLOW_CONN_PG"] == "**********"
+    assert shown["cassandra"]["keyspace"] == "trends"
