@@ -190,3 +190,47 @@ def test_airflow_refuses_all_admins_off_loopback(tmp_path: Path) -> None:
     config = {"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True"}
     with pytest.raises(StackError, match="ALL_ADMINS"):
         _airflow(tmp_path, host=ANY, admin_password=SecretStr(LONG_SECRET), config=config).check_safe()
+
+
+def test_escape_text_leaves_nothing_a_terminal_interprets() -> None:
+    from infra.security import CONTROL_CHARS, escape_text
+
+    evil = "a\x1b[31mred\x00nul\x9bcsi\x7fdel\ttab\nnl\u202egnp.exe\u200bzw"
+    shown = escape_text(evil)
+    assert CONTROL_CHARS.search(shown) is None
+    assert "\u202e" not in shown and "\u200b" not in shown
+    assert shown == "a\\x1b[31mred\\x00nul\\x9bcsi\\x7fdel\\x09tab\\x0anl\\u202egnp.exe\\u200bzw"
+    assert escape_text("café #ok ✓") == "café #ok ✓"  # ordinary text is untouched
+
+
+def test_escape_json_keeps_the_same_json_value() -> None:
+    import json
+
+    from infra.security import CONTROL_CHARS, escape_json
+
+    value = {"item": "a\x1b[31m\x9b\x7f\u202e ok é", "n": 1}
+    text = escape_json(json.dumps(value, ensure_ascii=False))
+    assert CONTROL_CHARS.search(text) is None and "\u202e" not in text
+    assert "é" in text
+    assert json.loads(text) == value
+
+
+def test_masking_helpers() -> None:
+    from infra.security import MASK, has_userinfo, is_secret_key, mask_uri, mask_value
+
+    assert (
+        mask_uri("postgresql+psycopg2://airflow:pw@db:5432/airflow") == f"postgresql+psycopg2://{MASK}@db:5432/airflow"
+    )
+    assert mask_uri("https://token@host/x") == f"https://{MASK}@host/x"
+    assert mask_uri("spark://127.0.0.1:7077") == "spark://127.0.0.1:7077"
+    assert not has_userinfo("mailto:someone@example.com") and not has_userinfo("a@b")
+    for key in ("AIRFLOW_CONN_PG", "spark.hadoop.fs.s3a.secret.key", "AIRFLOW__CORE__FERNET_KEY", "db_password",
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "api_token", "GOOGLE_APPLICATION_CREDENTIALS"):  # fmt: skip
+        assert is_secret_key(key), key
+    for key in ("spark.sql.shuffle.partitions", "AIRFLOW__CORE__PARALLELISM", "spark.cassandra.connection.host"):
+        assert not is_secret_key(key), key
+    assert mask_value("conf", {"a.password": "x", "b": "y", "c": ["s3://k:s@b/p"]}) == {
+        "a.password": MASK,
+        "b": "y",
+        "c": [f"s3://{MASK}@b/p"],
+    }
