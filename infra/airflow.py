@@ -261,19 +261,48 @@ class Airflow:
         return {**os.environ, **self.settings.to_env(), **self.airflow_env(), "PATH": path}
 
     def _keys(self) -> dict[str, str]:
-        """Return the keys of the existing ``airflow.cfg``, generating any that are missing (kept across starts)."""
+        """Return the keys of the existing ``airflow.cfg``, generating them only for a new one (kept across starts).
+
+        The Fernet key encrypts the connections and variables stored in the metadata DB: a new one makes them
+        unreadable. So an ``airflow.cfg`` that exists but cannot be read or parsed, or that lost its Fernet key while
+        a metadata DB exists, is an error naming the file, never a reason to generate a new key.
+
+        :raises StackError: on such a file.
+        """
         parser = configparser.RawConfigParser()
-        with contextlib.suppress(OSError, configparser.Error):
-            parser.read(self.cfg_file, encoding="utf-8")
+        exists = self.cfg_file.exists() or self.cfg_file.is_symlink()
+        if exists:
+            try:
+                with self.cfg_file.open(encoding="utf-8") as fh:
+                    parser.read_file(fh, source=str(self.cfg_file))
+            except (OSError, UnicodeError, configparser.Error) as exc:
+                msg = (
+                    f"cannot read {self.cfg_file}: {_why_unreadable(exc)}. It holds the Fernet key of the "
+                    "connections stored in the metadata DB, so no new key is generated: fix the file (permissions, "
+                    "contents) or restore it from a backup. Only if the metadata DB holds nothing to keep, delete the "
+                    "file and run `trends stack reset airflow`."
+                )
+                raise StackError(msg) from exc
         wanted: dict[tuple[str, str], Callable[[], str]] = {
             ("core", "fernet_key"): lambda: base64.urlsafe_b64encode(os.urandom(32)).decode(),
             ("api_auth", "jwt_secret"): lambda: secrets.token_urlsafe(32),
             ("api", "secret_key"): lambda: secrets.token_urlsafe(32),
         }
+        if exists and not parser.get("core", "fernet_key", fallback="") and self._metadata_db_exists():
+            msg = (
+                f"{self.cfg_file} has no [core] fernet_key while the metadata DB exists: the connections stored there "
+                "were encrypted with it, so no new key is generated. Restore the key (or the file) from a backup; "
+                "only if the metadata DB holds nothing to keep, run `trends stack reset airflow`."
+            )
+            raise StackError(msg)
         return {
             f"{section}.{key}": parser.get(section, key, fallback="") or make()
             for (section, key), make in wanted.items()
         }
+
+    def _metadata_db_exists(self) -> bool:
+        """Tell whether a metadata DB may already hold encrypted data (a configured URL is assumed to)."""
+        return self.conf.database_url is not None or (self.data_dir / "airflow.db").exists()
 
     def render_config(self) -> Path:
         """Write ``airflow.cfg`` (generated keys, a PostgreSQL URL if set) and the passwords file; return the cfg.
@@ -744,6 +773,19 @@ class Airflow:
             time.sleep(3)
         msg = f"{dag_id} runs not done within {timeout_s:.0f} s: {states}"
         raise StackError(msg)
+
+
+def _why_unreadable(exc: Exception) -> str:
+    """Describe why a config file did not parse without quoting it (its lines hold keys and passwords)."""
+    if isinstance(exc, OSError):
+        return f"{type(exc).__name__} ({exc.strerror or exc})"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 at byte {exc.start}"
+    lines = {n for n, _ in getattr(exc, "errors", [])}  # ParsingError: (line number, line) pairs
+    if isinstance(getattr(exc, "lineno", None), int):
+        lines.add(exc.lineno)  # type: ignore[attr-defined]
+    where = f" at line {', '.join(map(str, sorted(lines)))}" if lines else ""
+    return f"{type(exc).__name__}{where}"
 
 
 def _end_leftovers(procs: list[Any]) -> None:

@@ -213,3 +213,65 @@ def test_trends_config_masks_secret_keys_and_userinfo(tmp_path: Path, monkeypatc
     assert shown["airflow"]["config"]["AIRFLOW__CORE__PARALLELISM"] == "3"
     assert shown["airflow"]["config"]["AIRFLOW_CONN_PG"] == "**********"
     assert shown["cassandra"]["keyspace"] == "trends"
+
+
+@pytest.mark.parametrize("damage", ["directory", "not-ini", "not-utf8", "dangling-symlink"])
+def test_an_unreadable_airflow_cfg_is_an_error_never_a_new_fernet_key(tmp_path: Path, damage: str) -> None:
+    airflow = Airflow(Settings(data_dir=tmp_path))
+    airflow.render_config()
+    cfg = airflow.cfg_file
+    if damage == "directory":
+        cfg.unlink()
+        cfg.mkdir()
+    elif damage == "not-ini":
+        cfg.write_text("fernet_key = lost its section header\n")
+    elif damage == "not-utf8":
+        cfg.write_bytes(b"[core]\nfernet_key = \xff\xfe\n")
+    else:
+        cfg.unlink()
+        cfg.symlink_to(tmp_path / "moved-away.cfg")
+    before = _snapshot(cfg)
+    with pytest.raises(StackError, match=r"cannot read .*airflow\.cfg: .*no new key is generated") as err:
+        airflow.render_config()
+    assert "lost its section header" not in str(err.value)  # the file's lines (keys, passwords) are never quoted
+    assert _snapshot(cfg) == before  # left exactly as it was for the operator to repair
+
+
+def test_a_lost_fernet_key_with_an_existing_metadata_db_is_an_error(tmp_path: Path) -> None:
+    airflow = Airflow(Settings(data_dir=tmp_path))
+    airflow.render_config()
+    airflow.cfg_file.write_text("[core]\n\n[api]\nsecret_key = s\n")  # readable, but the key is gone
+    airflow.render_config()  # no metadata DB yet: nothing was encrypted, a new key is fine
+    assert _fernet_key(airflow)
+    airflow.cfg_file.write_text("[core]\n")
+    (airflow.data_dir / "airflow.db").write_bytes(b"SQLite format 3\x00")
+    with pytest.raises(StackError, match="no \\[core\\] fernet_key while the metadata DB exists"):
+        airflow.render_config()
+
+
+def test_airflow_env_command_reports_an_unreadable_cfg(tmp_path: Path) -> None:
+    import subprocess
+
+    airflow = Airflow(Settings(data_dir=tmp_path))
+    airflow.home.mkdir(parents=True)
+    airflow.cfg_file.write_text("garbage without a section\n")
+    trends = str(Path(sys.executable).parent / "trends")
+    env = {**os.environ, "TRENDS_DATA_DIR": str(tmp_path)}
+    proc = subprocess.run([trends, "stack", "airflow-env"], env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 1
+    assert "cannot read" in proc.stderr and "export" not in proc.stdout
+    assert airflow.cfg_file.read_text() == "garbage without a section\n"
+
+
+def _fernet_key(airflow: Airflow) -> str:
+    parser = configparser.RawConfigParser()
+    parser.read(airflow.cfg_file)
+    return parser.get("core", "fernet_key")
+
+
+def _snapshot(path: Path) -> str:
+    if path.is_symlink():
+        return f"symlink -> {os.readlink(path)}"
+    if path.is_dir():
+        return f"dir {sorted(p.name for p in path.iterdir())}"
+    return path.read_bytes().decode("utf-8", "replace")
