@@ -233,6 +233,20 @@ class StackSettings(BaseModel):
     spark_worker_cores: int = Field(1, ge=1, description="Cores each local Spark worker offers.")
     spark_worker_memory: str = Field("1g", description="Memory each local Spark worker offers to executors.")
     stop_timeout_s: float = Field(45.0, gt=0, description="Wait after SIGTERM before a server is SIGKILLed.")
+    speed_restart_backoff_s: float = Field(
+        2.0,
+        gt=0,
+        description="The stack restarts the speed service when it exits non-zero (a write error, a crash): first "
+        "after this many seconds, doubling with each quick failure in a row.",
+    )
+    speed_restart_backoff_max_s: float = Field(
+        60.0, gt=0, description="Longest wait between restarts of the speed service, seconds."
+    )
+    speed_restart_healthy_s: float = Field(
+        60.0,
+        gt=0,
+        description="A speed service run that lasted this many seconds counts as healthy: the back-off starts over.",
+    )
     java_home: Path | None = Field(
         None, description="JDK 17 to run the servers with. Default: $JAVA_HOME, else `java` on PATH."
     )

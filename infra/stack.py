@@ -13,6 +13,7 @@ the tail of its log.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ from infra import jars
 from infra.errors import StackError
 from infra.security import exposure_problem, is_loopback
 from infra.settings import Settings
+from infra.supervisor import SupervisorState
 
 logger = logging.getLogger(__name__)
 
@@ -785,10 +787,49 @@ class PipelineService(Service):
 
 
 class SpeedService(PipelineService):
-    """``trends speed run`` in the background: ready once its /metrics endpoint answers."""
+    """``trends speed run`` in the background, under :mod:`infra.supervisor`: ready once its /metrics answers.
+
+    A run that exits non-zero (a write error, Cassandra down, a crash) is restarted with exponential back-off
+    (``stack.speed_restart_*``); ``status`` shows the restarts, and the job exports them as a metric.
+    """
 
     name = "speed"
     args = ("speed", "run")
+
+    @property
+    def state_file(self) -> Path:
+        """Return the supervisor's state file (restarts, last exit)."""
+        return self.home / "supervisor.json"
+
+    @override
+    def command(self, java: str, config: Path) -> list[str]:
+        st = self.settings.stack
+        return [
+            sys.executable, "-m", "infra.supervisor", "--state", str(self.state_file),
+            "--backoff", str(st.speed_restart_backoff_s), "--backoff-max", str(st.speed_restart_backoff_max_s),
+            "--healthy-after", str(st.speed_restart_healthy_s),
+            "--", *super().command(java, config),
+        ]  # fmt: skip
+
+    @override
+    def _is_ours(self, pid: int) -> bool:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            return True
+        return "infra.supervisor" in argv and str(self.state_file) in argv and all(a in argv for a in self.args)
+
+    def supervisor_state(self) -> SupervisorState | None:
+        """Return what the supervisor last recorded (None before the first start)."""
+        return SupervisorState.read(self.state_file)
+
+    @override
+    def status(self) -> ServiceStatus:
+        base = super().status()
+        state = self.supervisor_state()
+        if state is None or base.pid is None:
+            return base
+        return dataclasses.replace(base, detail=state.describe())
 
     @property
     @override
