@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -37,7 +38,7 @@ from typing_extensions import override
 
 from infra import jars
 from infra.errors import StackError
-from infra.security import exposure_problem, is_loopback
+from infra.security import MIN_SECRET_CHARS, exposure_problem, is_loopback
 from infra.settings import Settings
 from infra.supervisor import SupervisorState
 
@@ -434,8 +435,9 @@ def signal_group(pid: int, sig: signal.Signals) -> None:
 
 
 def _render(template: str, target: Path, **values: object) -> Path:
+    """Fill a config template; the file is private (0600): it may hold a password."""
     text = Template((CONF_DIR / template).read_text()).substitute({k: str(v) for k, v in values.items()})
-    target.write_text(text)
+    _write_private(target, text)
     return target
 
 
@@ -490,20 +492,109 @@ class Kafka(Service):
 
     @override
     def check_safe(self) -> None:
+        """Refuse what the local broker cannot be, and a broker off loopback without SASL.
+
+        The local stack runs PLAINTEXT listeners, or SASL_PLAINTEXT with the PLAIN mechanism (one user, from
+        ``kafka.sasl_username``/``sasl_password``) on the client, inter-broker and controller listeners alike. Off
+        loopback it needs the latter, with a password of at least :data:`MIN_SECRET_CHARS` characters.
+        """
+        kafka = self.settings.kafka
+        where = f"{self.name} on {self.host}:{self.client_port}"
+        if kafka.security_protocol not in ("PLAINTEXT", "SASL_PLAINTEXT"):
+            msg = (
+                f"refusing to start {where}: TRENDS_KAFKA__SECURITY_PROTOCOL={kafka.security_protocol} needs TLS "
+                "keystores, which the local stack does not set up. It runs PLAINTEXT (loopback only) or "
+                "SASL_PLAINTEXT with TRENDS_KAFKA__SASL_MECHANISM=PLAIN; for TLS, run your own brokers "
+                "(docs/deploy.md) and point TRENDS_KAFKA__BOOTSTRAP_SERVERS at them without `trends stack up kafka`."
+            )
+            raise StackError(msg)
+        if kafka.security_protocol == "SASL_PLAINTEXT":
+            self._check_sasl(where)
         if is_loopback(self.host):
             return
-        msg = (
-            f"refusing to start {self.name} on {self.host}:{self.client_port}, which is not a loopback address: the "
-            "local stack runs Kafka without authentication (PLAINTEXT listeners, no SASL, no ACLs) and cannot set "
-            "SASL up itself. Keep TRENDS_KAFKA__BOOTSTRAP_SERVERS on 127.0.0.x for the local stack. To serve other "
-            "machines, run brokers with a SASL listener (SASL_SSL with SCRAM-SHA-512 users created by "
-            "kafka-storage/kafka-configs, `sasl.enabled.mechanisms`, a JAAS config per listener, TLS keystores and "
-            "an authorizer; see docs/deploy.md) and point the pipeline at them with "
-            "TRENDS_KAFKA__BOOTSTRAP_SERVERS, TRENDS_KAFKA__SECURITY_PROTOCOL=SASL_SSL, "
-            "TRENDS_KAFKA__SASL_MECHANISM=SCRAM-SHA-512, TRENDS_KAFKA__SASL_USERNAME and TRENDS_KAFKA__SASL_PASSWORD "
-            "(without `trends stack up kafka`)."
+        if kafka.security_protocol == "PLAINTEXT":
+            msg = (
+                f"refusing to start {where}, which is not a loopback address, without authentication (PLAINTEXT "
+                "listeners). Keep TRENDS_KAFKA__BOOTSTRAP_SERVERS on 127.0.0.x, or let the stack run its brokers "
+                "with SASL: set TRENDS_KAFKA__SECURITY_PROTOCOL=SASL_PLAINTEXT, TRENDS_KAFKA__SASL_MECHANISM=PLAIN, "
+                "TRENDS_KAFKA__SASL_USERNAME and TRENDS_KAFKA__SASL_PASSWORD (at least "
+                f"{MIN_SECRET_CHARS} characters). SASL_PLAINTEXT sends that password unencrypted: on an untrusted "
+                "network run brokers with SASL_SSL (TLS keystores, SCRAM users, an authorizer; docs/deploy.md) and "
+                "point the pipeline at them instead."
+            )
+            raise StackError(msg)
+        password = kafka.sasl_password.get_secret_value() if kafka.sasl_password is not None else ""
+        if len(password) < MIN_SECRET_CHARS:
+            msg = (
+                f"refusing to start {where}, which is not a loopback address: TRENDS_KAFKA__SASL_PASSWORD has "
+                f"{len(password)} characters, off loopback it needs at least {MIN_SECRET_CHARS}."
+            )
+            raise StackError(msg)
+        logger.warning(
+            "%s listens on %s with SASL/PLAIN over plaintext: the password crosses the network unencrypted",
+            self.name,
+            self.host,
         )
-        raise StackError(msg)
+
+    def _check_sasl(self, where: str) -> None:
+        kafka = self.settings.kafka
+        password = kafka.sasl_password.get_secret_value() if kafka.sasl_password is not None else ""
+        missing = [
+            var
+            for var, ok in (
+                ("TRENDS_KAFKA__SASL_MECHANISM=PLAIN", kafka.sasl_mechanism == "PLAIN"),
+                ("TRENDS_KAFKA__SASL_USERNAME", bool(kafka.sasl_username)),
+                ("TRENDS_KAFKA__SASL_PASSWORD", bool(password)),
+            )
+            if not ok
+        ]
+        if missing:
+            msg = (
+                f"refusing to start {where} with SASL_PLAINTEXT: the local stack sets up the PLAIN mechanism with one "
+                f"user; set {', '.join(missing)} (SCRAM users need `kafka-storage format --add-scram`: run your own "
+                "brokers for them)."
+            )
+            raise StackError(msg)
+        if any(c in f"{kafka.sasl_username}{password}" for c in '"\\\n\r'):
+            msg = (
+                "TRENDS_KAFKA__SASL_USERNAME and TRENDS_KAFKA__SASL_PASSWORD must not contain quotes, backslashes or "
+                "line breaks for the local stack (they go into a JAAS config)."
+            )
+            raise StackError(msg)
+
+    def listener_config(self) -> str:
+        """Return the listener lines of server.properties: PLAINTEXT, or SASL_PLAINTEXT with PLAIN everywhere."""
+        host, port, ctl = self.host, self.client_port, self.controller_port
+        kafka = self.settings.kafka
+        if kafka.security_protocol != "SASL_PLAINTEXT":
+            return "\n".join(
+                [
+                    f"listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{ctl}",
+                    f"advertised.listeners=PLAINTEXT://{host}:{port}",
+                    "inter.broker.listener.name=PLAINTEXT",
+                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                ]
+            )
+        user = kafka.sasl_username or ""
+        password = kafka.sasl_password.get_secret_value() if kafka.sasl_password is not None else ""
+        # The broker's own login (username/password) and the users it accepts (user_<name>): the same single user.
+        jaas = (
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'username="{user}" password="{password}" user_{user}="{password}";'
+        )
+        return "\n".join(
+            [
+                f"listeners=SASL_PLAINTEXT://{host}:{port},CONTROLLER://{host}:{ctl}",
+                f"advertised.listeners=SASL_PLAINTEXT://{host}:{port}",
+                "inter.broker.listener.name=SASL_PLAINTEXT",
+                "listener.security.protocol.map=SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT",
+                "sasl.enabled.mechanisms=PLAIN",
+                "sasl.mechanism.inter.broker.protocol=PLAIN",
+                "sasl.mechanism.controller.protocol=PLAIN",
+                f"listener.name.sasl_plaintext.plain.sasl.jaas.config={jaas}",
+                f"listener.name.controller.plain.sasl.jaas.config={jaas}",
+            ]
+        )
 
     @override
     def render_config(self) -> Path:
@@ -516,9 +607,7 @@ class Kafka(Service):
             self.conf_dir / "server.properties",
             node_id=self.node + 1,
             voters=voters,
-            host=self.host,
-            port=self.client_port,
-            controller_port=self.controller_port,
+            listener_config=self.listener_config(),
             log_dirs=self.home / "data",
             partitions=self.settings.kafka.partitions,
             internal_rf=min(3, len(brokers)),
@@ -639,20 +728,45 @@ class Cassandra(Service):
             (self.jmx_port, "JMX", "TRENDS_STACK__CASSANDRA_JMX_PORT"),
         ]
 
+    @property
+    def auth_enabled(self) -> bool:
+        """Tell whether the node runs PasswordAuthenticator (``cassandra.username`` and ``password`` set)."""
+        cfg = self.settings.cassandra
+        return bool(cfg.username) and cfg.password is not None and bool(cfg.password.get_secret_value())
+
     @override
     def check_safe(self) -> None:
+        """Refuse a node off loopback without PasswordAuthenticator (and a password of 16+ characters)."""
+        cfg = self.settings.cassandra
+        where = f"{self.name} on {self.host}:{self.client_port}"
+        if bool(cfg.username) != (cfg.password is not None and bool(cfg.password.get_secret_value())):
+            msg = f"refusing to start {where}: set both TRENDS_CASSANDRA__USERNAME and TRENDS_CASSANDRA__PASSWORD."
+            raise StackError(msg)
+        if self.auth_enabled and not re.fullmatch(r"[a-z][a-z0-9_]{0,47}", cfg.username or ""):
+            msg = (
+                f"refusing to start {where}: for the local stack TRENDS_CASSANDRA__USERNAME must be a lower-case "
+                "identifier (letters, digits, _), as the role it creates is named after it."
+            )
+            raise StackError(msg)
         if is_loopback(self.host):
             return
-        msg = (
-            f"refusing to start {self.name} on {self.host}:{self.client_port}, which is not a loopback address: the "
-            "local stack runs Cassandra with AllowAllAuthenticator (no passwords) and cannot set authentication up "
-            "itself. Keep TRENDS_CASSANDRA__CONTACT_POINTS on 127.0.0.x for the local stack. To serve other "
-            "machines, run nodes with `authenticator: PasswordAuthenticator` and `authorizer: CassandraAuthorizer` "
-            "in cassandra.yaml (and client TLS), replace the default cassandra/cassandra superuser with your own "
-            "role, and point the pipeline at them with TRENDS_CASSANDRA__CONTACT_POINTS, "
-            "TRENDS_CASSANDRA__USERNAME and TRENDS_CASSANDRA__PASSWORD (without `trends stack up cassandra`)."
-        )
-        raise StackError(msg)
+        if not self.auth_enabled:
+            msg = (
+                f"refusing to start {where}, which is not a loopback address, without authentication "
+                "(AllowAllAuthenticator). Keep TRENDS_CASSANDRA__CONTACT_POINTS on 127.0.0.x, or let the stack run "
+                "it with PasswordAuthenticator: set TRENDS_CASSANDRA__USERNAME and TRENDS_CASSANDRA__PASSWORD (at "
+                f"least {MIN_SECRET_CHARS} characters); the stack creates that superuser role and disables the "
+                "default cassandra/cassandra one. Client traffic is not encrypted: on an untrusted network run nodes "
+                "with client TLS (client_encryption_options) and point the pipeline at them instead."
+            )
+            raise StackError(msg)
+        password = cfg.password.get_secret_value() if cfg.password is not None else ""
+        if len(password) < MIN_SECRET_CHARS:
+            msg = (
+                f"refusing to start {where}, which is not a loopback address: TRENDS_CASSANDRA__PASSWORD has "
+                f"{len(password)} characters, off loopback it needs at least {MIN_SECRET_CHARS}."
+            )
+            raise StackError(msg)
 
     @override
     def render_config(self) -> Path:
@@ -673,6 +787,8 @@ class Cassandra(Service):
             data_dir=self.home / "data",
             commitlog_sync=mode,
             commitlog_sync_option=option,
+            authenticator="PasswordAuthenticator" if self.auth_enabled else "AllowAllAuthenticator",
+            authorizer="CassandraAuthorizer" if self.auth_enabled else "AllowAllAuthorizer",
         )
 
     @override
@@ -705,6 +821,8 @@ class Cassandra(Service):
             f"-Dcassandra.jmx.local.port={self.jmx_port}",
             "-Dcassandra.skip_wait_for_gossip_to_settle=0",
             "-Dcassandra.ring_delay_ms=1000",
+            # With PasswordAuthenticator: create the default superuser at once, so `wait_ready` can replace it.
+            "-Dcassandra.superuser_setup_delay_ms=0",
             "-cp",
             f"{self.conf_dir}:{folder}/*",
             "org.apache.cassandra.service.CassandraDaemon",
@@ -715,11 +833,89 @@ class Cassandra(Service):
         if self.node == 0:
             return
         deadline = time.monotonic() + self.start_timeout
-        while not (port_is_open(self.seed, self.client_port) and self._ping(self.seed)):
+        seed = Cassandra(self.settings, 0)
+        while not (
+            port_is_open(self.seed, self.client_port)
+            and (self._ping(self.seed) or (self.auth_enabled and seed._bootstrap_role() and self._ping(self.seed)))
+        ):
             if time.monotonic() > deadline:
                 msg = f"{self.name} waits for the seed node {self.seed}, which did not accept clients in time"
                 raise StackError(msg)
             time.sleep(1)
+
+    @override
+    def wait_ready(self, pid: int) -> float:
+        """Wait until the node accepts the configured clients; with auth, create their role on first start.
+
+        A new node with PasswordAuthenticator has only the default ``cassandra``/``cassandra`` superuser. The seed
+        node's wait logs in with it once, creates the configured role (superuser, login) and then, as that role,
+        takes the default one's login and superuser status away, so the well-known password opens nothing. The
+        window between the node's start and that step is the wait itself (seconds).
+        """
+        if not self.auth_enabled or self.node != 0:
+            return super().wait_ready(pid)
+        started = time.monotonic()
+        deadline = started + self.start_timeout
+        while time.monotonic() < deadline:
+            if not process_alive(pid):
+                return super().wait_ready(pid)  # reports the exit with the log tail
+            if port_is_open(self.host, self.client_port):
+                if self._ping(self.host):
+                    return time.monotonic() - started
+                if self._bootstrap_role():
+                    continue
+            time.sleep(1)
+        logs = tail(self.log_files())
+        self.stop()
+        user = self.settings.cassandra.username
+        msg = (
+            f"{self.name} did not accept the role {user} within {self.start_timeout:.0f} s; stopped it. If the node "
+            "already has roles, TRENDS_CASSANDRA__PASSWORD must be that role's password (the stack creates the role "
+            f"only on a node that still has the default superuser).\n{logs}"
+        )
+        raise StackError(msg)
+
+    def _bootstrap_role(self) -> bool:
+        """Replace the default superuser by the configured role; return whether it was done now."""
+        from cassandra.auth import PlainTextAuthProvider  # noqa: PLC0415
+        from cassandra.cluster import Cluster  # noqa: PLC0415
+
+        cfg = self.settings.cassandra
+        user, password = cfg.username or "", cfg.password.get_secret_value() if cfg.password else ""
+        default = Cluster(
+            [self.host],
+            port=self.client_port,
+            auth_provider=PlainTextAuthProvider("cassandra", "cassandra"),
+            protocol_version=cfg.protocol_version,
+            connect_timeout=5,
+        )
+        try:
+            sess = default.connect()
+            # system_auth is read at QUORUM for the default superuser: fine on the one node that exists now.
+            create = f"CREATE ROLE IF NOT EXISTS {user} WITH PASSWORD = %s AND SUPERUSER = true AND LOGIN = true"
+            sess.execute(create, (password,))
+        except Exception:  # not up yet, or the default superuser is gone: the caller retries, then times out
+            logger.debug("cassandra default superuser not usable (yet)", exc_info=True)
+            return False
+        finally:
+            default.shutdown()
+        ours = Cluster(
+            [self.host],
+            port=self.client_port,
+            auth_provider=PlainTextAuthProvider(user, password),
+            protocol_version=cfg.protocol_version,
+            connect_timeout=5,
+        )
+        try:
+            sess = ours.connect()
+            sess.execute(
+                "ALTER ROLE cassandra WITH PASSWORD = %s AND SUPERUSER = false AND LOGIN = false",
+                (secrets.token_urlsafe(24),),
+            )
+        finally:
+            ours.shutdown()
+        logger.info("%s: created role %s and disabled the default cassandra superuser", self.name, user)
+        return True
 
     def _ping(self, host: str) -> bool:
         from infra.cassandra import ping  # noqa: PLC0415

@@ -234,3 +234,89 @@ def test_masking_helpers() -> None:
         "b": "y",
         "c": [f"s3://{MASK}@b/p"],
     }
+
+
+def _sasl(tmp_path: Path, servers: str, password: str = LONG_SECRET, **extra: Any) -> Settings:
+    kafka = {
+        "bootstrap_servers": servers,
+        "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": "PLAIN",
+        "sasl_username": "trends",
+        "sasl_password": SecretStr(password),
+        **extra,
+    }
+    return _settings(tmp_path, kafka=kafka)
+
+
+def test_kafka_with_sasl_plain_renders_sasl_on_every_listener_in_a_private_file(tmp_path: Path) -> None:
+    import stat
+
+    node = stack.nodes(_sasl(tmp_path, "127.0.0.1:19092"), "kafka")[0]
+    node.conf_dir.mkdir(parents=True)
+    config = node.render_config()
+    text = config.read_text()
+    assert "listeners=SASL_PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:9093" in text
+    assert "listener.security.protocol.map=SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT" in text
+    assert "PLAINTEXT:PLAINTEXT" not in text and "sasl.mechanism.controller.protocol=PLAIN" in text
+    assert f'user_trends="{LONG_SECRET}"' in text and text.count("PlainLoginModule") == 2
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600  # it holds the password
+
+
+def test_kafka_off_loopback_with_sasl_plain_is_allowed(tmp_path: Path) -> None:
+    node = stack.nodes(_sasl(tmp_path, "10.0.0.5:9092"), "kafka")[0]
+    node.check_safe()  # no exception: the stack runs it with SASL
+
+
+@pytest.mark.parametrize(
+    ("servers", "password", "extra", "needle"),
+    [
+        ("10.0.0.5:9092", "short", {}, "at least 16"),
+        ("127.0.0.1:9092", LONG_SECRET, {"sasl_mechanism": "SCRAM-SHA-512"}, "TRENDS_KAFKA__SASL_MECHANISM=PLAIN"),
+        ("127.0.0.1:9092", LONG_SECRET, {"sasl_username": None}, "TRENDS_KAFKA__SASL_USERNAME"),
+        ("127.0.0.1:9092", 'has"quote' + LONG_SECRET, {}, "quotes"),
+        ("127.0.0.1:9092", LONG_SECRET, {"security_protocol": "SASL_SSL"}, "TLS"),
+        ("10.0.0.5:9092", LONG_SECRET, {"security_protocol": "SSL"}, "TLS"),
+    ],
+)
+def test_kafka_configurations_the_stack_cannot_run_are_refused(
+    tmp_path: Path, servers: str, password: str, extra: dict[str, Any], needle: str
+) -> None:
+    settings = _sasl(tmp_path, servers, password, **extra)
+    with pytest.raises(StackError, match=needle):
+        stack.up(settings, ["kafka"])
+    _nothing_launched(settings)
+
+
+def _cas_auth(
+    tmp_path: Path, points: list[str], user: str | None = "trends", password: str | None = LONG_SECRET
+) -> Settings:
+    secret = SecretStr(password) if password is not None else None
+    return _settings(tmp_path, cassandra={"contact_points": points, "username": user, "password": secret})
+
+
+def test_cassandra_with_credentials_renders_password_authentication(tmp_path: Path) -> None:
+    node = stack.nodes(_cas_auth(tmp_path, ["10.0.0.5"]), "cassandra")[0]
+    node.check_safe()  # off loopback, allowed: the stack runs it with PasswordAuthenticator
+    node.conf_dir.mkdir(parents=True)
+    text = node.render_config().read_text()
+    assert "authenticator: PasswordAuthenticator" in text and "authorizer: CassandraAuthorizer" in text
+    plain = stack.nodes(_settings(tmp_path), "cassandra")[0]
+    assert "authenticator: AllowAllAuthenticator" in plain.render_config().read_text()
+
+
+@pytest.mark.parametrize(
+    ("points", "user", "password", "needle"),
+    [
+        (["10.0.0.5"], "trends", "short", "at least 16"),
+        (["127.0.0.1"], "trends", None, "set both"),
+        (["127.0.0.1"], None, LONG_SECRET, "set both"),
+        (["127.0.0.1"], 'x"; DROP', LONG_SECRET, "lower-case identifier"),
+    ],
+)
+def test_cassandra_credentials_the_stack_cannot_use_are_refused(
+    tmp_path: Path, points: list[str], user: str | None, password: str | None, needle: str
+) -> None:
+    settings = _cas_auth(tmp_path, points, user, password)
+    with pytest.raises(StackError, match=needle):
+        stack.up(settings, ["cassandra"])
+    _nothing_launched(settings)
