@@ -18,7 +18,7 @@ import unicodedata
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Annotated, Any, Final
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
 
 if TYPE_CHECKING:
@@ -184,12 +184,15 @@ def content_id(ts: datetime, item: str, user: str | None, value: float | None, d
 CONTROL_CHARS: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-def _nfc(value: Any) -> Any:
-    """Normalise text to Unicode NFC, so the same item typed in composed or decomposed form is one item."""
-    return unicodedata.normalize("NFC", value) if isinstance(value, str) else value
+def _clean_text(value: Any) -> Any:
+    """Normalise text to Unicode NFC and refuse control characters (one call per field: this is the hot path).
 
-
-def _no_controls(value: str) -> str:
+    NFC makes the same item typed in composed or decomposed form one item; ASCII is already NFC.
+    """
+    if type(value) is not str:
+        return value
+    if not value.isascii():
+        value = unicodedata.normalize("NFC", value)
     match = CONTROL_CHARS.search(value)
     if match is not None:
         kind = "control_character"
@@ -198,15 +201,15 @@ def _no_controls(value: str) -> str:
     return value
 
 
-# Event text: NFC-normalised before the length limits apply (the constraints come first in each Annotated so that
-# pydantic applies them natively to the str; the BeforeValidator still runs before them), without control characters.
-_NFC, _NO_CONTROLS = BeforeValidator(_nfc), AfterValidator(_no_controls)
-EventId = Annotated[str, StringConstraints(max_length=MAX_ID_CHARS), _NFC, _NO_CONTROLS]
-Item = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ITEM_CHARS), _NFC, _NO_CONTROLS]
-Actor = Annotated[str, StringConstraints(min_length=1, max_length=MAX_USER_CHARS), _NFC, _NO_CONTROLS]
+# Event text: NFC-normalised and free of control characters before the length limits apply (the constraints come
+# first in each Annotated so that pydantic applies them natively to the str; the BeforeValidator runs before them).
+_TEXT = BeforeValidator(_clean_text)
+EventId = Annotated[str, StringConstraints(max_length=MAX_ID_CHARS), _TEXT]
+Item = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ITEM_CHARS), _TEXT]
+Actor = Annotated[str, StringConstraints(min_length=1, max_length=MAX_USER_CHARS), _TEXT]
 DimName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_DIM_KEY_CHARS, pattern=DIM_KEY_PATTERN)]
 # An empty dimension value would make a slice (`origin=`) that no query can name: rejected.
-DimValue = Annotated[str, StringConstraints(min_length=1, max_length=MAX_DIM_VALUE_CHARS), _NFC, _NO_CONTROLS]
+DimValue = Annotated[str, StringConstraints(min_length=1, max_length=MAX_DIM_VALUE_CHARS), _TEXT]
 
 
 class Event(BaseModel):
