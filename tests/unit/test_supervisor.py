@@ -133,3 +133,17 @@ def test_the_speed_metrics_export_the_restart_count(monkeypatch: pytest.MonkeyPa
     assert 'trends_speed_restarts_total{query="q"} 0' in MetricsRegistry("q").render()
     monkeypatch.setenv(RESTARTS_ENV, "4")
     assert 'trends_speed_restarts_total{query="q"} 4' in MetricsRegistry("q").render()
+
+
+def test_the_child_does_not_outlive_a_killed_supervisor(tmp_path: Path) -> None:
+    proc, log, state_file = _supervise(tmp_path, 0)
+    try:
+        _wait(lambda: len(_runs(log)) == 1, 10)
+        state = SupervisorState.read(state_file)
+        assert state is not None and state.child_pid is not None
+        proc.kill()  # SIGKILL to the supervisor alone: it cannot forward anything
+        proc.wait(5)
+        _wait(lambda: not Path(f"/proc/{state.child_pid}").exists(), 10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
