@@ -555,10 +555,13 @@ class Kafka(Service):
                 "brokers for them)."
             )
             raise StackError(msg)
-        if any(c in f"{kafka.sasl_username}{password}" for c in '"\\\n\r'):
+        if not re.fullmatch(r"[A-Za-z0-9_.\-]{1,64}", kafka.sasl_username or "") or any(
+            c in password for c in '"\\\n\r'
+        ):
             msg = (
-                "TRENDS_KAFKA__SASL_USERNAME and TRENDS_KAFKA__SASL_PASSWORD must not contain quotes, backslashes or "
-                "line breaks for the local stack (they go into a JAAS config)."
+                "for the local stack TRENDS_KAFKA__SASL_USERNAME must be letters, digits, `_`, `.` or `-`, and "
+                "TRENDS_KAFKA__SASL_PASSWORD must not contain quotes, backslashes or line breaks (both go into a JAAS "
+                "config)."
             )
             raise StackError(msg)
 

@@ -274,6 +274,7 @@ def test_kafka_off_loopback_with_sasl_plain_is_allowed(tmp_path: Path) -> None:
         ("127.0.0.1:9092", LONG_SECRET, {"sasl_mechanism": "SCRAM-SHA-512"}, "TRENDS_KAFKA__SASL_MECHANISM=PLAIN"),
         ("127.0.0.1:9092", LONG_SECRET, {"sasl_username": None}, "TRENDS_KAFKA__SASL_USERNAME"),
         ("127.0.0.1:9092", 'has"quote' + LONG_SECRET, {}, "quotes"),
+        ("127.0.0.1:9092", LONG_SECRET, {"sasl_username": "a b"}, "letters, digits"),
         ("127.0.0.1:9092", LONG_SECRET, {"security_protocol": "SASL_SSL"}, "TLS"),
         ("10.0.0.5:9092", LONG_SECRET, {"security_protocol": "SSL"}, "TLS"),
     ],
