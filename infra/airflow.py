@@ -354,6 +354,13 @@ class Airflow:
             )
             if problem:
                 raise StackError(problem)
+            if "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE" in self.conf.config:
+                msg = (
+                    f"refusing to serve Airflow on {host or 'every interface'} (not loopback) with "
+                    "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE in TRENDS_AIRFLOW__CONFIG: the passwords in "
+                    "that file cannot be checked; set TRENDS_AIRFLOW__ADMIN_PASSWORD instead."
+                )
+                raise StackError(msg)
             all_admins = self.airflow_env().get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "")
             if all_admins.strip().lower() in {"true", "1", "t", "yes", "on"}:
                 msg = (

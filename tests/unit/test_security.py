@@ -186,10 +186,17 @@ def test_airflow_admin_password_minimum_length_off_loopback(tmp_path: Path) -> N
     _airflow(tmp_path, host=ANY, admin_password=SecretStr(LONG_SECRET)).check_safe()
 
 
-def test_airflow_refuses_all_admins_off_loopback(tmp_path: Path) -> None:
-    config = {"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True"}
-    with pytest.raises(StackError, match="ALL_ADMINS"):
+@pytest.mark.parametrize(
+    ("config", "needle"),
+    [
+        ({"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True"}, "ALL_ADMINS"),
+        ({"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": "/tmp/weak.json"}, "PASSWORDS_FILE"),
+    ],
+)
+def test_airflow_refuses_auth_bypasses_off_loopback(tmp_path: Path, config: dict[str, str], needle: str) -> None:
+    with pytest.raises(StackError, match=needle):
         _airflow(tmp_path, host=ANY, admin_password=SecretStr(LONG_SECRET), config=config).check_safe()
+    _airflow(tmp_path, admin_password=SecretStr(LONG_SECRET), config=config).check_safe()  # loopback: allowed
 
 
 def test_escape_text_leaves_nothing_a_terminal_interprets() -> None:
