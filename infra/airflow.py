@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.errors import StackError
+from infra.security import MIN_SECRET_CHARS, exposure_problem, has_userinfo, is_loopback, is_secret_key
 from infra.settings import LOCAL_ADMIN_PASSWORD, Settings
 from infra.stack import ServiceStatus, ensure_port_free, process_alive, reap, signal_group, tail
 
@@ -49,7 +51,6 @@ REPO_DAGS = Path(__file__).resolve().parent.parent / "dags"
 HEALTH_PATH = "/api/v2/monitor/health"
 TOKEN_PATH = "/auth/token"  # noqa: S105 - a URL path, not a password
 SIMPLE_AUTH_MANAGER = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
-LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 WILDCARD = frozenset({"0.0.0.0", "::", ""})  # noqa: S104 - recognised, to reach such a server on loopback
 LOG_ROTATE_BYTES = 50 * 1024 * 1024
 
@@ -139,20 +140,31 @@ class Airflow:
         return tuple(c for c in COMPONENTS if c is not TRIGGERER or self.conf.triggerer)
 
     @property
+    def api_host(self) -> str:
+        """Return the address the API server really binds: ``airflow.config`` overrides ``airflow.host``."""
+        return self.conf.config.get("AIRFLOW__API__HOST", self.conf.host)
+
+    @property
+    def api_port(self) -> int:
+        """Return the port the API server really binds: ``airflow.config`` overrides ``airflow.api_port``."""
+        value = self.conf.config.get("AIRFLOW__API__PORT", "")
+        return int(value) if value.strip().isdigit() else self.conf.api_port
+
+    @property
     def client_host(self) -> str:
         """Return the address to reach the API server at (loopback when it binds every interface)."""
-        return "127.0.0.1" if self.conf.host in WILDCARD else self.conf.host
+        return "127.0.0.1" if self.api_host in WILDCARD else self.api_host
 
     @property
     def url(self) -> str:
         """Return the base URL of the UI and REST API."""
         host = f"[{self.client_host}]" if ":" in self.client_host else self.client_host
-        return f"http://{host}:{self.conf.api_port}"
+        return f"http://{host}:{self.api_port}"
 
     @property
     def address(self) -> str:
         """Return host:port of the API server."""
-        return f"{self.client_host}:{self.conf.api_port}"
+        return f"{self.client_host}:{self.api_port}"
 
     @property
     def dags_folder(self) -> Path:
@@ -223,6 +235,24 @@ class Airflow:
         return env
 
     @staticmethod
+    def split_secret_env(env: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+        """Split Airflow variables into those safe to print and the secret ones (by name, or a URI's password)."""
+        plain: dict[str, str] = {}
+        secret: dict[str, str] = {}
+        for key, value in env.items():
+            # The SQLite URL the stack sets is a path; a URL with a password is caught by its userinfo.
+            is_secret = (is_secret_key(key) and key != "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN") or has_userinfo(value)
+            (secret if is_secret else plain)[key] = value
+        return plain, secret
+
+    def write_secret_env(self, secret: dict[str, str]) -> Path:
+        """Write ``export`` lines of secret variables to a file only the owner reads; return its path."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        path = self.home / "secret.env"
+        _write_private(path, "".join(f"export {k}={shlex.quote(v)}\n" for k, v in secret.items()))
+        return path
+
+    @staticmethod
     def bin_dir() -> Path:
         """Return the venv's ``bin``, which must come first on PATH (Airflow runs ``airflow …`` subprocesses)."""
         return airflow_executable().parent
@@ -233,19 +263,48 @@ class Airflow:
         return {**os.environ, **self.settings.to_env(), **self.airflow_env(), "PATH": path}
 
     def _keys(self) -> dict[str, str]:
-        """Return the keys of the existing ``airflow.cfg``, generating any that are missing (kept across starts)."""
+        """Return the keys of the existing ``airflow.cfg``, generating them only for a new one (kept across starts).
+
+        The Fernet key encrypts the connections and variables stored in the metadata DB: a new one makes them
+        unreadable. So an ``airflow.cfg`` that exists but cannot be read or parsed, or that lost its Fernet key while
+        a metadata DB exists, is an error naming the file, never a reason to generate a new key.
+
+        :raises StackError: on such a file.
+        """
         parser = configparser.RawConfigParser()
-        with contextlib.suppress(OSError, configparser.Error):
-            parser.read(self.cfg_file, encoding="utf-8")
+        exists = self.cfg_file.exists() or self.cfg_file.is_symlink()
+        if exists:
+            try:
+                with self.cfg_file.open(encoding="utf-8") as fh:
+                    parser.read_file(fh, source=str(self.cfg_file))
+            except (OSError, UnicodeError, configparser.Error) as exc:
+                msg = (
+                    f"cannot read {self.cfg_file}: {_why_unreadable(exc)}. It holds the Fernet key of the "
+                    "connections stored in the metadata DB, so no new key is generated: fix the file (permissions, "
+                    "contents) or restore it from a backup. Only if the metadata DB holds nothing to keep, delete the "
+                    "file and run `trends stack reset airflow`."
+                )
+                raise StackError(msg) from exc
         wanted: dict[tuple[str, str], Callable[[], str]] = {
             ("core", "fernet_key"): lambda: base64.urlsafe_b64encode(os.urandom(32)).decode(),
             ("api_auth", "jwt_secret"): lambda: secrets.token_urlsafe(32),
             ("api", "secret_key"): lambda: secrets.token_urlsafe(32),
         }
+        if exists and not parser.get("core", "fernet_key", fallback="") and self._metadata_db_exists():
+            msg = (
+                f"{self.cfg_file} has no [core] fernet_key while the metadata DB exists: the connections stored there "
+                "were encrypted with it, so no new key is generated. Restore the key (or the file) from a backup; "
+                "only if the metadata DB holds nothing to keep, run `trends stack reset airflow`."
+            )
+            raise StackError(msg)
         return {
             f"{section}.{key}": parser.get(section, key, fallback="") or make()
             for (section, key), make in wanted.items()
         }
+
+    def _metadata_db_exists(self) -> bool:
+        """Tell whether a metadata DB may already hold encrypted data (a configured URL is assumed to)."""
+        return self.conf.database_url is not None or (self.data_dir / "airflow.db").exists()
 
     def render_config(self) -> Path:
         """Write ``airflow.cfg`` (generated keys, a PostgreSQL URL if set) and the passwords file; return the cfg.
@@ -271,13 +330,46 @@ class Airflow:
         return self.cfg_file
 
     # -- checks before starting -------------------------------------------------------------------------------
-    def _check_safe(self) -> None:
-        if self.conf.host not in LOOPBACK and self.conf.admin_password.get_secret_value() == LOCAL_ADMIN_PASSWORD:
-            msg = (
-                f"refusing to serve Airflow on {self.conf.host} with the default admin password: "
-                "set TRENDS_AIRFLOW__ADMIN_PASSWORD, or keep TRENDS_AIRFLOW__HOST on 127.0.0.1."
+    def check_safe(self) -> None:
+        """Refuse a non-loopback API server with the default, a short or no admin password, or with auth disabled.
+
+        The host checked is the one Airflow will bind: ``AIRFLOW__API__HOST`` in ``airflow.config`` wins over
+        ``airflow.host``.
+
+        :raises StackError: on an unsafe configuration, or a DAGs folder that does not exist.
+        """
+        host = self.api_host
+        if not is_loopback(host):
+            password = self.conf.admin_password.get_secret_value()
+            where = "TRENDS_AIRFLOW__HOST" + (
+                " and AIRFLOW__API__HOST in TRENDS_AIRFLOW__CONFIG" if "AIRFLOW__API__HOST" in self.conf.config else ""
             )
-            raise StackError(msg)
+            if password == LOCAL_ADMIN_PASSWORD:
+                msg = (
+                    f"refusing to serve Airflow on {host or 'every interface'} (not loopback) with the default admin "
+                    f"password: set TRENDS_AIRFLOW__ADMIN_PASSWORD (at least {MIN_SECRET_CHARS} characters), or keep "
+                    f"{where} on 127.0.0.1."
+                )
+                raise StackError(msg)
+            problem = exposure_problem(
+                "Airflow", host, password, guard_var="TRENDS_AIRFLOW__ADMIN_PASSWORD", host_var=where
+            )
+            if problem:
+                raise StackError(problem)
+            if "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE" in self.conf.config:
+                msg = (
+                    f"refusing to serve Airflow on {host or 'every interface'} (not loopback) with "
+                    "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE in TRENDS_AIRFLOW__CONFIG: the passwords in "
+                    "that file cannot be checked; set TRENDS_AIRFLOW__ADMIN_PASSWORD instead."
+                )
+                raise StackError(msg)
+            all_admins = self.airflow_env().get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "")
+            if all_admins.strip().lower() in {"true", "1", "t", "yes", "on"}:
+                msg = (
+                    f"refusing to serve Airflow on {host or 'every interface'} (not loopback) with "
+                    "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS set: it lets everyone in as admin."
+                )
+                raise StackError(msg)
         if not self.dags_folder.is_dir():
             msg = f"the DAGs folder {self.dags_folder} does not exist (TRENDS_AIRFLOW__DAGS_FOLDER)."
             raise StackError(msg)
@@ -397,9 +489,9 @@ class Airflow:
         if all(pids[c.name] is not None for c in self.components):
             logger.info("airflow already running (api-server pid %s)", pids[API_SERVER.name])
             return int(pids[API_SERVER.name] or 0)
-        self._check_safe()
+        self.check_safe()
         if pids[API_SERVER.name] is None:
-            ensure_port_free(self.conf.host, self.conf.api_port, "airflow (API server)", "TRENDS_AIRFLOW__API_PORT")
+            ensure_port_free(self.api_host, self.api_port, "airflow (API server)", "TRENDS_AIRFLOW__API_PORT")
         env = self.process_env()
         seconds = self.init_db()
         logger.info("airflow metadata DB ready in %.1f s", seconds)
@@ -747,6 +839,19 @@ class Airflow:
             time.sleep(3)
         msg = f"{dag_id} runs not done within {timeout_s:.0f} s: {states}"
         raise StackError(msg)
+
+
+def _why_unreadable(exc: Exception) -> str:
+    """Describe why a config file did not parse without quoting it (its lines hold keys and passwords)."""
+    if isinstance(exc, OSError):
+        return f"{type(exc).__name__} ({exc.strerror or exc})"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 at byte {exc.start}"
+    lines = {n for n, _ in getattr(exc, "errors", [])}  # ParsingError: (line number, line) pairs
+    if isinstance(getattr(exc, "lineno", None), int):
+        lines.add(exc.lineno)  # type: ignore[attr-defined]
+    where = f" at line {', '.join(map(str, sorted(lines)))}" if lines else ""
+    return f"{type(exc).__name__}{where}"
 
 
 def _end_leftovers(procs: list[Any]) -> None:

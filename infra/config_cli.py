@@ -11,6 +11,7 @@ import click
 from pydantic import BaseModel, SecretStr
 from pydantic_core import PydanticUndefined
 
+from infra.security import MASK, escape_json, mask_uri, mask_value
 from infra.settings import ENV_NESTED_DELIMITER, ENV_PREFIX, Settings
 
 DEFAULT_NOTES = {"data_dir": "~/.local/share/trends", "cache_dir": "~/.cache/trends"}
@@ -27,7 +28,7 @@ def settings_rows(model: type[BaseModel] = Settings, prefix: tuple[str, ...] = (
         if name in DEFAULT_NOTES and not prefix:
             default = DEFAULT_NOTES[name]
         elif isinstance(field.default, SecretStr):
-            default = "**********"  # the description says what it is
+            default = MASK  # the description says what it is
         elif field.default is not PydanticUndefined:
             default = (
                 ""
@@ -69,12 +70,31 @@ def write_readme_table(path: Path) -> bool:
     return new != text
 
 
-def _masked(value: Any) -> Any:
-    if isinstance(value, SecretStr):
-        return "**********"
-    if isinstance(value, dict):
-        return {k: _masked(v) for k, v in value.items()}
-    return value
+def masked_settings(model: BaseModel) -> dict[str, Any]:
+    """Return the settings as JSON-able values with every secret masked.
+
+    Masked: secret fields (``SecretStr``), the values of free-form maps (``spark.conf``, ``airflow.config``) whose
+    keys look secret (password, secret, token, key, credentials, connections) and the userinfo of any URI
+    (``postgresql://user:pw@host`` becomes ``postgresql://**********@host``).
+    """
+    out: dict[str, Any] = {}
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            out[name] = masked_settings(value)
+        elif isinstance(value, SecretStr):
+            out[name] = MASK
+        elif isinstance(value, dict):
+            out[name] = {str(k): mask_value(str(k), v) for k, v in value.items()}
+        elif isinstance(value, list):
+            out[name] = [mask_uri(v) if isinstance(v, str) else v for v in value]
+        elif isinstance(value, str):
+            out[name] = mask_uri(value)
+        elif isinstance(value, Path):
+            out[name] = str(value)
+        else:
+            out[name] = value
+    return out
 
 
 @click.command()
@@ -94,6 +114,4 @@ def config(settings: Settings, markdown: bool, update_readme: Path | None) -> No
     if markdown:
         click.echo(markdown_table())
         return
-    dumped = settings.model_dump(mode="python")
-    masked = {k: _masked(v) for k, v in dumped.items()}
-    click.echo(json.dumps(masked, indent=2, default=str))
+    click.echo(escape_json(json.dumps(masked_settings(settings), indent=2, default=str, ensure_ascii=False)))

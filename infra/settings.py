@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import typing
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from infra.security import MASK, has_userinfo, is_secret_key
 
 ENV_PREFIX = "TRENDS_"
 ENV_NESTED_DELIMITER = "__"
@@ -231,6 +234,20 @@ class StackSettings(BaseModel):
     spark_worker_cores: int = Field(1, ge=1, description="Cores each local Spark worker offers.")
     spark_worker_memory: str = Field("1g", description="Memory each local Spark worker offers to executors.")
     stop_timeout_s: float = Field(45.0, gt=0, description="Wait after SIGTERM before a server is SIGKILLed.")
+    speed_restart_backoff_s: float = Field(
+        2.0,
+        gt=0,
+        description="The stack restarts the speed service when it exits non-zero (a write error, a crash): first "
+        "after this many seconds, doubling with each quick failure in a row.",
+    )
+    speed_restart_backoff_max_s: float = Field(
+        60.0, gt=0, description="Longest wait between restarts of the speed service, seconds."
+    )
+    speed_restart_healthy_s: float = Field(
+        60.0,
+        gt=0,
+        description="A speed service run that lasted this many seconds counts as healthy: the back-off starts over.",
+    )
     java_home: Path | None = Field(
         None, description="JDK 17 to run the servers with. Default: $JAVA_HOME, else `java` on PATH."
     )
@@ -409,7 +426,8 @@ class ServingSettings(BaseModel):
     api_token: SecretStr | None = Field(
         None,
         description="If set, every /api/ request needs `Authorization: Bearer <token>` (the dashboard takes it as "
-        "`?token=`); health, readiness, metrics and docs stay open.",
+        "`?token=`); health, readiness, metrics and docs stay open. Empty means unset. Required (at least 16 "
+        "characters) when the API binds a non-loopback address, unless `trends serve --insecure`.",
     )
     max_window_days: int = Field(31, ge=1, le=3660, description="Longest query window, days.")
     max_limit: int = Field(200, ge=1, le=10_000, description="Largest `limit`/`top` a query may ask for.")
@@ -427,6 +445,15 @@ class ServingSettings(BaseModel):
         "the batch run they belong to, so a rerun is never served stale; 0 disables. Used only when reads see "
         "every acknowledged write (quorum reads and writes, or replication factor 1).",
     )
+
+    @field_validator("api_token", mode="before")
+    @classmethod
+    def _empty_token_is_unset(cls, value: Any) -> Any:
+        # TRENDS_SERVING__API_TOKEN= must not turn into a token that `Authorization: Bearer ` matches.
+        secret = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if isinstance(secret, str) and not secret.strip():
+            return None
+        return value
 
 
 LOCAL_ADMIN_PASSWORD = "admin"  # noqa: S105 - documented default of the loopback-only local stack
@@ -486,9 +513,12 @@ class AirflowSettings(BaseModel):
     @classmethod
     def _known_database(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None:
-            scheme = value.get_secret_value().partition("://")[0]
-            if scheme.partition("+")[0] not in {"postgresql", "mysql", "sqlite"}:
-                msg = f"database URL scheme {scheme!r}: use postgresql[+driver]://, mysql[+driver]:// or sqlite://"
+            url = value.get_secret_value()
+            scheme, sep, _ = url.partition("://")
+            if not sep or scheme.partition("+")[0] not in {"postgresql", "mysql", "sqlite"}:
+                # The URL itself is never repeated: it may hold a password.
+                shown = repr(scheme) if sep and scheme.replace("+", "").isalnum() else "not a URL"
+                msg = f"database URL scheme {shown}: use postgresql[+driver]://, mysql[+driver]:// or sqlite://"
                 raise ValueError(msg)
         return value
 
@@ -512,6 +542,13 @@ class Settings(BaseSettings):
         env_file_encoding="utf-8",
         extra="ignore",
     )
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            # Pydantic's message repeats each offending input; for a secret field that is the secret itself.
+            raise _without_secret_inputs(exc) from None
 
     data_dir: Path = Field(
         default_factory=lambda: _xdg("XDG_DATA_HOME", ".local/share"),
@@ -580,6 +617,34 @@ def _flatten(model: BaseModel, prefix: tuple[str, ...], out: dict[str, str]) -> 
             out[key] = str(value)
         else:  # lists and maps: JSON, as pydantic-settings parses complex values
             out[key] = json.dumps(value)
+
+
+def _is_secret_field(loc: tuple[int | str, ...]) -> bool:
+    """Tell whether an error location lies in a secret: a SecretStr field, a secret-like name, a free-form map."""
+    model: type[BaseModel] = Settings
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return False
+        if is_secret_key(str(part)) or "SecretStr" in str(field.annotation):
+            return True
+        if typing.get_origin(field.annotation) is dict or field.annotation is dict:
+            return True  # spark.conf, airflow.config: any value may be a key or a connection URI
+        if not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return False
+        model = field.annotation
+    return False
+
+
+def _without_secret_inputs(exc: ValidationError) -> ValidationError:
+    """Return the same validation error with the input of every secret field (or URI with a password) masked."""
+    details: list[Any] = []
+    for error in exc.errors(include_url=False):
+        value = error.get("input")
+        if _is_secret_field(tuple(error["loc"])) or (isinstance(value, str) and has_userinfo(value)):
+            error["input"] = MASK
+        details.append({k: error[k] for k in ("type", "loc", "input", "ctx") if k in error})
+    return ValidationError.from_exception_data(exc.title, details)
 
 
 @lru_cache(maxsize=1)

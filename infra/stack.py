@@ -13,10 +13,12 @@ the tail of its log.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -36,7 +38,9 @@ from typing_extensions import override
 
 from infra import jars
 from infra.errors import StackError
+from infra.security import MIN_SECRET_CHARS, exposure_problem, is_loopback
 from infra.settings import Settings
+from infra.supervisor import SupervisorState
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +104,9 @@ class StackService(Protocol):
 
     def stop(self) -> bool:
         """Stop the server; return whether it ran."""
+
+    def check_safe(self) -> None:
+        """Raise :class:`StackError` when starting the server as configured would expose it without authentication."""
 
     def status(self) -> ServiceStatus:
         """Return the server's current state."""
@@ -268,6 +275,12 @@ class Service(ABC):
         """Return the environment of the server process (None: inherit ours)."""
         return None
 
+    def check_safe(self) -> None:  # noqa: B027 - optional hook
+        """Raise :class:`StackError` when starting the server as configured would expose it without authentication.
+
+        Runs before anything is launched (``up`` checks every server first). Servers on loopback always pass.
+        """
+
     # -- shared machinery ----------------------------------------------------------------------------------
     @property
     def address(self) -> str:
@@ -334,6 +347,7 @@ class Service(ABC):
         if pid is not None:
             logger.info("%s already running (pid %s)", self.name, pid)
             return pid
+        self.check_safe()
         for port, purpose, setting in self.ports():
             ensure_port_free(self.host, port, f"{self.name} ({purpose})", setting)
         if self.bundle is not None:
@@ -421,8 +435,9 @@ def signal_group(pid: int, sig: signal.Signals) -> None:
 
 
 def _render(template: str, target: Path, **values: object) -> Path:
+    """Fill a config template; the file is private (0600): it may hold a password."""
     text = Template((CONF_DIR / template).read_text()).substitute({k: str(v) for k, v in values.items()})
-    target.write_text(text)
+    _write_private(target, text)
     return target
 
 
@@ -476,6 +491,115 @@ class Kafka(Service):
         ]
 
     @override
+    def check_safe(self) -> None:
+        """Refuse what the local broker cannot be, and a broker off loopback without SASL.
+
+        The local stack runs PLAINTEXT listeners, or SASL_PLAINTEXT with the PLAIN mechanism (one user, from
+        ``kafka.sasl_username``/``sasl_password``) on the client, inter-broker and controller listeners alike. Off
+        loopback it needs the latter, with a password of at least :data:`MIN_SECRET_CHARS` characters.
+        """
+        kafka = self.settings.kafka
+        where = f"{self.name} on {self.host}:{self.client_port}"
+        if kafka.security_protocol not in ("PLAINTEXT", "SASL_PLAINTEXT"):
+            msg = (
+                f"refusing to start {where}: TRENDS_KAFKA__SECURITY_PROTOCOL={kafka.security_protocol} needs TLS "
+                "keystores, which the local stack does not set up. It runs PLAINTEXT (loopback only) or "
+                "SASL_PLAINTEXT with TRENDS_KAFKA__SASL_MECHANISM=PLAIN; for TLS, run your own brokers "
+                "(docs/deploy.md) and point TRENDS_KAFKA__BOOTSTRAP_SERVERS at them without `trends stack up kafka`."
+            )
+            raise StackError(msg)
+        if kafka.security_protocol == "SASL_PLAINTEXT":
+            self._check_sasl(where)
+        if is_loopback(self.host):
+            return
+        if kafka.security_protocol == "PLAINTEXT":
+            msg = (
+                f"refusing to start {where}, which is not a loopback address, without authentication (PLAINTEXT "
+                "listeners). Keep TRENDS_KAFKA__BOOTSTRAP_SERVERS on 127.0.0.x, or let the stack run its brokers "
+                "with SASL: set TRENDS_KAFKA__SECURITY_PROTOCOL=SASL_PLAINTEXT, TRENDS_KAFKA__SASL_MECHANISM=PLAIN, "
+                "TRENDS_KAFKA__SASL_USERNAME and TRENDS_KAFKA__SASL_PASSWORD (at least "
+                f"{MIN_SECRET_CHARS} characters). SASL_PLAINTEXT sends that password unencrypted: on an untrusted "
+                "network run brokers with SASL_SSL (TLS keystores, SCRAM users, an authorizer; docs/deploy.md) and "
+                "point the pipeline at them instead."
+            )
+            raise StackError(msg)
+        password = kafka.sasl_password.get_secret_value() if kafka.sasl_password is not None else ""
+        if len(password) < MIN_SECRET_CHARS:
+            msg = (
+                f"refusing to start {where}, which is not a loopback address: TRENDS_KAFKA__SASL_PASSWORD has "
+                f"{len(password)} characters, off loopback it needs at least {MIN_SECRET_CHARS}."
+            )
+            raise StackError(msg)
+        logger.warning(
+            "%s listens on %s with SASL/PLAIN over plaintext: the password crosses the network unencrypted",
+            self.name,
+            self.host,
+        )
+
+    def _check_sasl(self, where: str) -> None:
+        kafka = self.settings.kafka
+        password = kafka.sasl_password.get_secret_value() if kafka.sasl_password is not None else ""
+        missing = [
+            var
+            for var, ok in (
+                ("TRENDS_KAFKA__SASL_MECHANISM=PLAIN", kafka.sasl_mechanism == "PLAIN"),
+                ("TRENDS_KAFKA__SASL_USERNAME", bool(kafka.sasl_username)),
+                ("TRENDS_KAFKA__SASL_PASSWORD", bool(password)),
+            )
+            if not ok
+        ]
+        if missing:
+            msg = (
+                f"refusing to start {where} with SASL_PLAINTEXT: the local stack sets up the PLAIN mechanism with one "
+                f"user; set {', '.join(missing)} (SCRAM users need `kafka-storage format --add-scram`: run your own "
+                "brokers for them)."
+            )
+            raise StackError(msg)
+        if not re.fullmatch(r"[A-Za-z0-9_.\-]{1,64}", kafka.sasl_username or "") or any(
+            c in password for c in '"\\\n\r'
+        ):
+            msg = (
+                "for the local stack TRENDS_KAFKA__SASL_USERNAME must be letters, digits, `_`, `.` or `-`, and "
+                "TRENDS_KAFKA__SASL_PASSWORD must not contain quotes, backslashes or line breaks (both go into a JAAS "
+                "config)."
+            )
+            raise StackError(msg)
+
+    def listener_config(self) -> str:
+        """Return the listener lines of server.properties: PLAINTEXT, or SASL_PLAINTEXT with PLAIN everywhere."""
+        host, port, ctl = self.host, self.client_port, self.controller_port
+        kafka = self.settings.kafka
+        if kafka.security_protocol != "SASL_PLAINTEXT":
+            return "\n".join(
+                [
+                    f"listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{ctl}",
+                    f"advertised.listeners=PLAINTEXT://{host}:{port}",
+                    "inter.broker.listener.name=PLAINTEXT",
+                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                ]
+            )
+        user = kafka.sasl_username or ""
+        password = kafka.sasl_password.get_secret_value() if kafka.sasl_password is not None else ""
+        # The broker's own login (username/password) and the users it accepts (user_<name>): the same single user.
+        jaas = (
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'username="{user}" password="{password}" user_{user}="{password}";'
+        )
+        return "\n".join(
+            [
+                f"listeners=SASL_PLAINTEXT://{host}:{port},CONTROLLER://{host}:{ctl}",
+                f"advertised.listeners=SASL_PLAINTEXT://{host}:{port}",
+                "inter.broker.listener.name=SASL_PLAINTEXT",
+                "listener.security.protocol.map=SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT",
+                "sasl.enabled.mechanisms=PLAIN",
+                "sasl.mechanism.inter.broker.protocol=PLAIN",
+                "sasl.mechanism.controller.protocol=PLAIN",
+                f"listener.name.sasl_plaintext.plain.sasl.jaas.config={jaas}",
+                f"listener.name.controller.plain.sasl.jaas.config={jaas}",
+            ]
+        )
+
+    @override
     def render_config(self) -> Path:
         shutil.copy(CONF_DIR / "kafka" / "log4j2.properties", self.conf_dir / "log4j2.properties")
         brokers = self.settings.kafka.brokers
@@ -486,9 +610,7 @@ class Kafka(Service):
             self.conf_dir / "server.properties",
             node_id=self.node + 1,
             voters=voters,
-            host=self.host,
-            port=self.client_port,
-            controller_port=self.controller_port,
+            listener_config=self.listener_config(),
             log_dirs=self.home / "data",
             partitions=self.settings.kafka.partitions,
             internal_rf=min(3, len(brokers)),
@@ -609,6 +731,46 @@ class Cassandra(Service):
             (self.jmx_port, "JMX", "TRENDS_STACK__CASSANDRA_JMX_PORT"),
         ]
 
+    @property
+    def auth_enabled(self) -> bool:
+        """Tell whether the node runs PasswordAuthenticator (``cassandra.username`` and ``password`` set)."""
+        cfg = self.settings.cassandra
+        return bool(cfg.username) and cfg.password is not None and bool(cfg.password.get_secret_value())
+
+    @override
+    def check_safe(self) -> None:
+        """Refuse a node off loopback without PasswordAuthenticator (and a password of 16+ characters)."""
+        cfg = self.settings.cassandra
+        where = f"{self.name} on {self.host}:{self.client_port}"
+        if bool(cfg.username) != (cfg.password is not None and bool(cfg.password.get_secret_value())):
+            msg = f"refusing to start {where}: set both TRENDS_CASSANDRA__USERNAME and TRENDS_CASSANDRA__PASSWORD."
+            raise StackError(msg)
+        if self.auth_enabled and not re.fullmatch(r"[a-z][a-z0-9_]{0,47}", cfg.username or ""):
+            msg = (
+                f"refusing to start {where}: for the local stack TRENDS_CASSANDRA__USERNAME must be a lower-case "
+                "identifier (letters, digits, _), as the role it creates is named after it."
+            )
+            raise StackError(msg)
+        if is_loopback(self.host):
+            return
+        if not self.auth_enabled:
+            msg = (
+                f"refusing to start {where}, which is not a loopback address, without authentication "
+                "(AllowAllAuthenticator). Keep TRENDS_CASSANDRA__CONTACT_POINTS on 127.0.0.x, or let the stack run "
+                "it with PasswordAuthenticator: set TRENDS_CASSANDRA__USERNAME and TRENDS_CASSANDRA__PASSWORD (at "
+                f"least {MIN_SECRET_CHARS} characters); the stack creates that superuser role and disables the "
+                "default cassandra/cassandra one. Client traffic is not encrypted: on an untrusted network run nodes "
+                "with client TLS (client_encryption_options) and point the pipeline at them instead."
+            )
+            raise StackError(msg)
+        password = cfg.password.get_secret_value() if cfg.password is not None else ""
+        if len(password) < MIN_SECRET_CHARS:
+            msg = (
+                f"refusing to start {where}, which is not a loopback address: TRENDS_CASSANDRA__PASSWORD has "
+                f"{len(password)} characters, off loopback it needs at least {MIN_SECRET_CHARS}."
+            )
+            raise StackError(msg)
+
     @override
     def render_config(self) -> Path:
         shutil.copy(CONF_DIR / "cassandra" / "logback.xml", self.conf_dir / "logback.xml")
@@ -628,6 +790,8 @@ class Cassandra(Service):
             data_dir=self.home / "data",
             commitlog_sync=mode,
             commitlog_sync_option=option,
+            authenticator="PasswordAuthenticator" if self.auth_enabled else "AllowAllAuthenticator",
+            authorizer="CassandraAuthorizer" if self.auth_enabled else "AllowAllAuthorizer",
         )
 
     @override
@@ -660,6 +824,8 @@ class Cassandra(Service):
             f"-Dcassandra.jmx.local.port={self.jmx_port}",
             "-Dcassandra.skip_wait_for_gossip_to_settle=0",
             "-Dcassandra.ring_delay_ms=1000",
+            # With PasswordAuthenticator: create the default superuser at once, so `wait_ready` can replace it.
+            "-Dcassandra.superuser_setup_delay_ms=0",
             "-cp",
             f"{self.conf_dir}:{folder}/*",
             "org.apache.cassandra.service.CassandraDaemon",
@@ -670,11 +836,89 @@ class Cassandra(Service):
         if self.node == 0:
             return
         deadline = time.monotonic() + self.start_timeout
-        while not (port_is_open(self.seed, self.client_port) and self._ping(self.seed)):
+        seed = Cassandra(self.settings, 0)
+        while not (
+            port_is_open(self.seed, self.client_port)
+            and (self._ping(self.seed) or (self.auth_enabled and seed._bootstrap_role() and self._ping(self.seed)))
+        ):
             if time.monotonic() > deadline:
                 msg = f"{self.name} waits for the seed node {self.seed}, which did not accept clients in time"
                 raise StackError(msg)
             time.sleep(1)
+
+    @override
+    def wait_ready(self, pid: int) -> float:
+        """Wait until the node accepts the configured clients; with auth, create their role on first start.
+
+        A new node with PasswordAuthenticator has only the default ``cassandra``/``cassandra`` superuser. The seed
+        node's wait logs in with it once, creates the configured role (superuser, login) and then, as that role,
+        takes the default one's login and superuser status away, so the well-known password opens nothing. The
+        window between the node's start and that step is the wait itself (seconds).
+        """
+        if not self.auth_enabled or self.node != 0:
+            return super().wait_ready(pid)
+        started = time.monotonic()
+        deadline = started + self.start_timeout
+        while time.monotonic() < deadline:
+            if not process_alive(pid):
+                return super().wait_ready(pid)  # reports the exit with the log tail
+            if port_is_open(self.host, self.client_port):
+                if self._ping(self.host):
+                    return time.monotonic() - started
+                if self._bootstrap_role():
+                    continue
+            time.sleep(1)
+        logs = tail(self.log_files())
+        self.stop()
+        user = self.settings.cassandra.username
+        msg = (
+            f"{self.name} did not accept the role {user} within {self.start_timeout:.0f} s; stopped it. If the node "
+            "already has roles, TRENDS_CASSANDRA__PASSWORD must be that role's password (the stack creates the role "
+            f"only on a node that still has the default superuser).\n{logs}"
+        )
+        raise StackError(msg)
+
+    def _bootstrap_role(self) -> bool:
+        """Replace the default superuser by the configured role; return whether it was done now."""
+        from cassandra.auth import PlainTextAuthProvider  # noqa: PLC0415
+        from cassandra.cluster import Cluster  # noqa: PLC0415
+
+        cfg = self.settings.cassandra
+        user, password = cfg.username or "", cfg.password.get_secret_value() if cfg.password else ""
+        default = Cluster(
+            [self.host],
+            port=self.client_port,
+            auth_provider=PlainTextAuthProvider("cassandra", "cassandra"),
+            protocol_version=cfg.protocol_version,
+            connect_timeout=5,
+        )
+        try:
+            sess = default.connect()
+            # system_auth is read at QUORUM for the default superuser: fine on the one node that exists now.
+            create = f"CREATE ROLE IF NOT EXISTS {user} WITH PASSWORD = %s AND SUPERUSER = true AND LOGIN = true"
+            sess.execute(create, (password,))
+        except Exception:  # not up yet, or the default superuser is gone: the caller retries, then times out
+            logger.debug("cassandra default superuser not usable (yet)", exc_info=True)
+            return False
+        finally:
+            default.shutdown()
+        ours = Cluster(
+            [self.host],
+            port=self.client_port,
+            auth_provider=PlainTextAuthProvider(user, password),
+            protocol_version=cfg.protocol_version,
+            connect_timeout=5,
+        )
+        try:
+            sess = ours.connect()
+            sess.execute(
+                "ALTER ROLE cassandra WITH PASSWORD = %s AND SUPERUSER = false AND LOGIN = false",
+                (secrets.token_urlsafe(24),),
+            )
+        finally:
+            ours.shutdown()
+        logger.info("%s: created role %s and disabled the default cassandra superuser", self.name, user)
+        return True
 
     def _ping(self, host: str) -> bool:
         from infra.cassandra import ping  # noqa: PLC0415
@@ -742,10 +986,49 @@ class PipelineService(Service):
 
 
 class SpeedService(PipelineService):
-    """``trends speed run`` in the background: ready once its /metrics endpoint answers."""
+    """``trends speed run`` in the background, under :mod:`infra.supervisor`: ready once its /metrics answers.
+
+    A run that exits non-zero (a write error, Cassandra down, a crash) is restarted with exponential back-off
+    (``stack.speed_restart_*``); ``status`` shows the restarts, and the job exports them as a metric.
+    """
 
     name = "speed"
     args = ("speed", "run")
+
+    @property
+    def state_file(self) -> Path:
+        """Return the supervisor's state file (restarts, last exit)."""
+        return self.home / "supervisor.json"
+
+    @override
+    def command(self, java: str, config: Path) -> list[str]:
+        st = self.settings.stack
+        return [
+            sys.executable, "-m", "infra.supervisor", "--state", str(self.state_file),
+            "--backoff", str(st.speed_restart_backoff_s), "--backoff-max", str(st.speed_restart_backoff_max_s),
+            "--healthy-after", str(st.speed_restart_healthy_s),
+            "--", *super().command(java, config),
+        ]  # fmt: skip
+
+    @override
+    def _is_ours(self, pid: int) -> bool:
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            return True
+        return "infra.supervisor" in argv and str(self.state_file) in argv and all(a in argv for a in self.args)
+
+    def supervisor_state(self) -> SupervisorState | None:
+        """Return what the supervisor last recorded (None before the first start)."""
+        return SupervisorState.read(self.state_file)
+
+    @override
+    def status(self) -> ServiceStatus:
+        base = super().status()
+        state = self.supervisor_state()
+        if state is None or base.pid is None:
+            return base
+        return dataclasses.replace(base, detail=state.describe())
 
     @property
     @override
@@ -792,6 +1075,19 @@ class ApiService(PipelineService):
     @override
     def accepts_clients(self) -> bool:
         return _http_ok(f"http://{self.host}:{self.client_port}/health")
+
+    @override
+    def check_safe(self) -> None:
+        token = self.settings.serving.api_token
+        problem = exposure_problem(
+            "the API",
+            self.settings.serving.host,
+            token.get_secret_value() if token is not None else None,
+            guard_var="TRENDS_SERVING__API_TOKEN",
+            host_var="TRENDS_SERVING__HOST",
+        )
+        if problem:
+            raise StackError(problem)
 
 
 class SparkMaster(Service):
@@ -1032,6 +1328,9 @@ def up(settings: Settings, names: Sequence[str] | None = None) -> list[UpResult]
     A second call while they run is a no-op. Data survives ``down``/``up``.
     """
     chosen = services(settings, names)
+    for svc in chosen:  # refuse an unsafe configuration before anything is launched
+        if svc.pid() is None:
+            svc.check_safe()
     java = find_java(settings) if any(svc.needs_java and svc.pid() is None for svc in chosen) else ""
     launched: list[tuple[StackService, int, bool, float]] = []
     try:

@@ -173,12 +173,18 @@ def reset(settings: Settings, services: tuple[str, ...], with_airflow: bool, yes
 def airflow_env(settings: Settings) -> None:
     """Print `export` lines that point the `airflow` CLI at this stack's Airflow.
 
-    Use: eval "$(trends stack airflow-env)"; airflow dags list. Secrets stay in $AIRFLOW_HOME/airflow.cfg.
+    Use: eval "$(trends stack airflow-env)"; airflow dags list. Secrets are never printed: the keys and a database
+    URL stay in $AIRFLOW_HOME/airflow.cfg, and secret-looking entries of TRENDS_AIRFLOW__CONFIG (passwords, keys,
+    tokens, AIRFLOW_CONN_*, URIs with a password) go to a private file that the printed `.` line reads.
     """
     from infra.airflow import Airflow  # noqa: PLC0415
 
     airflow = Airflow(settings)
     airflow.render_config()  # the keys the CLI needs (JWT secret, Fernet key) must exist before its first run
+    plain, secret = airflow.split_secret_env(airflow.airflow_env())
     click.echo(f'export PATH={shlex.quote(str(airflow.bin_dir()))}:"$PATH"')
-    for key, value in airflow.airflow_env().items():
+    for key, value in plain.items():
         click.echo(f"export {key}={shlex.quote(value)}")
+    if secret:
+        path = airflow.write_secret_env(secret)
+        click.echo(f". {shlex.quote(str(path))}  # {len(secret)} secret value(s): {', '.join(secret)}")

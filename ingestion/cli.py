@@ -71,8 +71,10 @@ def _topic_options(fn: Any) -> Any:
 
 
 def _print_summary(lines: list[str], *, err: bool) -> None:
+    from infra.security import escape_text
+
     for line in lines:
-        click.echo(line, err=err)
+        click.echo(escape_text(line), err=err)
 
 
 @click.group()
@@ -421,6 +423,7 @@ def dlq(
     raw_out: Path | None,
 ) -> None:
     """Show the dead-letter records: counts per reason and source, and samples to fix and replay."""
+    from infra.security import escape_json, escape_text
     from ingestion.dlq import read_dead_letters, report
 
     letters = read_dead_letters(settings, topic, since=parse_when(since) if since else None, limit=limit)
@@ -433,7 +436,7 @@ def dlq(
                 if raw_fh is not None:
                     raw_fh.write(letter.raw + b"\n")
                 if as_json:
-                    click.echo(json.dumps(_letter_dict(letter), ensure_ascii=False))
+                    click.echo(escape_json(json.dumps(_letter_dict(letter), ensure_ascii=False)))
                 yield letter
 
         result = report(tee(), samples_per_reason=samples)
@@ -443,23 +446,26 @@ def dlq(
     if as_json:
         return
     name = topic or settings.kafka.dlq_topic
-    click.echo(f"{result.total:,} dead-letter record(s) in {name}" + (f" with reason {reason}" if reason else ""))
+    # Everything below comes from the records (reasons, sources, details, raw bytes): printed with control
+    # characters escaped, so a record cannot drive the terminal.
+    shown = escape_text(f"{name}" + (f" with reason {reason}" if reason else ""))
+    click.echo(f"{result.total:,} dead-letter record(s) in {shown}")
     if result.total:
         click.echo("\nby reason:")
         for code, n in result.by_reason.most_common():
-            click.echo(f"  {code:<20} {n:>10,}")
+            click.echo(f"  {escape_text(code):<20} {n:>10,}")
         click.echo("\nby source:")
         for source, n in result.by_source.most_common(10):
-            click.echo(f"  {source:<50} {n:>10,}")
+            click.echo(f"  {escape_text(source):<50} {n:>10,}")
     for code, kept in result.samples.items():
         if not kept:
             continue
-        click.echo(f"\n{code}:")
+        click.echo(f"\n{escape_text(code)}:")
         for letter in kept:
             where = f"{letter.source}:{letter.line}" if letter.line is not None else letter.source
             raw = letter.raw[:160].decode("utf-8", "backslashreplace")
             more = f" … ({letter.raw_size:,} bytes)" if letter.raw_size > 160 else ""
-            click.echo(f"  {where}  {letter.detail[:160]}\n    {raw}{more}")
+            click.echo(f"  {escape_text(where)}  {escape_text(letter.detail[:160])}\n    {escape_text(raw)}{more}")
     if raw_out is not None:
         click.echo(f"\nwrote the original records to {raw_out}")
 

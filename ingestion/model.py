@@ -14,6 +14,7 @@ import math
 import re
 import types
 import typing
+import unicodedata
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Annotated, Any, Final
 
@@ -178,8 +179,37 @@ def content_id(ts: datetime, item: str, user: str | None, value: float | None, d
     return "c-" + hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
 
 
+# C0 controls (NUL, ESC, tab, line breaks…), DEL and C1 controls (0x9B is a one-byte CSI): no event text needs
+# them, and printed raw they drive the operator's terminal. Rejected with their own reason (control_character).
+CONTROL_CHARS: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _clean_text(value: Any) -> Any:
+    """Normalise text to Unicode NFC and refuse control characters (one call per field: this is the hot path).
+
+    NFC makes the same item typed in composed or decomposed form one item; ASCII is already NFC.
+    """
+    if type(value) is not str:
+        return value
+    if not value.isascii():
+        value = unicodedata.normalize("NFC", value)
+    match = CONTROL_CHARS.search(value)
+    if match is not None:
+        kind = "control_character"
+        template = "control character U+{code} at position {position} (control characters are not allowed)"
+        raise PydanticCustomError(kind, template, {"code": f"{ord(match.group()):04X}", "position": match.start()})
+    return value
+
+
+# Event text: NFC-normalised and free of control characters before the length limits apply (the constraints come
+# first in each Annotated so that pydantic applies them natively to the str; the BeforeValidator runs before them).
+_TEXT = BeforeValidator(_clean_text)
+EventId = Annotated[str, StringConstraints(max_length=MAX_ID_CHARS), _TEXT]
+Item = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ITEM_CHARS), _TEXT]
+Actor = Annotated[str, StringConstraints(min_length=1, max_length=MAX_USER_CHARS), _TEXT]
 DimName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_DIM_KEY_CHARS, pattern=DIM_KEY_PATTERN)]
-DimValue = Annotated[str, StringConstraints(max_length=MAX_DIM_VALUE_CHARS)]
+# An empty dimension value would make a slice (`origin=`) that no query can name: rejected.
+DimValue = Annotated[str, StringConstraints(min_length=1, max_length=MAX_DIM_VALUE_CHARS), _TEXT]
 
 
 class Event(BaseModel):
@@ -192,14 +222,13 @@ class Event(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", coerce_numbers_to_str=True)
 
     v: int = Field(EVENT_SCHEMA_VERSION, ge=1, le=EVENT_SCHEMA_VERSION, description="Schema version.")
-    id: str = Field(
+    id: EventId = Field(
         "",
-        max_length=MAX_ID_CHARS,
         description="Unique event id, for dedupe; derived from the content when the source has none.",
     )
     ts: Annotated[datetime, BeforeValidator(_time)] = Field(description="Event time (UTC, millisecond precision).")
-    item: str = Field(min_length=1, max_length=MAX_ITEM_CHARS, description="What may trend.")
-    user: str | None = Field(None, min_length=1, max_length=MAX_USER_CHARS, description="The actor.")
+    item: Item = Field(description="What may trend.")
+    user: Actor | None = Field(None, description="The actor.")
     value: Annotated[float | None, BeforeValidator(_no_bool)] = Field(
         None, allow_inf_nan=False, description="A measurement (latency, amount, delay…)."
     )

@@ -41,6 +41,7 @@ class Reason(StrEnum):
     BAD_TIME = "bad_time"
     FUTURE_TIME = "future_time"
     NON_FINITE = "non_finite"
+    CONTROL_CHARACTER = "control_character"
     UNSUPPORTED_VERSION = "unsupported_version"
     BROKER_REJECTED = "broker_rejected"
     INTERNAL_ERROR = "internal_error"
@@ -51,6 +52,7 @@ _ERROR_REASONS = {
     "missing": Reason.MISSING_FIELD,
     "bad_time": Reason.BAD_TIME,
     "finite_number": Reason.NON_FINITE,
+    "control_character": Reason.CONTROL_CHARACTER,
     "string_too_long": Reason.OVERSIZE_FIELD,
     "too_long": Reason.OVERSIZE_FIELD,
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
@@ -11,7 +12,10 @@ from typing import Any
 
 import click
 
+from infra.security import escape_text
 from infra.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -73,7 +77,7 @@ def window_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def _provenance_lines(p: Any) -> list[str]:
+def _provenance_lines(p: Any) -> list[str]:  # the caller escapes
     lines = [
         f"boundary {p.boundary}{' (pinned)' if p.boundary_pinned else ''}; speed newest event {p.speed_newest_event}"
     ]
@@ -92,14 +96,36 @@ def query() -> None:
 @click.command()
 @click.option("--host", help="Bind address (default: serving.host, loopback).")
 @click.option("--port", type=click.IntRange(0, 65535), help="Port (default: serving.port).")
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="Bind a non-loopback address without an API token (or with a short one); logs a warning.",
+)
 @click.pass_obj
-def serve(settings: Settings, host: str | None, port: int | None) -> None:
-    """Serve the HTTP API (/api/v1, /docs, /health, /ready, /metrics) and the dashboard (/)."""
+def serve(settings: Settings, host: str | None, port: int | None, insecure: bool) -> None:
+    """Serve the HTTP API (/api/v1, /docs, /health, /ready, /metrics) and the dashboard (/).
+
+    Off loopback the API needs TRENDS_SERVING__API_TOKEN (16 characters or more) unless --insecure is given.
+    """
+    from infra.security import exposure_problem
+
+    host, port = host if host is not None else settings.serving.host, settings.serving.port if port is None else port
+    token = settings.serving.api_token.get_secret_value() if settings.serving.api_token is not None else None
+    problem = exposure_problem(
+        "the API", host, token, guard_var="TRENDS_SERVING__API_TOKEN", host_var="--host/TRENDS_SERVING__HOST"
+    )
+    if problem and not insecure:
+        msg = f"{problem} (--insecure serves it anyway)"
+        raise click.UsageError(msg)
+    if problem:
+        logger.warning(
+            "--insecure: serving the API on %s without proper authentication: anyone who reaches it can query it", host
+        )
+
     import uvicorn
 
     from serving.api import create_app
 
-    host, port = host or settings.serving.host, settings.serving.port if port is None else port
     click.echo(f"dashboard http://{host}:{port}/  API docs http://{host}:{port}/docs")
     uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower(), access_log=False)
 
@@ -128,9 +154,9 @@ def summary(
     with _reader(settings) as reader:
         ans = queries.summary(queries.load(reader, start, end, slice_), ranks or (0.5, 0.9, 0.99), top)
     if as_json:
-        click.echo(json.dumps(_jsonable(ans), indent=2))
+        click.echo(json.dumps(_jsonable(ans), indent=2))  # ensure_ascii: control characters come out as \u escapes
         return
-    click.echo(f"{slice_} {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M} UTC")
+    click.echo(escape_text(f"{slice_} {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M} UTC"))
     click.echo(f"events  {ans.events} (exact)")
     click.echo(
         f"users   {ans.users:.0f}  [{ans.users_lower:.0f}, {ans.users_upper:.0f}] (HLL, RSE {ans.users_rse:.2%})"
@@ -139,9 +165,9 @@ def summary(
     click.echo(f"values  {qs}  (rank error ±{ans.quantile_rank_error:.2%})")
     click.echo(f"top items (count within [lower, upper]; unlisted items ≤ {ans.items_max_error}):")
     for t in ans.top_items:
-        click.echo(f"  {t['item']:30} {t['estimate']:>8}  [{t['lower']}, {t['upper']}]")
+        click.echo(f"  {escape_text(t['item']):30} {t['estimate']:>8}  [{t['lower']}, {t['upper']}]")
     for line in _provenance_lines(ans.provenance):
-        click.echo(line)
+        click.echo(escape_text(line))
 
 
 @query.command()
@@ -176,11 +202,15 @@ def trending(
     if as_json:
         click.echo(json.dumps(_jsonable(ans), indent=2))
         return
-    click.echo(f"trending in {slice_} {start:%Y-%m-%d %H:%M} .. {end:%H:%M} vs the {baseline} before ({ans.score})")
+    click.echo(
+        escape_text(
+            f"trending in {slice_} {start:%Y-%m-%d %H:%M} .. {end:%H:%M} vs the {baseline} before ({ans.score})"
+        )
+    )
     for i, t in enumerate(ans.items, 1):
-        click.echo(f"{i:3}. {t.item:30} lift {t.lift:8.2f}  recent {t.recent:>7} baseline {t.baseline:>7}")
+        click.echo(f"{i:3}. {escape_text(t.item):30} lift {t.lift:8.2f}  recent {t.recent:>7} baseline {t.baseline:>7}")
     for line in _provenance_lines(ans.provenance["recent"]):
-        click.echo(line)
+        click.echo(escape_text(line))
 
 
 @query.command()
@@ -211,4 +241,4 @@ def series(
     for p in ans.points:
         click.echo(f"{p['start']:%Y-%m-%d %H:%M}  {p['count']:>9}")
     for line in _provenance_lines(ans.provenance):
-        click.echo(line)
+        click.echo(escape_text(line))

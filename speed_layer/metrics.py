@@ -18,6 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from infra.supervisor import RESTARTS_ENV
+
 logger = logging.getLogger(__name__)
 
 PARSE_METRICS = "parse"
@@ -80,6 +82,13 @@ def _parse_ts(text: str | None) -> datetime | None:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
 
 
+def _restarts_from_env() -> int:
+    try:
+        return max(0, int(os.environ.get(RESTARTS_ENV, "0")))
+    except ValueError:
+        return 0
+
+
 class MetricsRegistry:
     """Totals and last values across batches, rendered in the Prometheus text format."""
 
@@ -92,6 +101,8 @@ class MetricsRegistry:
         self.unparseable_total = 0
         self.last: BatchMetrics | None = None
         self.newest_event_ts: datetime | None = None
+        # How often the stack's supervisor restarted this job after a failure (it tells each run the count so far).
+        self.restarts = _restarts_from_env()
 
     def record(self, metrics: BatchMetrics) -> None:
         """Add one batch's figures."""
@@ -116,6 +127,8 @@ class MetricsRegistry:
                 f"trends_speed_dropped_late_rows_total{label} {self.dropped_late_total}",
                 "# TYPE trends_speed_unparseable_rows_total counter",
                 f"trends_speed_unparseable_rows_total{label} {self.unparseable_total}",
+                "# TYPE trends_speed_restarts_total counter",
+                f"trends_speed_restarts_total{label} {self.restarts}",
             ]
             if last is not None:
                 gauges = {

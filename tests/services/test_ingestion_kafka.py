@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from infra import stack, topics
 from infra.cli import cli
+from infra.security import CONTROL_CHARS
 from infra.settings import Settings
 from ingestion import files
 from ingestion import generator as gen
@@ -112,6 +113,10 @@ BAD_LINES: list[tuple[bytes, str]] = [
         "oversize_record",
     ),
     (b'{"id": "latin1", "ts": "2025-11-22T10:00:00Z", "item": "caf\xe9"}', "not_utf8"),
+    (b'{"id": "esc", "ts": "2025-11-22T10:00:00Z", "item": "#x\\u001b[2J"}', "control_character"),
+    (b'{"id": "csi", "ts": "2025-11-22T10:00:00Z", "item": "#x", "dims": {"c": "\xc2\x9b31m"}}', "control_character"),
+    (b'{"id": "raw-esc", "ts": "2025-11-22T10:00:00Z", "item": "#x\x1b]0;pwned\x07"}', "malformed_json"),
+    (b'{"id": "empty-dim", "ts": "2025-11-22T10:00:00Z", "item": "#x", "dims": {"origin": ""}}', "invalid_field"),
 ]
 
 
@@ -165,6 +170,26 @@ def test_each_kind_of_bad_input_lands_in_the_dlq_and_the_good_records_around_it_
         assert f"  {reason:<20} {count:>10,}" in shown.output
     assert len((tmp_path / "raw.jsonl").read_bytes().splitlines()) == len(BAD_LINES)
 
+    # The records hold ESC, BEL and a C1 CSI: every way of showing them escapes them for the terminal.
+    for args in ([], ["--json"]):
+        # color=True: click would otherwise strip ANSI sequences itself, and the test could not fail.
+        shown = CliRunner().invoke(
+            cli, ["ingest", "dlq", "--topic", kafka.dlq_topic, "--samples", "20", *args], color=True
+        )
+        assert shown.exit_code == 0, shown.output
+        assert CONTROL_CHARS.search(shown.output.replace("\n", "")) is None, shown.output
+        assert "pwned" in shown.output and "csi" in shown.output  # the records are shown, escaped
+    assert (
+        "\\x1b]0;pwned\\x07"
+        in CliRunner()
+        .invoke(
+            cli,
+            ["ingest", "dlq", "--topic", kafka.dlq_topic, "--samples", "20", "--reason", "malformed_json"],
+            color=True,
+        )
+        .output
+    )
+
 
 def test_bad_csv_rows_are_dead_lettered_with_their_lines(ingest_settings: Settings, tmp_path: Path) -> None:
     path = tmp_path / "clicks.csv"
@@ -186,11 +211,16 @@ def test_bad_csv_rows_are_dead_lettered_with_their_lines(ingest_settings: Settin
         )
     assert stats.records == 6
     events = read_topic(ingest_settings, ingest_settings.kafka.events_topic)
-    assert sorted(event_ids(events)) == ["c1", "c3", "c6"]
-    assert {json.loads(r.value)["item"] for r in events} == {"/a", "/multi\nline", "/e"}
+    assert sorted(event_ids(events)) == ["c1", "c6"]
+    assert {json.loads(r.value)["item"] for r in events} == {"/a", "/e"}
     letters = sorted(read_dead_letters(ingest_settings), key=lambda x: x.line or 0)
-    assert [(x.line, x.reason) for x in letters] == [(3, "malformed_csv"), (6, "bad_time"), (7, "not_utf8")]
-    assert letters[2].raw == b"c5,1763805602000,/d\xff,u5"
+    assert [(x.line, x.reason) for x in letters] == [
+        (3, "malformed_csv"),
+        (4, "control_character"),  # a quoted line break inside an item: no event text holds control characters
+        (6, "bad_time"),
+        (7, "not_utf8"),
+    ]
+    assert letters[3].raw == b"c5,1763805602000,/d\xff,u5"
 
 
 # -- the producer's guarantees -------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import configparser
 import json
 import os
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -121,7 +122,7 @@ def test_airflow_env_command_prints_exports(tmp_path: Path, monkeypatch: pytest.
     result = CliRunner().invoke(cli, ["stack", "airflow-env"])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines and all(line.startswith("export ") for line in lines)
+    assert lines and all(line.startswith("export ") for line in lines if not line.startswith(". "))
     assert f"export AIRFLOW_HOME={tmp_path / 'airflow'}" in lines
     assert "export AIRFLOW__CORE__EXECUTION_API_SERVER_URL=http://127.0.0.1:18555/execution/" in lines
     assert lines[0].endswith(':"$PATH"')
@@ -135,3 +136,142 @@ def test_stack_up_keeps_airflow_opt_in() -> None:
     assert [svc.name for svc in stack.services(Settings(), ["airflow", "kafka"])] == ["kafka", "airflow"]
     with pytest.raises(StackError, match="unknown service"):
         stack.services(Settings(), ["zookeeper"])
+
+
+def test_airflow_env_never_prints_secrets_but_the_shell_still_gets_them(tmp_path: Path) -> None:
+    import subprocess
+
+    config = {
+        "AIRFLOW_CONN_WAREHOUSE": "postgresql://etl:hunter2@db:5432/dw",
+        "AIRFLOW__SECRETS__BACKEND_KWARGS": '{"token": "tok-hunter2"}',
+        "AIRFLOW__WEBSERVER__BASE_URL": "http://viewer:hunter2@127.0.0.1:8080",
+        "AIRFLOW__CORE__PARALLELISM": "3",
+    }
+    env = {
+        **os.environ,
+        "TRENDS_DATA_DIR": str(tmp_path),
+        "TRENDS_AIRFLOW__CONFIG": json.dumps(config),
+        "TRENDS_AIRFLOW__ADMIN_PASSWORD": "admin-hunter2",
+    }
+    trends = str(Path(sys.executable).parent / "trends")
+    printed = subprocess.run([trends, "stack", "airflow-env"], env=env, capture_output=True, text=True, check=True)
+    assert "hunter2" not in printed.stdout + printed.stderr
+    assert "export AIRFLOW__CORE__PARALLELISM=3" in printed.stdout.splitlines()
+    secret_file = tmp_path / "airflow" / "secret.env"
+    assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
+    # What `eval "$(trends stack airflow-env)"` gives the airflow CLI: every value, the secret ones included.
+    names = ("AIRFLOW_CONN_WAREHOUSE", "AIRFLOW__SECRETS__BACKEND_KWARGS", "AIRFLOW__WEBSERVER__BASE_URL")
+    script = 'eval "$1"; printf "%s\\n" ' + " ".join(f'"${name}"' for name in names)
+    shell = subprocess.run(["bash", "-c", script, "-", printed.stdout], capture_output=True, text=True, check=True)
+    assert shell.stdout.splitlines() == [
+        config["AIRFLOW_CONN_WAREHOUSE"],
+        config["AIRFLOW__SECRETS__BACKEND_KWARGS"],
+        config["AIRFLOW__WEBSERVER__BASE_URL"],
+    ]
+
+
+def test_trends_config_masks_secret_keys_and_userinfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from infra.cli import cli
+    from infra.settings import get_settings
+
+    for key, value in {
+        "TRENDS_DATA_DIR": str(tmp_path),
+        "TRENDS_SPARK__CONF": json.dumps(
+            {
+                "spark.hadoop.fs.s3a.secret.key": "hunter2",
+                "spark.hive.metastore.uris": "thrift://u:hunter2@h:9083",
+                "spark.sql.shuffle.partitions": "7",
+            }
+        ),
+        "TRENDS_SPARK__MASTER": "spark://user:hunter2@127.0.0.1:7077",
+        "TRENDS_AIRFLOW__CONFIG": json.dumps(
+            {
+                "AIRFLOW_CONN_PG": "postgresql://u:hunter2@h/d",
+                "AIRFLOW__CORE__FERNET_KEY": "hunter2",
+                "AIRFLOW__API__AUTH_TOKEN": "hunter2",
+                "AIRFLOW__CORE__PARALLELISM": "3",
+            }
+        ),
+        "TRENDS_AIRFLOW__DATABASE_URL": "postgresql://airflow:hunter2@127.0.0.1/airflow",
+        "TRENDS_AIRFLOW__ADMIN_PASSWORD": "hunter2",
+        "TRENDS_KAFKA__SASL_PASSWORD": "hunter2",
+        "TRENDS_CASSANDRA__PASSWORD": "hunter2",
+        "TRENDS_SERVING__API_TOKEN": "hunter2",
+    }.items():
+        monkeypatch.setenv(key, value)
+    get_settings.cache_clear()
+    try:
+        result = CliRunner().invoke(cli, ["config"])
+    finally:
+        get_settings.cache_clear()
+    assert result.exit_code == 0, result.output
+    assert "hunter2" not in result.output
+    shown = json.loads(result.output)
+    assert shown["spark"]["conf"]["spark.sql.shuffle.partitions"] == "7"  # the rest stays readable
+    assert shown["spark"]["conf"]["spark.hive.metastore.uris"] == "thrift://**********@h:9083"
+    assert shown["spark"]["master"] == "spark://**********@127.0.0.1:7077"
+    assert shown["airflow"]["config"]["AIRFLOW__CORE__PARALLELISM"] == "3"
+    assert shown["airflow"]["config"]["AIRFLOW_CONN_PG"] == "**********"
+    assert shown["cassandra"]["keyspace"] == "trends"
+
+
+@pytest.mark.parametrize("damage", ["directory", "not-ini", "not-utf8", "dangling-symlink"])
+def test_an_unreadable_airflow_cfg_is_an_error_never_a_new_fernet_key(tmp_path: Path, damage: str) -> None:
+    airflow = Airflow(Settings(data_dir=tmp_path))
+    airflow.render_config()
+    cfg = airflow.cfg_file
+    if damage == "directory":
+        cfg.unlink()
+        cfg.mkdir()
+    elif damage == "not-ini":
+        cfg.write_text("fernet_key = lost its section header\n")
+    elif damage == "not-utf8":
+        cfg.write_bytes(b"[core]\nfernet_key = \xff\xfe\n")
+    else:
+        cfg.unlink()
+        cfg.symlink_to(tmp_path / "moved-away.cfg")
+    before = _snapshot(cfg)
+    with pytest.raises(StackError, match=r"cannot read .*airflow\.cfg: .*no new key is generated") as err:
+        airflow.render_config()
+    assert "lost its section header" not in str(err.value)  # the file's lines (keys, passwords) are never quoted
+    assert _snapshot(cfg) == before  # left exactly as it was for the operator to repair
+
+
+def test_a_lost_fernet_key_with_an_existing_metadata_db_is_an_error(tmp_path: Path) -> None:
+    airflow = Airflow(Settings(data_dir=tmp_path))
+    airflow.render_config()
+    airflow.cfg_file.write_text("[core]\n\n[api]\nsecret_key = s\n")  # readable, but the key is gone
+    airflow.render_config()  # no metadata DB yet: nothing was encrypted, a new key is fine
+    assert _fernet_key(airflow)
+    airflow.cfg_file.write_text("[core]\n")
+    (airflow.data_dir / "airflow.db").write_bytes(b"SQLite format 3\x00")
+    with pytest.raises(StackError, match="no \\[core\\] fernet_key while the metadata DB exists"):
+        airflow.render_config()
+
+
+def test_airflow_env_command_reports_an_unreadable_cfg(tmp_path: Path) -> None:
+    import subprocess
+
+    airflow = Airflow(Settings(data_dir=tmp_path))
+    airflow.home.mkdir(parents=True)
+    airflow.cfg_file.write_text("garbage without a section\n")
+    trends = str(Path(sys.executable).parent / "trends")
+    env = {**os.environ, "TRENDS_DATA_DIR": str(tmp_path)}
+    proc = subprocess.run([trends, "stack", "airflow-env"], env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 1
+    assert "cannot read" in proc.stderr and "export" not in proc.stdout
+    assert airflow.cfg_file.read_text() == "garbage without a section\n"
+
+
+def _fernet_key(airflow: Airflow) -> str:
+    parser = configparser.RawConfigParser()
+    parser.read(airflow.cfg_file)
+    return parser.get("core", "fernet_key")
+
+
+def _snapshot(path: Path) -> str:
+    if path.is_symlink():
+        return f"symlink -> {os.readlink(path)}"
+    if path.is_dir():
+        return f"dir {sorted(p.name for p in path.iterdir())}"
+    return path.read_bytes().decode("utf-8", "replace")

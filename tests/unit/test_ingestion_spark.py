@@ -21,7 +21,7 @@ def test_spark_reads_every_field_of_the_normalized_json(spark: Any) -> None:
     edge = [
         Event(id="epoch", ts=0, item="#zero").to_json(),
         Event(
-            id="ms", ts="2025-11-22T23:59:59.999+00:00", item="#é", user="ü", value=-1e-3, dims={"a.b": ""}
+            id="ms", ts="2025-11-22T23:59:59.999+00:00", item="#é", user="ü", value=-1e-3, dims={"a.b": "ö"}
         ).to_json(),
     ]
     values = generated + edge

@@ -41,6 +41,16 @@ BAD_JSON: list[tuple[bytes, Reason]] = [
     (b'{"v": 2, "ts": "2026-11-22T11:00:00Z", "item": "#x"}', Reason.UNSUPPORTED_VERSION),  # never read as v1
     (b'{"v": "1", "ts": "2026-11-22T11:00:00Z", "item": "#x"}', Reason.UNSUPPORTED_VERSION),
     (b'{"v": true, "ts": "2026-11-22T11:00:00Z", "item": "#x"}', Reason.UNSUPPORTED_VERSION),
+    # Control characters (C0, DEL, C1) in any text field: their own reason.
+    (b'{"ts": "2026-11-22T11:00:00Z", "item": "#x\\u001b[31m"}', Reason.CONTROL_CHARACTER),  # ESC
+    (b'{"ts": "2026-11-22T11:00:00Z", "item": "#x", "user": "u\\u0000"}', Reason.CONTROL_CHARACTER),  # NUL
+    (b'{"ts": "2026-11-22T11:00:00Z", "item": "#x", "dims": {"c": "D\xc2\x9bE"}}', Reason.CONTROL_CHARACTER),  # CSI
+    (b'{"id": "a\\nb", "ts": "2026-11-22T11:00:00Z", "item": "#x"}', Reason.CONTROL_CHARACTER),  # newline
+    (b'{"ts": "2026-11-22T11:00:00Z", "item": "#x\\tx"}', Reason.CONTROL_CHARACTER),  # tab
+    (b'{"ts": "2026-11-22T11:00:00Z", "item": "#x\x7f"}', Reason.CONTROL_CHARACTER),  # DEL, raw
+    (b'{"ts": "2026-11-22T11:00:00Z", "item": "#x\x1b[2J"}', Reason.MALFORMED_JSON),  # raw ESC: not JSON
+    # An empty dimension value makes a slice no query can name.
+    (b'{"ts": "2026-11-22T11:00:00Z", "item": "#x", "dims": {"origin": ""}}', Reason.INVALID_FIELD),
 ]
 
 
@@ -136,3 +146,28 @@ def test_split_gives_oks_and_errs() -> None:
     outcomes = [validate_json(GOOD, CTX), validate_json(b"nope", CTX)]
     oks, errs = split(outcomes)
     assert len(oks) == 1 and len(errs) == 1 and errs[0].reason is Reason.MALFORMED_JSON
+
+
+def test_control_character_details_name_the_code_point_not_the_character() -> None:
+    outcome = validate_json(b'{"ts": "2026-11-22T11:00:00Z", "item": "ab\\u001b[31m"}', CTX, 1)
+    assert isinstance(outcome, Reject) and outcome.reason is Reason.CONTROL_CHARACTER
+    assert "U+001B at position 2" in outcome.detail and "item" in outcome.detail
+    assert "\x1b" not in outcome.detail
+
+
+def test_a_control_character_in_a_csv_cell_is_rejected() -> None:
+    outcome = validate_csv(b"e1,2026-11-22T11:00:00Z,/a\x1b]0;pwned\x07", ["id", "ts", "item"], CTX, 2)
+    assert isinstance(outcome, Reject) and outcome.reason is Reason.CONTROL_CHARACTER
+
+
+def test_text_is_normalised_to_nfc() -> None:
+    composed = json.dumps({"ts": "2026-11-22T11:00:00Z", "item": "caf\u00e9", "dims": {"c": "K\u00f6ln"}})
+    decomposed = json.dumps({"ts": "2026-11-22T11:00:00Z", "item": "cafe\u0301", "dims": {"c": "Ko\u0308ln"}})
+    a, b = validate_json(composed.encode(), CTX), validate_json(decomposed.encode(), CTX)
+    assert isinstance(a, Event) and isinstance(b, Event)
+    assert (b.item, b.dims) == ("caf\u00e9", {"c": "K\u00f6ln"}) == (a.item, a.dims)
+    assert a.id == b.id  # one content id for one event, whatever the input's normal form
+    assert b.to_json() == a.to_json()
+    # The limits count normalised characters: 256 decomposed "é" (512 code points) are 256 characters.
+    long_item = json.dumps({"ts": "2026-11-22T11:00:00Z", "item": "e\u0301" * 256}).encode()
+    assert isinstance(validate_json(long_item, CTX), Event)

@@ -77,3 +77,44 @@ def test_bad_values_are_rejected(monkeypatch: pytest.MonkeyPatch, var: str, valu
     monkeypatch.setenv(var, value)
     with pytest.raises(ValidationError):
         Settings()
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "secret"),
+    [
+        ("TRENDS_AIRFLOW__DATABASE_URL", "postgres://airflow:hunter2@db:5432/airflow", "hunter2"),
+        ("TRENDS_AIRFLOW__DATABASE_URL", "airflow:hunter2@db", "hunter2"),  # not even a URL
+        ("TRENDS_AIRFLOW__CONFIG", '{"AIRFLOW_CONN_X": 5, "AIRFLOW__CORE__FERNET_KEY": ["k3y-hunter2"]}', "hunter2"),
+        ("TRENDS_SPARK__CONF", '{"spark.hadoop.fs.s3a.secret.key": {"v": "hunter2"}}', "hunter2"),
+        ("TRENDS_AIRFLOW__CONFIG", '{"MY_PASSWORD": "hunter2"}', "hunter2"),  # refused by our own validator
+    ],
+)
+def test_validation_errors_never_echo_a_secret(
+    monkeypatch: pytest.MonkeyPatch, var: str, value: str, secret: str
+) -> None:
+    monkeypatch.setenv(var, value)
+    monkeypatch.setenv("TRENDS_SERVING__PORT", "not-a-port")  # a non-secret error keeps its input, for contrast
+    with pytest.raises(ValidationError) as err:
+        Settings()
+    text = str(err.value)
+    assert secret not in text and secret not in repr(err.value.errors())
+    assert "**********" in text
+    assert "'not-a-port'" in text
+    assert err.value.__suppress_context__  # the original error (with the input) is not chained into tracebacks
+
+
+def test_invalid_settings_on_the_command_line_hide_the_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from infra.cli import cli
+    from infra.settings import get_settings
+
+    monkeypatch.setenv("TRENDS_AIRFLOW__DATABASE_URL", "oracle://airflow:hunter2@db/airflow")
+    get_settings.cache_clear()
+    try:
+        result = CliRunner().invoke(cli, ["config"])
+    finally:
+        get_settings.cache_clear()
+    assert result.exit_code == 2
+    assert "invalid settings" in result.output and "database_url" in result.output
+    assert "hunter2" not in result.output

@@ -1,0 +1,94 @@
+"""The stack's Cassandra with PasswordAuthenticator: the configured role gets in, the default superuser does not.
+
+A real Cassandra node of its own (temporary data_dir, free loopback ports, small heap), started by the same code as
+`trends stack up cassandra`; the shared stack is not touched. Authentication is what lets the stack bind a
+non-loopback address (see tests/unit/test_security.py); here it runs on loopback, as tests must.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from cassandra.auth import PlainTextAuthProvider
+from cassandra.cluster import Cluster, NoHostAvailable
+from pydantic import SecretStr
+
+from infra import migrations, stack
+from infra.cassandra import ping, session
+from infra.settings import Settings
+from tests.helpers import free_port
+
+PASSWORD = "cas-" + uuid.uuid4().hex  # 36 characters
+
+
+@pytest.fixture(scope="module")
+def auth_cassandra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    base = Settings(data_dir=tmp_path_factory.mktemp("casauth") / "data")
+    settings = base.model_copy(
+        update={
+            "cassandra": base.cassandra.model_copy(
+                update={
+                    "port": free_port(),
+                    "username": "trends",
+                    "password": SecretStr(PASSWORD),
+                    "keyspace": "authed",
+                    "connect_timeout_s": 5.0,
+                }
+            ),
+            "stack": base.stack.model_copy(
+                update={
+                    "cassandra_storage_port": free_port(),
+                    "cassandra_jmx_port": free_port(),
+                    "cassandra_heap": "512M",
+                    "cassandra_start_timeout_s": 300.0,
+                }
+            ),
+        }
+    )
+    try:
+        stack.up(settings, ["cassandra"])
+        yield settings
+    finally:
+        stack.down(settings, ["cassandra"])
+
+
+def _login(settings: Settings, user: str | None, password: str | None) -> None:
+    auth = PlainTextAuthProvider(user, password) if user is not None else None
+    cluster = Cluster(["127.0.0.1"], port=settings.cassandra.port, auth_provider=auth, connect_timeout=5)
+    try:
+        cluster.connect().execute("SELECT release_version FROM system.local")
+    finally:
+        cluster.shutdown()
+
+
+def test_the_configured_role_reads_and_writes(auth_cassandra: Settings) -> None:
+    migrations.migrate(auth_cassandra)
+    with session(auth_cassandra) as sess:
+        names = {
+            r.table_name
+            for r in sess.execute("SELECT table_name FROM system_schema.tables WHERE keyspace_name = 'authed'")
+        }
+    assert "speed_view" in names
+
+
+@pytest.mark.parametrize(
+    ("user", "password"),
+    [(None, None), ("cassandra", "cassandra"), ("trends", PASSWORD + "x"), ("trends", "")],
+    ids=["anonymous", "default-superuser", "wrong-password", "empty-password"],
+)
+def test_everyone_else_is_refused(auth_cassandra: Settings, user: str | None, password: str | None) -> None:
+    with pytest.raises(NoHostAvailable):
+        _login(auth_cassandra, user, password)
+    _login(auth_cassandra, "trends", PASSWORD)  # the node is up: the refusal above was authentication
+
+
+def test_a_restart_keeps_the_role(auth_cassandra: Settings) -> None:
+    stack.down(auth_cassandra, ["cassandra"])
+    assert not ping(auth_cassandra)
+    (result,) = stack.up(auth_cassandra, ["cassandra"])
+    assert not result.already_running
+    assert ping(auth_cassandra)
+    with pytest.raises(NoHostAvailable):
+        _login(auth_cassandra, "cassandra", "cassandra")
