@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from infra.cassandra import READ_PROFILE, WRITE_PROFILE, session, table
+from infra.cassandra import READ_PROFILE, session, table, write_many
 from infra.errors import TrendsError
 from infra.settings import Settings
 
@@ -215,12 +215,12 @@ class IndexStore:
         )}  # fmt: skip
         p = sess.prepare
         self.ins_span = p(
-            f"INSERT INTO {t['batch_index_spans']} (topic, hour, partition, first_offset, last_offset, records, late) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)"
+            f"INSERT INTO {t['batch_index_spans']} (topic, day, hour, partition, first_offset, last_offset, records, "
+            "late) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
         )
         self.sel_spans = p(
-            f"SELECT partition, first_offset, last_offset, records, late FROM {t['batch_index_spans']} "
-            "WHERE topic = ? AND hour = ?"
+            f"SELECT hour, partition, first_offset, last_offset, records, late FROM {t['batch_index_spans']} "
+            "WHERE topic = ? AND day = ?"
         )
         self.ins_hour = p(
             f"INSERT INTO {t['batch_index_hours']} (topic, day, hour, records, late, updated_at) "
@@ -242,18 +242,9 @@ class IndexStore:
             stmt.is_idempotent = True
 
     # -- bulk helpers -----------------------------------------------------------------------------------------
-    def _write(self, stmt: Any, params: list[tuple[Any, ...]]) -> None:
-        from cassandra.concurrent import execute_concurrent_with_args  # noqa: PLC0415
-
-        if params:
-            execute_concurrent_with_args(
-                self.sess,
-                stmt,
-                params,
-                concurrency=self.settings.cassandra.write_concurrency,
-                raise_on_first_error=True,
-                execution_profile=WRITE_PROFILE,
-            )
+    def _write(self, stmt: Any, params: list[tuple[Any, ...]], by: int = 0) -> None:
+        """Write rows; with ``by`` > 0, the rows sharing their first ``by`` values (the partition key) go together."""
+        write_many(self.settings, self.sess, stmt, params, (lambda p: tuple(p[:by])) if by else None)
 
     def _read(self, stmt: Any, params: list[tuple[Any, ...]]) -> list[list[Any]]:
         from cassandra.concurrent import execute_concurrent_with_args  # noqa: PLC0415
@@ -287,13 +278,15 @@ class IndexStore:
         return out
 
     def spans(self, topic: str, hours: Iterable[datetime]) -> dict[datetime, list[Span]]:
-        """Return the spans of each hour (an hour without records has none)."""
-        hours = list(hours)
-        rows = self._read(self.sel_spans, [(topic, h) for h in hours])
-        return {
-            h: [Span(r.partition, r.first_offset, r.last_offset, r.records, r.late or 0) for r in rs]
-            for h, rs in zip(hours, rows, strict=True)
-        }
+        """Return the spans of each hour (an hour without records has none): one read per day."""
+        out: dict[datetime, list[Span]] = {h: [] for h in hours}
+        days = sorted({h.date() for h in out})
+        for rows in self._read(self.sel_spans, [(topic, d) for d in days]):
+            for r in rows:
+                hour = _utc(r.hour)
+                if hour in out:
+                    out[hour].append(Span(r.partition, r.first_offset, r.last_offset, r.records, r.late or 0))
+        return out
 
     def hour_totals(self, topic: str, days: Iterable[date]) -> dict[datetime, tuple[int, int]]:
         """Return (records, late) of every indexed hour of the days."""
@@ -334,7 +327,11 @@ class IndexStore:
         """Upsert spans (keyed by hour, partition and first offset)."""
         self._write(
             self.ins_span,
-            [(topic, ms_to_dt(h), s.partition, s.first, s.last, s.records, s.late) for h, s in spans],
+            [
+                (topic, ms_to_dt(h).date(), ms_to_dt(h), s.partition, s.first, s.last, s.records, s.late)
+                for h, s in spans
+            ],
+            by=2,  # (topic, day)
         )
 
     def resum(self, topic: str, hours: Iterable[datetime]) -> dict[datetime, tuple[int, int]]:
@@ -342,7 +339,7 @@ class IndexStore:
         spans = self.spans(topic, hours)
         totals = {h: (sum(s.records for s in ss), sum(s.late for s in ss)) for h, ss in spans.items()}
         now = datetime.now(UTC)
-        self._write(self.ins_hour, [(topic, h.date(), h, r, late, now) for h, (r, late) in totals.items()])
+        self._write(self.ins_hour, [(topic, h.date(), h, r, late, now) for h, (r, late) in totals.items()], by=2)
         return totals
 
     def mark_stale(self, topic: str, totals: dict[datetime, tuple[int, int]]) -> int:

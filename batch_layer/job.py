@@ -389,6 +389,7 @@ def run(
             for i, chunk in enumerate(passes, 1):
                 c0 = time.monotonic()
                 plan = offsets.plan(settings, idx, chunk, topic)
+                c1 = time.monotonic()
                 done = None
                 if plan.records:
                     if spark is None:
@@ -396,12 +397,24 @@ def run(
 
                         spark, own = get_spark(settings, "batch"), True
                     done = compute(spark, settings, plan)
+                c2 = time.monotonic()
                 chunk_results = load(store, plan, done, force=force, code=code)
                 recheck_stale(settings, idx, plan)
+                logger.info(
+                    "pass %s/%s: %s hours, %s records in %s ranges: plan %.1f s, spark %.1f s, load %.1f s",
+                    i,
+                    len(passes),
+                    len(chunk),
+                    plan.records,
+                    len(plan.ranges),
+                    c1 - c0,
+                    c2 - c1,
+                    time.monotonic() - c2,
+                )
                 seconds = (time.monotonic() - c0) / max(1, len(chunk_results))
                 for r in chunk_results:
                     r.seconds = seconds
-                    logger.info("%s", r.line())
+                    logger.debug("%s", r.line())
                 results += chunk_results
                 events += plan.records
                 if progress is not None:

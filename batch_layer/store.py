@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from infra.cassandra import READ_PROFILE, WRITE_PROFILE, table
+from infra.cassandra import READ_PROFILE, WRITE_PROFILE, table, write_many
 from infra.settings import Settings
 from views import sketches
 
@@ -129,18 +129,10 @@ class BatchStore:
             stmt.is_idempotent = True
 
     # -- a run's rows -----------------------------------------------------------------------------------------
-    def _bulk(self, stmt: Any, params: Sequence[tuple[Any, ...]]) -> None:
-        from cassandra.concurrent import execute_concurrent_with_args  # noqa: PLC0415
-
-        if params:
-            execute_concurrent_with_args(
-                self.sess,
-                stmt,
-                params,
-                concurrency=self.settings.cassandra.write_concurrency,
-                raise_on_first_error=True,
-                execution_profile=WRITE_PROFILE,
-            )
+    def _bulk(self, stmt: Any, params: Sequence[tuple[Any, ...]], by: int = 0) -> None:
+        """Write rows; with ``by`` > 0, the rows sharing their first ``by`` values (the partition key) go together."""
+        key = (lambda p: tuple(p[:by])) if by else None
+        write_many(self.settings, self.sess, stmt, params, key)
 
     def write_version(
         self, hour: datetime, run_id: uuid.UUID, minutes: Iterable[ViewRow], hours: Iterable[ViewRow]
@@ -177,9 +169,9 @@ class BatchStore:
             for h, rows in hours.items()
             for r in rows
         ]
-        self._bulk(self.ins_minute, minute_params)
-        self._bulk(self.ins_hour, hour_params)
-        self._bulk(self.ins_day_slice, sorted({(h.date(), r.slice) for h, rows in hours.items() for r in rows}))
+        self._bulk(self.ins_minute, minute_params, by=2)  # (slice, hour)
+        self._bulk(self.ins_hour, hour_params, by=2)  # (slice, day)
+        self._bulk(self.ins_day_slice, sorted({(h.date(), r.slice) for h, rows in hours.items() for r in rows}), by=1)
         return len(minute_params) + len(hour_params)
 
     def swap(self, hour: datetime, run_id: uuid.UUID, indexed: int | None = None) -> None:
@@ -189,7 +181,7 @@ class BatchStore:
     def swap_many(self, swaps: Sequence[tuple[datetime, uuid.UUID, int | None]]) -> None:
         """Swap the pointers of many hours (each one row); ``indexed``: the hour's records the run read."""
         now = datetime.now(UTC)
-        self._bulk(self.ins_pointer, [(h.date(), h, run_id, now, indexed) for h, run_id, indexed in swaps])
+        self._bulk(self.ins_pointer, [(h.date(), h, run_id, now, indexed) for h, run_id, indexed in swaps], by=1)
 
     def write_day(
         self, day: date, pointers: dict[datetime, uuid.UUID], rows: Sequence[ViewRow], hours: dict[str, int]

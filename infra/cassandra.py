@@ -8,7 +8,7 @@ deployment needs and is harmless on one node.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +16,7 @@ from infra.settings import Settings
 
 if TYPE_CHECKING:
     from cassandra.cluster import Cluster, Session
+    from cassandra.query import PreparedStatement
 
 logger = logging.getLogger(__name__)
 
@@ -92,3 +93,61 @@ def ping(settings: Settings, timeout: float = 3.0) -> bool:
     finally:
         cluster.shutdown()
     return True
+
+
+BATCH_MAX_BYTES = 40_000  # under Cassandra's default batch_size_fail_threshold (50 KiB)
+BATCH_MAX_ROWS = 100
+
+
+def _size(params: Sequence[Any]) -> int:
+    return sum(len(v) if isinstance(v, bytes | str) else 16 for v in params)
+
+
+def write_many(
+    settings: Settings,
+    sess: Session,
+    stmt: PreparedStatement,
+    params: Sequence[Sequence[Any]],
+    partition_key: Callable[[Sequence[Any]], Hashable] | None = None,
+) -> None:
+    """Write many rows concurrently; rows of one partition go together in unlogged batches when a key is given.
+
+    A single-partition unlogged batch is one mutation on one replica set: with the group commitlog (an fsync
+    before the acknowledgement) it costs about what one row costs, so a year of small hourly rows is written
+    with tens of times fewer round trips. Batches stay under Cassandra's default size limits; larger rows go alone.
+    Every statement is idempotent (upserts of full rows), so the driver may retry them.
+    """
+    from cassandra.concurrent import execute_concurrent  # noqa: PLC0415
+    from cassandra.query import BatchStatement, BatchType  # noqa: PLC0415
+
+    if not params:
+        return
+    statements: list[tuple[Any, Any]] = []
+    if partition_key is None:
+        statements = [(stmt, p) for p in params]
+    else:
+        groups: dict[Hashable, list[Sequence[Any]]] = {}
+        for p in params:
+            groups.setdefault(partition_key(p), []).append(p)
+        for rows in groups.values():
+            batch: Any = None
+            used = 0
+            for row in rows:
+                size = _size(row)
+                if batch is not None and (used + size > BATCH_MAX_BYTES or len(batch) >= BATCH_MAX_ROWS):
+                    statements.append((batch, None))
+                    batch = None
+                if batch is None:
+                    batch, used = BatchStatement(batch_type=BatchType.UNLOGGED), 0
+                    batch.is_idempotent = True
+                batch.add(stmt, row)
+                used += size
+            if batch is not None:
+                statements.append((batch, None) if len(batch) > 1 else (stmt, rows[-1]))
+    execute_concurrent(
+        sess,
+        statements,
+        concurrency=settings.cassandra.write_concurrency,
+        raise_on_first_error=True,
+        execution_profile=WRITE_PROFILE,
+    )
