@@ -11,12 +11,14 @@ hour replaces the hour's version and gives the same numbers, whatever the chunki
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import subprocess
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -376,56 +378,96 @@ def run(
     if not force:
         offsets.check_closed(index.horizon(settings), hours[-1] + HOUR, offsets.grace(settings))
     t0 = time.monotonic()
-    own = False
     results: list[RunResult] = []
-    code = code_version(settings)
     with session(settings) as sess:
         idx, store = IndexStore(settings, sess), BatchStore(settings, sess)
         totals = idx.hour_totals(topic, {h.date() for h in hours})
         records = {h: totals.get(h, (0, 0))[0] for h in hours}
         passes = chunks(hours, records, settings.batch.chunk_events, settings.batch.chunk_hours)
-        events = 0
-        try:
-            for i, chunk in enumerate(passes, 1):
-                c0 = time.monotonic()
-                plan = offsets.plan(settings, idx, chunk, topic)
-                c1 = time.monotonic()
-                done = None
-                if plan.records:
-                    if spark is None:
-                        from infra.spark import get_spark  # noqa: PLC0415
-
-                        spark, own = get_spark(settings, "batch"), True
-                    done = compute(spark, settings, plan)
-                c2 = time.monotonic()
-                chunk_results = load(store, plan, done, force=force, code=code)
-                recheck_stale(settings, idx, plan)
-                logger.info(
-                    "pass %s/%s: %s hours, %s records in %s ranges: plan %.1f s, spark %.1f s, load %.1f s",
-                    i,
-                    len(passes),
-                    len(chunk),
-                    plan.records,
-                    len(plan.ranges),
-                    c1 - c0,
-                    c2 - c1,
-                    time.monotonic() - c2,
-                )
-                seconds = (time.monotonic() - c0) / max(1, len(chunk_results))
-                for r in chunk_results:
-                    r.seconds = seconds
-                    logger.debug("%s", r.line())
-                results += chunk_results
-                events += plan.records
+        runner = _Passes(settings, idx, store, force=force, spark=spark)
+        # Pass i's Cassandra writes run while Spark computes pass i + 1 (the driver and the JVM take turns).
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-load") as loader:
+            pending: Future[list[RunResult]] | None = None
+            try:
+                for i, chunk in enumerate(passes, 1):
+                    plan, done = runner.compute(chunk)
+                    if pending is not None:
+                        results += pending.result()
+                    pending = loader.submit(runner.load, plan, done)
+                    if progress is not None and results:
+                        progress(
+                            Progress(i - 1, len(passes), len(results), len(hours), runner.events, time.monotonic() - t0)
+                        )
+                if pending is not None:
+                    results += pending.result()
+                    pending = None
                 if progress is not None:
-                    progress(Progress(i, len(passes), len(results), len(hours), events, time.monotonic() - t0))
-        finally:
-            if own and spark is not None:
-                spark.stop()
+                    progress(
+                        Progress(
+                            len(passes), len(passes), len(results), len(hours), runner.events, time.monotonic() - t0
+                        )
+                    )
+            finally:
+                if pending is not None:
+                    pending.cancel()
+                    with contextlib.suppress(BaseException):
+                        pending.result()
+                runner.close()
         _low, mark = store.advance_watermark(hours[0])
     for r in results:
         r.watermark = mark
     return results
+
+
+class _Passes:
+    """The passes of one :func:`run`: Spark's side (in the caller's thread) and Cassandra's (in the loader's)."""
+
+    def __init__(
+        self, settings: Settings, idx: IndexStore, store: BatchStore, *, force: bool, spark: SparkSession | None
+    ) -> None:
+        self.settings = settings
+        self.idx = idx
+        self.store = store
+        self.force = force
+        self.spark = spark
+        self.own = False
+        self.code = code_version(settings)
+        self.events = 0
+
+    def compute(self, chunk: list[datetime]) -> tuple[offsets.Plan, Computed | None]:
+        """Plan a pass from the index and run its Spark side (nothing to run for hours without records)."""
+        c0 = time.monotonic()
+        plan = offsets.plan(self.settings, self.idx, chunk)
+        done = None
+        if plan.records:
+            if self.spark is None:
+                from infra.spark import get_spark  # noqa: PLC0415
+
+                self.spark, self.own = get_spark(self.settings, "batch"), True
+            done = compute(self.spark, self.settings, plan)
+        logger.info(
+            "pass of %s hours from %s: %s records in %s ranges, Spark %.1f s",
+            len(chunk), chunk[0].isoformat(), plan.records, len(plan.ranges), time.monotonic() - c0,
+        )  # fmt: skip
+        return plan, done
+
+    def load(self, plan: offsets.Plan, done: Computed | None) -> list[RunResult]:
+        """Write a pass (versions, swaps, rollups, lineage) and notice hours that grew meanwhile."""
+        c0 = time.monotonic()
+        out = load(self.store, plan, done, force=self.force, code=self.code)
+        recheck_stale(self.settings, self.idx, plan)
+        seconds = time.monotonic() - c0
+        for r in out:
+            r.seconds = seconds / len(out)
+            logger.debug("%s", r.line())
+        self.events += plan.records
+        logger.info("pass of %s hours from %s written in %.1f s", len(out), plan.hours[0].hour.isoformat(), seconds)
+        return out
+
+    def close(self) -> None:
+        """Stop the Spark session if this run started it."""
+        if self.own and self.spark is not None:
+            self.spark.stop()
 
 
 def advance(settings: Settings, hint: datetime) -> tuple[datetime | None, datetime | None]:
