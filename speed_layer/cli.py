@@ -53,7 +53,8 @@ def run(
     summary = run_job(settings, available_now=available_now, max_seconds=max_seconds)
     click.echo(
         f"stopped after {summary.seconds:.0f} s: {summary.batches} batches, {summary.input_rows} rows read, "
-        f"{summary.dropped_late_rows} dropped as too late, {summary.unparseable_rows} unparseable",
+        f"{summary.dropped_late_rows} dropped as too late, {summary.unparseable_rows} unparseable, "
+        f"{summary.future_rows} beyond now + skew (not aggregated)",
         err=True,
     )
 

@@ -45,18 +45,25 @@ def extract(spark: SparkSession, settings: Settings) -> DataFrame:
 
 
 def transform(records: DataFrame, settings: Settings) -> DataFrame:
-    """Parse, count unparseable rows, watermark, dedupe ids within the watermark and aggregate into view rows."""
+    """Parse, count unparseable and future rows, watermark, dedupe ids within the watermark, aggregate."""
     from pyspark.sql import functions as F  # noqa: PLC0415
 
     from views.aggregation import aggregate  # noqa: PLC0415
     from views.events import parse_events, valid_events  # noqa: PLC0415
 
+    # The event-time guard: an event beyond now + the ingest skew (written around ingestion, or by a broken clock)
+    # would move the watermark into the future and drop every real event as late. It is counted, not aggregated.
+    # current_timestamp() is the micro-batch's time, kept in the offset log: a replayed batch decides the same.
+    horizon = F.current_timestamp() + F.make_dt_interval(secs=F.lit(settings.ingest.max_future_skew_s))
+    future = F.col("parsed_ok") & (F.col("ts") > horizon)
     parsed = parse_events(records).observe(
         PARSE_METRICS,
         F.count(F.lit(1)).alias("rows"),
         F.sum(F.when(F.col("parsed_ok"), 0).otherwise(1)).alias("unparseable"),
+        F.sum(F.when(future, 1).otherwise(0)).alias("future"),
     )
-    return aggregate(dedupe(valid_events(parsed), settings), settings.views.slice_dims, settings.views.top_k_items)
+    events = valid_events(parsed.where(~future))
+    return aggregate(dedupe(events, settings), settings.views.slice_dims, settings.views.top_k_items)
 
 
 def dedupe(events: DataFrame, settings: Settings) -> DataFrame:
@@ -80,6 +87,7 @@ class RunSummary:
     unparseable_rows: int
     seconds: float
     stopped_by_signal: bool
+    future_rows: int = 0
 
 
 class _ProgressListener:
@@ -203,6 +211,7 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
         input_rows=registry.input_rows_total,
         dropped_late_rows=registry.dropped_late_total,
         unparseable_rows=registry.unparseable_total,
+        future_rows=registry.future_total,
         seconds=time.monotonic() - started,
         stopped_by_signal=stop.is_set(),
     )

@@ -39,6 +39,7 @@ class BatchMetrics:
     unparseable_rows: int
     watermark: datetime | None
     kafka_lag_max: int | None
+    future_rows: int = 0  # events beyond now + the ingest skew: not aggregated (they would stall the watermark)
 
     @classmethod
     def from_progress(cls, progress: dict[str, Any]) -> BatchMetrics:
@@ -63,6 +64,7 @@ class BatchMetrics:
             unparseable_rows=int(parse.get("unparseable") or 0),
             watermark=_parse_ts(watermark),
             kafka_lag_max=lag,
+            future_rows=int(parse.get("future") or 0),
         )
 
     def log_line(self) -> str:
@@ -72,6 +74,7 @@ class BatchMetrics:
             f"batch {self.batch_id}: {self.input_rows} rows in {self.batch_duration_ms} ms "
             f"({self.processed_rows_per_s:.0f} rows/s), state {self.state_rows} rows, "
             f"dropped late {self.dropped_late_rows}, unparseable {self.unparseable_rows}, "
+            f"future {self.future_rows}, "
             f"watermark {wm}, kafka lag {self.kafka_lag_max if self.kafka_lag_max is not None else '-'}"
         )
 
@@ -99,6 +102,7 @@ class MetricsRegistry:
         self.input_rows_total = 0
         self.dropped_late_total = 0
         self.unparseable_total = 0
+        self.future_total = 0
         self.last: BatchMetrics | None = None
         self.newest_event_ts: datetime | None = None
         # How often the stack's supervisor restarted this job after a failure (it tells each run the count so far).
@@ -111,6 +115,7 @@ class MetricsRegistry:
             self.input_rows_total += metrics.input_rows
             self.dropped_late_total += metrics.dropped_late_rows
             self.unparseable_total += metrics.unparseable_rows
+            self.future_total += metrics.future_rows
             self.last = metrics
 
     def render(self) -> str:
@@ -127,6 +132,8 @@ class MetricsRegistry:
                 f"trends_speed_dropped_late_rows_total{label} {self.dropped_late_total}",
                 "# TYPE trends_speed_unparseable_rows_total counter",
                 f"trends_speed_unparseable_rows_total{label} {self.unparseable_total}",
+                "# TYPE trends_speed_future_rows_total counter",
+                f"trends_speed_future_rows_total{label} {self.future_total}",
                 "# TYPE trends_speed_restarts_total counter",
                 f"trends_speed_restarts_total{label} {self.restarts}",
             ]
