@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from batch_layer import index, offsets
 from batch_layer.index import IndexStore
@@ -214,7 +214,7 @@ def transform(records: DataFrame, settings: Settings, hours: Sequence[datetime])
 
     rec_hour = F.date_trunc("hour", F.col("timestamp"))
     wanted = records.select("value", "partition", "offset", rec_hour.alias("rec_hour")).where(
-        F.col("rec_hour").isin(list(hours))
+        _in_hours(F.col("rec_hour"), hours)
     )
     parsed = parse_events(wanted, keep=("partition", "offset", "rec_hour"))
     in_hour = F.col("parsed_ok") & (F.date_trunc("hour", F.col("ts")) == F.col("rec_hour"))
@@ -229,6 +229,23 @@ def transform(records: DataFrame, settings: Settings, hours: Sequence[datetime])
     kept = dedupe(parsed.where(in_hour).select(*EVENT_COLUMNS, "partition", "offset", "rec_hour"), ("rec_hour", "id"))
     minutes = aggregate(kept.select(*EVENT_COLUMNS), settings.views.slice_dims, settings.views.top_k_items)
     return minutes, observed
+
+
+def _in_hours(column: Any, hours: Sequence[datetime]) -> Any:
+    """Return ``column`` (an hour) in ``hours``, as a few ranges: a year of hours as literals is thousands of calls."""
+    from functools import reduce  # noqa: PLC0415
+
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
+    runs: list[list[datetime]] = []
+    for h in sorted(hours):
+        if runs and h == runs[-1][1]:
+            runs[-1][1] = h + HOUR
+        else:
+            runs.append([h, h + HOUR])
+    if len(runs) > 64:
+        return column.isin([h for h in sorted(hours)])
+    return reduce(lambda a, b: a | b, ((column >= F.lit(lo)) & (column < F.lit(hi)) for lo, hi in runs))
 
 
 @dataclass

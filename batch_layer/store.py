@@ -57,18 +57,16 @@ class ViewRow:
 
     @classmethod
     def from_spark(cls, row: Any) -> ViewRow:
-        """Convert a collected Spark row."""
-        bucket = utc(row.bucket_start)
+        """Convert a collected Spark row of :data:`views.aggregation.VIEW_COLUMNS`, in that order.
+
+        Positional access: a year of sparse history is hundreds of thousands of rows, and ``Row.__getattr__``
+        searches the field names on every access.
+        """
+        bucket_start, slice_, events, users_hll, values_kll, items_fi, min_ts, max_ts = row
+        bucket = utc(bucket_start)
         assert bucket is not None  # noqa: S101 - grouping key, never null
         return cls(
-            row.slice,
-            bucket,
-            int(row.events),
-            bytes(row.users_hll),
-            bytes(row.values_kll),
-            bytes(row.items_fi),
-            utc(row.min_ts),
-            utc(row.max_ts),
+            slice_, bucket, int(events), bytes(users_hll), bytes(values_kll), bytes(items_fi), utc(min_ts), utc(max_ts)
         )
 
 
