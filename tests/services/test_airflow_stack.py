@@ -105,6 +105,17 @@ class Instance:
             except ValueError:
                 return exc.code, text.decode(errors="replace")
 
+    def create_backfill(self, body: dict[str, Any], retry_s: float = 300) -> tuple[int, Any]:
+        """POST a backfill; retried while SQLite reports a lock (Airflow answers 503 and removes the half-made one)
+        or the previous backfill is still being completed (409), as ``Airflow.backfill`` does for the CLI."""
+        deadline = time.monotonic() + retry_s
+        while True:
+            status, created = self.call("POST", "/api/v2/backfills", body)
+            transient = status == 409 or (status == 503 and "locked" in str(created))
+            if not transient or time.monotonic() > deadline:
+                return status, created
+            time.sleep(5)
+
     def airflow_cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Run the real `airflow` CLI with the stack's environment."""
         return subprocess.run(
@@ -275,7 +286,7 @@ def test_rest_backfill_and_reprocess_of_completed_hours(instance: Instance) -> N
         "to_date": "2026-05-02T01:00:00Z",
         "max_active_runs": 2,
     }
-    status, created = instance.call("POST", "/api/v2/backfills", body)
+    status, created = instance.create_backfill(body)
     assert status == 200, created
     second = datetime(2026, 5, 2, tzinfo=UTC)
     instance.wait_runs(hours(second, 2))
@@ -285,8 +296,8 @@ def test_rest_backfill_and_reprocess_of_completed_hours(instance: Instance) -> N
         assert (doc["start"], doc["end"]) == (start.isoformat(), (start + timedelta(hours=1)).isoformat())
 
     # After a code fix: rerun hours that already succeeded; each is replaced, not added.
-    status, created = instance.call(
-        "POST", "/api/v2/backfills", {**body, "to_date": "2026-05-02T00:00:00Z", "reprocess_behavior": "completed"}
+    status, created = instance.create_backfill(
+        {**body, "to_date": "2026-05-02T00:00:00Z", "reprocess_behavior": "completed"}
     )
     assert status == 200, created
     deadline = time.monotonic() + 120
