@@ -242,7 +242,7 @@ class Views:
         ``serving.max_read_mb`` of sketches (a 400 past it).
         """
         windows = [(w.start, w.end)] if before is None else [(w.start, w.end), (w.start - before, w.start)]
-        budget = ReadBudget(self.settings.serving.max_read_mb * 1024 * 1024)
+        budget = ReadBudget(int(self.settings.serving.max_read_mb * 1024 * 1024))
         try:
             out = queries.load_many(
                 self.backend.reader(),
