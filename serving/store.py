@@ -190,8 +190,6 @@ class ViewReader:
                     "WHERE slice = ? AND day = ? AND bucket_start >= ? AND bucket_start < ?"
                 ),
             }
-            for stmt in stmts.values():  # pages: a long read streams instead of arriving in one piece
-                stmt.fetch_size = PAGE_ROWS_SKETCHES if fields else PAGE_ROWS
             self._rows[fields] = stmts
         return stmts
 
@@ -281,8 +279,9 @@ class ViewReader:
     ) -> Iterator[Bucket]:
         """Yield the rows that serve the spans (gaps read nothing) in time order, as they arrive.
 
-        Few rows are held at once: rows come in pages (:data:`PAGE_ROWS_SKETCHES` when they carry sketches), and at
-        most :data:`PREFETCH` reads run ahead of the one being consumed, so a long window costs time, not memory.
+        Few rows are held at once: a long read with sketches comes in pages of :data:`PAGE_ROWS_SKETCHES` rows (a short
+        one in one page), and reads run ahead only while their first pages stay within :data:`IN_FLIGHT_ROWS` rows: a
+        long window costs time, not memory.
         Consecutive whole hours of a day are read with one range query; rows of other runs are dropped. Only the
         sketches in ``fields`` are read (the others are empty in the buckets): an answer that needs the items only
         moves a fraction of the bytes. Batch rows come from the cache when their run's rows were read before; a
@@ -358,8 +357,9 @@ class ReadBudgetExceededError(ValueError):
 
 
 PAGE_ROWS = 1000  # rows per page of a read that carries no sketch
-PAGE_ROWS_SKETCHES = 25  # rows per page of a read with sketches (a frequent-items sketch may be 100 KB)
-PREFETCH = 2  # reads issued ahead of the one being consumed
+PAGE_ROWS_SKETCHES = 25  # rows per page of a long read with sketches (a frequent-items sketch is 8-100 KB)
+SHORT_READ_ROWS = 150  # a read of at most this many rows comes in one page (ordinary windows: one round trip)
+IN_FLIGHT_ROWS = 150  # reads run ahead of the one being consumed while their first pages hold at most this many rows
 
 
 @dataclass
@@ -367,8 +367,9 @@ class _Unit:
     """One read of a request (or rows from the cache), placed in time, and what turns its result into buckets."""
 
     start: datetime
-    request: tuple[Any, tuple[Any, ...]] | None
+    request: Any  # a bound statement, paged; None when the cache serves the unit
     emit: Callable[[Iterable[Any]], Iterable[Bucket]]
+    rows: int  # most rows its first page holds
 
 
 class _Reads:
@@ -387,9 +388,16 @@ class _Reads:
         statement: str | None,
         params: tuple[Any, ...],
         emit: Callable[[Iterable[Any]], Iterable[Bucket]],
+        rows: int = 0,
     ) -> None:
-        request = (self.stmt[statement], params) if statement is not None else None
-        self.units.append(_Unit(start, request, emit))
+        if statement is None:
+            self.units.append(_Unit(start, None, emit, 0))
+            return
+        short = rows <= SHORT_READ_ROWS
+        page = PAGE_ROWS if not self.fields else (rows if short else PAGE_ROWS_SKETCHES)
+        bound = self.stmt[statement].bind(params)
+        bound.fetch_size = max(page, 1)
+        self.units.append(_Unit(start, bound, emit, min(rows, page)))
 
     def _cached(self, key: Hashable) -> tuple[Bucket, ...] | None:
         cache = self.reader.cache
@@ -408,7 +416,9 @@ class _Reads:
 
         for day in _days(span.start, span.end):
             first = max(span.start, datetime.combine(day, time(), UTC))
-            self._add(first, "speed", (self.slice, day, span.start, span.end), emit)
+            last = min(span.end, datetime.combine(day, time(), UTC) + timedelta(days=1))
+            minutes = int((last - first) / timedelta(minutes=1))
+            self._add(first, "speed", (self.slice, day, span.start, span.end), emit, minutes)
 
     def day(self, span: Span) -> None:
         """Serve a daily rollup, cached under the fingerprint of the day's pointers."""
@@ -427,7 +437,7 @@ class _Reads:
                 self._remember(key, got)
             return got
 
-        self._add(span.start, "days", (self.slice, day.strftime("%Y-%m"), day, day + timedelta(days=1)), emit)
+        self._add(span.start, "days", (self.slice, day.strftime("%Y-%m"), day, day + timedelta(days=1)), emit, 1)
 
     def minutes(self, span: Span) -> None:
         """Serve batch minutes from the current run's whole hour (cached under that run)."""
@@ -446,7 +456,7 @@ class _Reads:
 
         whole = self.reader.cache is not None  # without a cache, read only the span
         lo, hi = (hour, hour + HOUR) if whole else (span.start, span.end)
-        self._add(span.start, "minutes", (self.slice, hour, run, lo, hi), emit)
+        self._add(span.start, "minutes", (self.slice, hour, run, lo, hi), emit, int((hi - lo) / timedelta(minutes=1)))
 
     def hours(self, day: date, spans: list[Span]) -> None:
         """Serve whole hours of a day: cached ones from the cache, the others with one range read (<= 24 rows)."""
@@ -474,25 +484,29 @@ class _Reads:
 
         first = min(s.start for s in spans)
         if missing:
-            self._add(first, "hours", (self.slice, day, min(missing), max(missing) + HOUR), emit)
+            self._add(first, "hours", (self.slice, day, min(missing), max(missing) + HOUR), emit, len(missing))
         else:
             self._add(first, None, (), emit)
 
     def run(self) -> Iterator[Bucket]:
-        """Yield every unit's rows in time order, with at most :data:`PREFETCH` reads running ahead.
+        """Yield every unit's rows in time order, reads running ahead while their first pages stay small.
 
-        Units never overlap in time (the spans of a plan are disjoint), so this order is the order of the rows'
-        bucket starts, whether they come from the cache or from Cassandra: warm and cold answers merge alike.
+        Reads are issued ahead of the one being consumed as long as the rows their first pages may hold stay within
+        :data:`IN_FLIGHT_ROWS` (a short window's reads all run at once; a long one's a few at a time). Units never
+        overlap in time (the spans of a plan are disjoint), so this order is the order of the rows' bucket starts,
+        whether they come from the cache or from Cassandra: warm and cold answers merge alike.
         """
         units = sorted(self.units, key=lambda u: u.start)
         sess = self.reader.sess
         pending: dict[int, Any] = {}
-        issued = 0
+        issued, ahead_rows = 0, 0
         for i, unit in enumerate(units):
-            while issued < min(i + 1 + PREFETCH, len(units)):
+            while issued < len(units) and (issued <= i or ahead_rows + units[issued].rows <= IN_FLIGHT_ROWS):
                 req = units[issued].request
                 if req is not None:
-                    pending[issued] = sess.execute_async(req[0], req[1], execution_profile=READ_PROFILE)
+                    pending[issued] = sess.execute_async(req, execution_profile=READ_PROFILE)
+                    ahead_rows += units[issued].rows
                 issued += 1
             future = pending.pop(i, None)
+            ahead_rows -= unit.rows if future is not None else 0
             yield from unit.emit(future.result() if future is not None else ())

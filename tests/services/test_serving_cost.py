@@ -86,7 +86,7 @@ def test_a_long_window_is_merged_as_it_streams_in(long_speed_window: tuple[Setti
     assert sum(b.events for b in held.buckets) == events == held.merged.events  # the same rows, all of them
     assert answer.items and answer.items_max_error > 0
     assert holding > sketch_bytes  # the measure sees rows held
-    assert streamed < sketch_bytes / 8, (streamed, sketch_bytes)  # merged as they came: a few pages at a time
+    assert streamed < sketch_bytes / 4, (streamed, holding, sketch_bytes)  # merged as they came, a page at a time
 
 
 def test_the_read_budget_stops_a_request_that_reads_too_much(long_speed_window: tuple[Settings, int, int]) -> None:
