@@ -358,7 +358,7 @@ class ReadBudgetExceededError(ValueError):
 
 PAGE_ROWS = 1000  # rows per page of a read that carries no sketch
 PAGE_ROWS_SKETCHES = 25  # rows per page of a long read with sketches (a frequent-items sketch is 8-100 KB)
-SHORT_READ_ROWS = 150  # a read of at most this many rows comes in one page (ordinary windows: one round trip)
+SHORT_READ_ROWS = 200  # a read of at most this many rows comes in one page (the speed tail of an ordinary window)
 IN_FLIGHT_ROWS = 150  # reads run ahead of the one being consumed while their first pages hold at most this many rows
 
 
