@@ -9,6 +9,12 @@ baseline: the same Cassandra reads of the same rows without planning or merging,
 Then ``trends serve`` runs in its own process over the same keyspace and 8 concurrent clients (threads, one HTTP
 connection each) send trending requests for ``--http-seconds``: requests/s and p50/p99 over HTTP are printed, beside
 the same clients against ``/health`` of the same server (the bare HTTP round trip) and the ratio.
+
+Last, the cost of the most expensive request the API allows (``--rss``): a second keyspace holds only speed-view
+minutes (the batch view lagging: the costly case) with realistic sketches, about ``serving.max_read_mb`` of them in
+one window; ``trends serve`` answers ``/summary`` over that window to 8 clients at a time while its RSS is sampled.
+It prints the process's peak RSS (goal < 300 MiB) beside its RSS at rest, the requests' times, and that a window
+reading more than ``serving.max_read_mb`` is refused (400).
 """
 
 from __future__ import annotations
@@ -133,7 +139,7 @@ def bench(settings: Settings, end: datetime, window: timedelta, runs: int) -> tu
             if i >= WARMUP:  # the first runs prepare statements and warm the driver and Cassandra after the fill
                 times.append((t1 - t0) * 1000)
                 bare.append((t3 - t2) * 1000)
-            rows = len(recent.buckets) + len(base.buckets)
+            rows = recent.merged.rows + base.merged.rows
     return times, bare, rows
 
 
@@ -165,8 +171,8 @@ def hammer(url: str, clients: int, seconds: float) -> tuple[int, list[float], in
     return len(flat), flat, sum(errors)
 
 
-def http_bench(settings: Settings, end: datetime, clients: int, seconds: float) -> None:
-    """Run ``trends serve`` on the bench keyspace and load it with concurrent clients."""
+def start_server(settings: Settings) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``trends serve`` on the settings' keyspace; return the process and its URL once ready."""
     import socket
 
     with socket.socket() as sock:
@@ -175,17 +181,23 @@ def http_bench(settings: Settings, end: datetime, clients: int, seconds: float) 
     env = {**os.environ, **settings.to_env(), "TRENDS_SERVING__PORT": str(port), "TRENDS_LOG_LEVEL": "WARNING"}
     proc = subprocess.Popen([str(Path(sys.executable).parent / "trends"), "serve"], env=env, stdout=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
+                return proc, base
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            raise SystemExit("trends serve did not become ready")
+        time.sleep(0.3)
+
+
+def http_bench(settings: Settings, end: datetime, clients: int, seconds: float) -> None:
+    """Run ``trends serve`` on the bench keyspace and load it with concurrent clients."""
+    proc, base = start_server(settings)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise SystemExit("trends serve did not become ready")
-            time.sleep(0.3)
         bare_n, bare_lat, _ = hammer(f"{base}/health", clients, seconds)
         print(f"http /health     {clients} clients: {bare_n / seconds:7.0f} req/s  p50 {pct(bare_lat, 0.5):6.1f} ms")
         for label in ("1h", "24h"):
@@ -201,6 +213,108 @@ def http_bench(settings: Settings, end: datetime, clients: int, seconds: float) 
         proc.wait(20)
 
 
+def big_sketches(rng: random.Random, events: int, items: int) -> tuple[bytes, bytes, bytes]:
+    """Return a minute's sketches as Spark writes them for a busy minute (frequent items of 1024 tracked: ~30 KB)."""
+    hll = ds.hll_sketch(12, ds.tgt_hll_type.HLL_8)
+    kll = ds.kll_doubles_sketch(200)
+    fi = ds.frequent_strings_sketch(11)  # approx_top_k_accumulate(item, 1024) keeps a map of 2048
+    for _ in range(events):
+        hll.update(f"u{rng.randrange(200_000)}")
+        kll.update(rng.lognormvariate(3, 1))
+        fi.update(f"#item-{rng.randrange(items):06d}")
+    return bytes(hll.serialize_compact()), bytes(kll.serialize()), bytes(fi.serialize())
+
+
+def rss_bench(base: Settings, clients: int, rounds: int) -> None:
+    """Peak RSS of ``trends serve`` under the most expensive request it allows, ``clients`` at a time."""
+    import psutil
+    from cassandra.concurrent import execute_concurrent_with_args
+
+    keyspace = f"bench_rss_{uuid.uuid4().hex[:6]}"
+    settings = base.model_copy(update={"cassandra": base.cassandra.model_copy(update={"keyspace": keyspace})})
+    migrations.migrate(settings)
+    try:
+        rng = random.Random(7)
+        variants = [big_sketches(rng, 3000, 5000) for _ in range(16)]
+        row_bytes = statistics.mean(sum(map(len, v)) for v in variants)
+        budget = settings.serving.max_read_mb * 1024 * 1024
+        rows = int(budget * 0.9 / row_bytes)  # the longest window still under serving.max_read_mb
+        extra = rows // 5  # minutes before it: a window over them too reads 108% of the budget
+        end = floor(datetime.now(UTC), MINUTE)
+        start = end - rows * MINUTE
+        with session(settings) as sess:
+            insert = sess.prepare(
+                f"INSERT INTO {table(settings, 'speed_view')} (slice, day, bucket_start, events, users_hll, "
+                "values_kll, items_fi, min_ts, max_ts, batch_id) VALUES ('*', ?, ?, 3000, ?, ?, ?, ?, ?, 0)"
+            )
+            args = []
+            for i in range(-extra, rows):
+                m = start + i * MINUTE
+                args.append((m.date(), m, *variants[i % len(variants)], m, m + MINUTE - timedelta(milliseconds=1)))
+            execute_concurrent_with_args(sess, insert, args, concurrency=16)
+            sess.execute(
+                f"INSERT INTO {table(settings, 'speed_progress')} (query, newest_event_ts) VALUES (%s, %s)",
+                (settings.speed.query_name, end - timedelta(seconds=1)),
+            )
+        print(
+            f"rss: {rows:,} speed minutes ({rows / 1440:.1f} days) of {row_bytes / 1024:.1f} KB sketches each = "
+            f"{rows * row_bytes / 2**20:.0f} MiB, under serving.max_read_mb {settings.serving.max_read_mb:g}"
+        )
+        proc, url = start_server(settings)
+        try:
+            ps = psutil.Process(proc.pid)
+            fmt = "%Y-%m-%dT%H:%MZ"
+            ok = httpx.get(f"{url}/api/v1/count?last=1h", timeout=30)
+            assert ok.status_code == 200, ok.text
+            at_rest = ps.memory_info().rss
+            query = f"{url}/api/v1/summary?start={start:{fmt}}&end={end:{fmt}}"
+            over = httpx.get(f"{url}/api/v1/summary?start={start - extra * MINUTE:{fmt}}&end={end:{fmt}}", timeout=600)
+            peak, stop = [at_rest], threading.Event()
+
+            def sample() -> None:
+                while not stop.is_set():
+                    peak[0] = max(peak[0], ps.memory_info().rss)
+                    time.sleep(0.02)
+
+            sampler = threading.Thread(target=sample)
+            sampler.start()
+            times: list[float] = []
+            codes: list[int] = []
+
+            def client() -> None:
+                with httpx.Client(timeout=1200) as http:
+                    for _ in range(rounds):
+                        t0 = time.perf_counter()
+                        r = http.get(query)
+                        times.append(time.perf_counter() - t0)
+                        codes.append(r.status_code)
+
+            began = time.perf_counter()
+            threads = [threading.Thread(target=client) for _ in range(clients)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            wall = time.perf_counter() - began
+            stop.set()
+            sampler.join()
+            mib = 2**20
+            verdict = "✔" if peak[0] < 300 * mib else "✘"
+            print(
+                f"rss of trends serve: at rest {at_rest / mib:.0f} MiB, peak {peak[0] / mib:.0f} MiB under "
+                f"{clients} x {rounds} /summary over {rows:,} speed minutes at once (goal < 300 MiB {verdict}); "
+                f"statuses {sorted(set(codes))}, request p50 {statistics.median(times):.1f} s, max "
+                f"{max(times):.1f} s, wall {wall:.1f} s; a window 20% longer: {over.status_code} "
+                f"({over.json().get('detail', '')[:60]}...)"
+            )
+        finally:
+            proc.terminate()
+            proc.wait(20)
+    finally:
+        with session(base) as sess:
+            sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--days", type=int, default=7)
@@ -208,8 +322,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--http-seconds", type=float, default=20.0)
+    parser.add_argument("--rss", action=argparse.BooleanOptionalAction, default=True, help="the RSS measurement")
+    parser.add_argument("--rss-only", action="store_true", help="only the RSS measurement")
+    parser.add_argument("--rss-rounds", type=int, default=2, help="expensive requests per client")
     args = parser.parse_args()
     base = Settings()
+    if args.rss_only:
+        rss_bench(base, args.clients, args.rss_rounds)
+        return
     keyspace = f"bench_serving_{uuid.uuid4().hex[:6]}"
     settings = base.model_copy(update={"cassandra": base.cassandra.model_copy(update={"keyspace": keyspace})})
     migrations.migrate(settings)
@@ -231,6 +351,8 @@ def main() -> None:
     finally:
         with session(base) as sess:
             sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+    if args.rss:
+        rss_bench(base, args.clients, args.rss_rounds)
 
 
 if __name__ == "__main__":

@@ -438,6 +438,21 @@ class ServingSettings(BaseModel):
     cassandra_retry_s: float = Field(
         5.0, gt=0, description="While Cassandra is unreachable, how long the API waits between connection attempts."
     )
+    max_read_mb: float = Field(
+        256.0,
+        gt=0,
+        description="Most sketch bytes (MiB) one API request may read from the views; rows are merged as they "
+        "stream in, so this bounds a request's time and I/O, not its memory. A request that would read more is "
+        "refused with a 400 naming this setting: long windows over the batch layer's hourly and daily rollups read "
+        "little, the same windows over speed-layer minutes (while the batch view lags) read the most.",
+    )
+    max_concurrent_requests: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        description="Query requests (/api/v1/...) one `trends serve` process answers at once; more are refused at "
+        "once with a 429 and `Retry-After`, so a burst cannot pile up memory or starve /health and /ready.",
+    )
     cache_mb: int = Field(
         256,
         ge=0,

@@ -3,8 +3,13 @@
 ``create_app(settings)`` builds a FastAPI app that holds one Cassandra session for its lifetime (connected lazily
 and reconnected, at most every ``serving.cassandra_retry_s``, while Cassandra is unreachable) and gives each request
 a fresh :class:`~serving.store.ViewReader` over it. Every query endpoint answers with the provenance, the gaps and
-the error bounds of :mod:`serving.queries`. Refusals are 4xx with a message naming the parameter; an unreachable or
-failing Cassandra is a 503 with the reason, never a 500.
+the error bounds of :mod:`serving.queries`. Refusals are 4xx with a message naming the parameter or the setting; an
+unreachable or failing Cassandra is a 503 with ``Retry-After`` and a generic reason (the details go to the log),
+never a 500. More concurrent queries than ``serving.max_concurrent_requests`` are refused with a 429.
+
+The OpenAPI document tells the truth: each parameter's schema carries the exact constraint the server checks (the
+same patterns, built from the settings), every answer's status codes are listed with their body's model, and the
+rules that span parameters, which OpenAPI cannot express, are stated in each operation's description.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the endpoints' annotations at runtime, some of them local.
@@ -26,17 +31,61 @@ from cassandra.connection import ConnectionException
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from pydantic import BaseModel
 
 from infra.cassandra import READ_PROFILE, make_cluster, table
 from infra.settings import Settings
 from serving import params, queries
 from serving.merge import MINUTE, floor
-from serving.store import RowCache, ViewReader
+from serving.store import ReadBudget, ReadBudgetExceededError, RowCache, ViewReader
 
 logger = logging.getLogger(__name__)
 
 API_PREFIX = "/api/v1"
 MAX_POINTS = 10_000  # of one series answer
+RETRY_AFTER_S = 5  # told to clients while Cassandra is unavailable
+BUSY_RETRY_AFTER_S = 1  # told to clients refused for too many concurrent queries
+UNAVAILABLE = "the views are unavailable right now (the server log has the reason); retry later"
+
+
+class ErrorBody(BaseModel):
+    """The body of every refusal (400, 401, 429, 503): what went wrong, naming the parameter or the setting."""
+
+    detail: str
+
+
+def _error(description: str, retry: bool = False, auth: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {"model": ErrorBody, "description": description}
+    if retry:
+        out["headers"] = {
+            "Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "integer"}}
+        }
+    if auth:
+        out["headers"] = {"WWW-Authenticate": {"description": "`Bearer`.", "schema": {"type": "string"}}}
+    return out
+
+
+BAD_REQUEST: dict[int | str, dict[str, Any]] = {
+    400: _error(
+        "A parameter (named in the message) out of its range, or a rule spanning parameters broken: `last` and "
+        "`start`/`end` together, only one of `start`/`end`, an empty, reversed or too long window, too many "
+        "points, or more sketch bytes than `serving.max_read_mb`."
+    )
+}
+UNAVAILABLE_503: dict[int | str, dict[str, Any]] = {
+    503: _error("Cassandra is unreachable or the views are not set up.", retry=True)
+}
+QUERY_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: _error("`serving.api_token` is set and the request lacks `Authorization: Bearer <token>`.", auth=True),
+    429: _error("More concurrent queries than `serving.max_concurrent_requests`.", retry=True),
+    **UNAVAILABLE_503,
+}
+WINDOW_RULES = (
+    "The window is `last` (ending at the end of the current minute) or `start` and `end` together, never both; "
+    f"neither means `last={params.DEFAULT_LAST}`. Times are floored to whole minutes; the window must not be "
+    "empty and at most `serving.max_window_days` long. These rules span parameters, which OpenAPI cannot express: "
+    "breaking one is a 400 naming the parameter."
+)
 
 
 class CassandraUnavailableError(RuntimeError):
@@ -180,12 +229,33 @@ class Views:
         self.metrics = metrics
 
     def load(
-        self, w: WindowQuery, answer: str, coarsest: str = "day", before: timedelta | None = None
+        self,
+        w: WindowQuery,
+        answer: str,
+        coarsest: str = "day",
+        before: timedelta | None = None,
+        item: str | None = None,
     ) -> list[queries.Window]:
-        """Read the window (and the ``before`` long one just before it, if asked) for an answer."""
+        """Merge the window's rows (and the ``before`` long window's just before it, if asked) for an answer.
+
+        Rows are merged as they stream in, never all held, and the request may read at most
+        ``serving.max_read_mb`` of sketches (a 400 past it).
+        """
         windows = [(w.start, w.end)] if before is None else [(w.start, w.end), (w.start - before, w.start)]
+        budget = ReadBudget(int(self.settings.serving.max_read_mb * 1024 * 1024))
         try:
-            out = queries.load_many(self.backend.reader(), windows, w.slice, coarsest, queries.NEEDS[answer])
+            out = queries.load_many(
+                self.backend.reader(),
+                windows,
+                w.slice,
+                coarsest,
+                queries.NEEDS[answer],
+                item=item,
+                keep_rows=False,
+                budget=budget,
+            )
+        except ReadBudgetExceededError as exc:
+            raise HTTPException(400, str(exc)) from None
         except _driver_errors() as exc:
             raise CassandraUnavailableError(_reason(exc)) from exc
         self.metrics.cassandra_up.set(1)
@@ -214,16 +284,31 @@ def _authorize(request: Request) -> None:
 
 def _window(
     request: Request,
-    last: Annotated[str | None, Query(description="Window ending now: 15m, 1h, 24h, 7d.")] = None,
-    start: Annotated[str | None, Query(description="Window start, ISO-8601 with offset (2026-05-01T10:00Z).")] = None,
-    end: Annotated[str | None, Query(description="Window end (exclusive), ISO-8601 with offset.")] = None,
-    slice_: Annotated[str, Query(alias="slice", description="`*` or a slice like origin=JFK.")] = "*",
+    last: Annotated[
+        str | None,
+        Query(
+            description="Window ending at the end of the current minute: 15m, 1h, 24h, 7d (at most "
+            "`serving.max_window_days`). Not with `start`/`end`; neither given means 1h."
+        ),
+    ] = None,
+    start: Annotated[
+        str | None,
+        Query(description="Window start, ISO-8601 with an offset (2026-05-01T10:00Z), years 1970-2999; with `end`."),
+    ] = None,
+    end: Annotated[
+        str | None, Query(description="Window end (exclusive), ISO-8601 with an offset; with `start`.")
+    ] = None,
+    slice_: Annotated[
+        str, Query(alias="slice", description="`*` or a slice of a dimension in `views.slice_dims`, e.g. origin=JFK.")
+    ] = "*",
 ) -> WindowQuery:
     settings = _views(request).settings
     try:
-        t0 = params.parse_time("start", start) if start else None
-        t1 = params.parse_time("end", end) if end else None
+        t0 = params.parse_time("start", start) if start is not None else None
+        t1 = params.parse_time("end", end) if end is not None else None
         name = params.slice_name(settings, slice_)
+        if last is None and start is None and end is None:
+            last = params.DEFAULT_LAST
         lo, hi = params.window(settings, last, t0, t1)
     except params.BadQueryError as exc:
         raise _bad(exc) from None
@@ -241,40 +326,45 @@ Win = Annotated[WindowQuery, Depends(_window)]
 Reader = Annotated[Views, Depends(_views)]
 Ranks = Annotated[list[float] | None, Query(description="Quantile ranks in [0, 1] (repeat the parameter).")]
 
-router = APIRouter(prefix=API_PREFIX, dependencies=[Depends(_authorize)], tags=["queries"])
+router = APIRouter(prefix=API_PREFIX, dependencies=[Depends(_authorize)], tags=["queries"], responses=QUERY_ERRORS)
 
 
-@router.get("/count", response_model=queries.Count)
+def _query(path: str, model: Any, extra_rules: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare a windowed query route: its model, its 400 and the rules spanning its parameters."""
+    return router.get(path, response_model=model, responses=BAD_REQUEST, description=WINDOW_RULES + extra_rules)
+
+
+@_query("/count", queries.Count)
 def count(w: Win, v: Reader) -> queries.Count:
     """Count the events of a window (exact)."""
     return queries.count(v.load(w, "count")[0])
 
 
-@router.get("/users", response_model=queries.Users)
+@_query("/users", queries.Users)
 def users(w: Win, v: Reader) -> queries.Users:
     """Estimate the distinct users of a window (HLL, with 95% bounds)."""
     return queries.users(v.load(w, "users")[0])
 
 
-@router.get("/quantiles", response_model=queries.Quantiles)
+@_query("/quantiles", queries.Quantiles)
 def quantiles(w: Win, v: Reader, rank: Ranks = None) -> queries.Quantiles:
     """Estimate value quantiles of a window at any ranks (KLL, with its rank error)."""
     return queries.quantiles(v.load(w, "quantiles")[0], _ranks(rank))
 
 
-@router.get("/top", response_model=queries.Top)
+@_query("/top", queries.Top)
 def top(w: Win, v: Reader, limit: int = 10) -> queries.Top:
     """List the top-N items of a window with their count bounds (frequent items)."""
     return queries.top(v.load(w, "top")[0], v.limit("limit", limit))
 
 
-@router.get("/summary", response_model=queries.Summary)
+@_query("/summary", queries.Summary)
 def summary(w: Win, v: Reader, rank: Ranks = None, top: int = 10) -> queries.Summary:
     """Answer count, users, quantiles and top items of a window at once."""
     return queries.summary(v.load(w, "summary")[0], _ranks(rank), v.limit("top", top))
 
 
-@router.get("/trending", response_model=queries.Trending)
+@_query("/trending", queries.Trending, " `baseline` is at most `serving.max_window_days` long too.")
 def trending(
     w: Win,
     v: Reader,
@@ -284,7 +374,9 @@ def trending(
 ) -> queries.Trending:
     """Rank the items rising in the window against the baseline before it (lift, minimum support)."""
     try:
-        base_len = params.duration(v.settings, "baseline", baseline or v.settings.serving.default_baseline)
+        base_len = params.duration(
+            v.settings, "baseline", baseline if baseline is not None else v.settings.serving.default_baseline
+        )
     except params.BadQueryError as exc:
         raise _bad(exc) from None
     n = v.limit("limit", limit)
@@ -292,7 +384,7 @@ def trending(
     return queries.trending(recent, base, n, min_support)
 
 
-@router.get("/series", response_model=queries.Series)
+@_query("/series", queries.Series, f" A series has at most {MAX_POINTS:,} points: ask a coarser `resolution`.")
 def series(
     w: Win,
     v: Reader,
@@ -304,7 +396,7 @@ def series(
     if points > MAX_POINTS:
         raise HTTPException(400, f"resolution: {points:.0f} points; ask for a coarser resolution")
     answer = "series_item" if item else "series"
-    return queries.series(v.load(w, answer, coarsest=resolution)[0], resolution, item)
+    return queries.series(v.load(w, answer, coarsest=resolution, item=item or None)[0], resolution, item or None)
 
 
 @router.get("/status")
@@ -342,15 +434,19 @@ def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@ops.get("/ready", responses={503: {"description": "Cassandra unreachable or the views not set up"}})
+@ops.get("/ready", responses=UNAVAILABLE_503)
 def ready(v: Reader) -> dict[str, str]:
-    """Readiness: the views can be read."""
+    """Readiness: the views can be read (a 503 says only that; the reason goes to the server log)."""
     v.backend.ping()
     v.metrics.cassandra_up.set(1)
     return {"status": "ready"}
 
 
-@ops.get("/metrics", response_class=Response)
+@ops.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text."}},
+)
 def prometheus(v: Reader) -> Response:
     """Prometheus text: requests and latency by route, Cassandra up, the batch-row cache."""
     cache = v.backend.cache
@@ -393,22 +489,79 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.views = Views(settings, backend, metrics)
 
+    busy = {"queries": 0}  # query requests in flight (the event loop's thread only: no lock needed)
+    limit = settings.serving.max_concurrent_requests
+
     @app.middleware("http")
     async def measure(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         began = time.perf_counter()
-        response = await call_next(request)
+        query = request.url.path.startswith(API_PREFIX + "/")
+        if query and busy["queries"] >= limit:
+            metrics.requests.labels("refused", "429").inc()
+            return JSONResponse(
+                {"detail": f"more than {limit} queries at once (serving.max_concurrent_requests); retry shortly"},
+                status_code=429,
+                headers={"Retry-After": str(BUSY_RETRY_AFTER_S)},
+            )
+        if query:
+            busy["queries"] += 1
+        try:
+            response = await call_next(request)
+        finally:
+            if query:
+                busy["queries"] -= 1
         route = getattr(request.scope.get("route"), "path", "unmatched")
         metrics.requests.labels(route, str(response.status_code)).inc()
         metrics.latency.labels(route).observe(time.perf_counter() - began)
         return response
 
     @app.exception_handler(CassandraUnavailableError)
-    async def unavailable(_: Request, exc: CassandraUnavailableError) -> JSONResponse:
+    async def unavailable(request: Request, exc: CassandraUnavailableError) -> JSONResponse:
         metrics.cassandra_up.set(0)
-        return JSONResponse(
-            {"detail": f"the views are unavailable: {exc}"}, status_code=503, headers={"Retry-After": "5"}
-        )
+        logger.warning("503 for %s: %s", request.url.path, exc)  # the reason (contact points, driver error): log only
+        return JSONResponse({"detail": UNAVAILABLE}, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
 
     app.include_router(router)
     app.include_router(ops)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document(FastAPI.openapi(app), settings)
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def parameter_schemas(settings: Settings) -> dict[str, dict[str, Any]]:
+    """Return the schema of each query parameter: the exact constraint the server checks, built from the settings."""
+    duration = {"type": "string", "pattern": params.duration_pattern(settings.serving.max_window_days)}
+    limit = {"type": "integer", "minimum": 1, "maximum": settings.serving.max_limit, "default": 10}
+    return {
+        "last": duration,
+        "baseline": {**duration, "default": settings.serving.default_baseline},
+        "start": {"type": "string", "pattern": params.TIME_PATTERN},
+        "end": {"type": "string", "pattern": params.TIME_PATTERN},
+        "slice": {"type": "string", "pattern": params.slice_pattern(settings), "default": "*"},
+        "limit": limit,
+        "top": limit,
+        "rank": {"type": "array", "items": {"type": "number", "minimum": 0, "maximum": 1}, "maxItems": 100},
+    }
+
+
+def document(schema: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """Put the settings' constraints into the parameters of an OpenAPI document, and the bearer scheme if needed."""
+    exact = parameter_schemas(settings)
+    for path, operations in schema.get("paths", {}).items():
+        for op in operations.values():
+            for parameter in op.get("parameters", []):
+                if parameter.get("in") == "query" and parameter["name"] in exact:
+                    parameter["schema"] = {**exact[parameter["name"]], "title": parameter["name"]}
+            if settings.serving.api_token is not None and path.startswith(API_PREFIX + "/"):
+                op["security"] = [{"bearer": []}]
+    if settings.serving.api_token is not None:
+        schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
+            "type": "http",
+            "scheme": "bearer",
+        }
+    return schema

@@ -14,7 +14,29 @@ from infra.settings import Settings
 from serving.merge import MINUTE, floor
 from views.aggregation import GLOBAL_SLICE
 
-_SLICE = re.compile(r"^(?P<dim>[A-Za-z_][A-Za-z0-9_]{0,63})=(?P<value>[^\x00-\x1f]{1,256})$")
+_DIM = r"[A-Za-z_][A-Za-z0-9_]{0,63}"
+_SLICE_VALUE = r"[^\x00-\x1f]{1,256}"
+_SLICE = re.compile(rf"^(?P<dim>{_DIM})=(?P<value>{_SLICE_VALUE})$")
+
+# The times a window may start or end: ISO-8601 with minutes, optional seconds and fraction, and an offset, in the
+# years 1970-2999 (dates checked to the day, leap years included), so a window and its baseline stay far from the
+# limits of Python's datetime. The API documents this very pattern.
+_YEAR = r"(?:19[7-9][0-9]|2[0-9]{3})"
+_LEAP = r"(?:19(?:7[26]|8[048]|9[26])|2[0-9](?:0[48]|[2468][048]|[13579][26])|2[048]00)"
+_MONTH_DAY = r"(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)|(?:0[13578]|1[02])-31)"
+TIME_PATTERN = (
+    rf"^(?:{_YEAR}-{_MONTH_DAY}|{_LEAP}-02-29)T(?:[01][0-9]|2[0-3]):[0-5][0-9](?::[0-5][0-9](?:\.[0-9]{{1,6}})?)?"
+    r"(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])$"
+)
+_TIME = re.compile(TIME_PATTERN)
+_TIME_FIELDS = re.compile(
+    r"^(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d)(?::(\d\d)(?:\.(\d{1,6}))?)?(?:(Z)|([+-])(\d\d):(\d\d))$"
+)
+
+_DURATION = re.compile(r"^([1-9][0-9]{0,9})([mhd])$")
+_UNIT_S = {"m": 60, "h": 3600, "d": 86400}
+_LONGEST_S = 1000 * 366 * 86400  # beyond any window a setting allows; keeps timedelta far from overflowing
+DEFAULT_LAST = "1h"  # the API's window when neither last nor start/end is given
 
 
 class BadQueryError(ValueError):
@@ -27,26 +49,69 @@ class BadQueryError(ValueError):
 
 
 def parse_last(text: str) -> timedelta:
-    """Parse ``15m``, ``1h``, ``24h``, ``7d`` into a duration.
+    """Parse ``15m``, ``1h``, ``24h``, ``7d`` (a positive whole number without leading zeros, then m, h or d).
 
-    :raises ValueError: on anything else.
+    :raises ValueError: on anything else, or a duration of more than a thousand years.
     """
-    units = {"m": 60, "h": 3600, "d": 86400}
-    if len(text) < 2 or text[-1] not in units or not text[:-1].isdigit() or int(text[:-1]) <= 0:
+    match = _DURATION.fullmatch(text)
+    if match is None:
         msg = f"{text!r} is not a duration like 15m, 1h, 24h or 7d"
         raise ValueError(msg)
-    return timedelta(seconds=int(text[:-1]) * units[text[-1]])
+    seconds = int(match[1]) * _UNIT_S[match[2]]
+    if seconds > _LONGEST_S:
+        msg = f"{text!r} is longer than any window"
+        raise ValueError(msg)
+    return timedelta(seconds=seconds)
 
 
 def parse_time(param: str, text: str) -> datetime:
-    """Parse an ISO-8601 time that carries an offset (``Z`` or ``+hh:mm``)."""
-    try:
-        ts = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise BadQueryError(param, f"{text!r} is not an ISO-8601 time (e.g. 2026-05-01T10:00Z)") from None
-    if ts.tzinfo is None:
-        raise BadQueryError(param, f"{text!r} has no time zone: add Z or +hh:mm")
-    return ts.astimezone(UTC)
+    """Parse an ISO-8601 time that carries an offset (``Z`` or ``+hh:mm``), years 1970-2999 (:data:`TIME_PATTERN`)."""
+    if _TIME.fullmatch(text) is None:
+        if _TIME_FIELDS.fullmatch(text + "Z") is not None:
+            raise BadQueryError(param, f"{text!r} has no time zone: add Z or +hh:mm")
+        raise BadQueryError(
+            param, f"{text!r} is not an ISO-8601 time with an offset in the years 1970-2999 (e.g. 2026-05-01T10:00Z)"
+        )
+    f = _TIME_FIELDS.fullmatch(text)
+    assert f is not None  # noqa: S101 - TIME_PATTERN is a narrower form of _TIME_FIELDS
+    fraction = int((f[7] or "0").ljust(6, "0"))
+    offset = timedelta(0) if f[8] else (1 if f[9] == "+" else -1) * timedelta(hours=int(f[10]), minutes=int(f[11]))
+    year, month, day, hour, minute = (int(f[i]) for i in range(1, 6))
+    local = datetime(year, month, day, hour, minute, int(f[6] or 0), fraction, tzinfo=UTC)
+    return local - offset
+
+
+def duration_pattern(max_days: int) -> str:
+    """Return the pattern of the durations up to ``max_days`` days (``last``, ``baseline``), for the API's schema."""
+    return "^(?:" + "|".join(f"(?:{_upto(max_days * n)}){u}" for u, n in (("m", 1440), ("h", 24), ("d", 1))) + ")$"
+
+
+def _upto(n: int) -> str:
+    """Return a regular expression of the whole numbers 1..n written without leading zeros."""
+    digits = str(n)
+    alts = [f"[1-9][0-9]{{{k - 1}}}" if k > 1 else "[1-9]" for k in range(1, len(digits))]
+    alts.append(_at_most(digits, first=True))
+    return "|".join(a for a in alts if a)
+
+
+def _at_most(digits: str, *, first: bool) -> str:
+    """Return a regular expression of the numbers with as many digits as ``digits`` and at most its value."""
+    low, d, rest = (1 if first else 0), int(digits[0]), len(digits) - 1
+    tail = f"[0-9]{{{rest}}}" if rest else ""
+    alts = []
+    if d > low:
+        alts.append(f"[{low}-{d - 1}]{tail}")
+    if d >= low:
+        alts.append(digits[0] + (f"(?:{_at_most(digits[1:], first=False)})" if rest else ""))
+    return "|".join(alts)
+
+
+def slice_pattern(settings: Settings) -> str:
+    """Return the pattern of the slices the views have (``*`` or ``dim=value`` of ``views.slice_dims``)."""
+    dims = [d for d in settings.views.slice_dims if re.fullmatch(_DIM, d)]
+    if not dims:
+        return r"^\*$"
+    return rf"^(?:\*|(?:{'|'.join(dims)})={_SLICE_VALUE})$"
 
 
 def window(
@@ -60,13 +125,16 @@ def window(
 
     :raises BadQueryError: both or neither given, a malformed duration, an empty, reversed or too long window.
     """
-    if last and (start or end):
+    if last is not None and (start or end):
         raise BadQueryError("last", "give either last or start/end, not both")
-    if last:
+    longest = timedelta(days=settings.serving.max_window_days)
+    if last is not None:
         try:
             length = parse_last(last)
         except ValueError as exc:
             raise BadQueryError("last", str(exc)) from None
+        if length > longest:
+            raise BadQueryError("last", f"longer than {longest.days} days (serving.max_window_days)")
         stop = floor(now or datetime.now(UTC), MINUTE) + MINUTE
         start, end = stop - length, stop
     if start is None or end is None:
@@ -74,7 +142,6 @@ def window(
     start, end = floor(start, MINUTE), floor(end, MINUTE)
     if end <= start:
         raise BadQueryError("end", f"the window is empty or reversed: {start.isoformat()} .. {end.isoformat()}")
-    longest = timedelta(days=settings.serving.max_window_days)
     if end - start > longest:
         raise BadQueryError("end", f"the window is longer than {longest.days} days (serving.max_window_days)")
     return start, end
@@ -95,7 +162,7 @@ def slice_name(settings: Settings, text: str) -> str:
     """Check a slice: ``*`` or ``dim=value`` for a dimension the views are sliced by (``views.slice_dims``)."""
     if text == GLOBAL_SLICE:
         return text
-    match = _SLICE.match(text)
+    match = _SLICE.fullmatch(text)
     if match is None:
         raise BadQueryError("slice", f"{text!r} is not `*` or a slice like origin=JFK")
     if match["dim"] not in settings.views.slice_dims:
@@ -116,7 +183,7 @@ def limit(settings: Settings, param: str, value: int) -> int:
 def ranks(values: Sequence[float]) -> tuple[float, ...]:
     """Check quantile ranks (each in [0, 1]); the default is the median, p90 and p99."""
     for r in values:
-        if not 0 <= r <= 1:
+        if not 0 <= r <= 1:  # NaN too
             raise BadQueryError("rank", f"a rank is between 0 and 1, not {r}")
     if len(values) > 100:
         raise BadQueryError("rank", "at most 100 ranks")

@@ -17,13 +17,13 @@ import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import datasketches as ds
 
 from serving.merge import DAY, HOUR, MINUTE, Span, floor, plan
-from serving.store import SKETCH_FIELDS, Bucket, Coverage, ViewReader
+from serving.store import SKETCH_FIELDS, Bucket, Coverage, ReadBudget, ViewReader
 from views import sketches
 
 logger = logging.getLogger(__name__)
@@ -81,15 +81,43 @@ class Provenance:
         )
 
 
+class Merged:
+    """A window's rows merged as they stream in: the count, the sketches' union and the counts per bucket.
+
+    Rows are not kept (unless the window is loaded with ``keep_rows``): an answer over a long window holds the
+    merged sketches, never the window's rows.
+    """
+
+    def __init__(self, step: timedelta, item: str | None = None) -> None:
+        self.step = step
+        self.item = item
+        self.events = 0
+        self.rows = 0
+        self.sketches = sketches.SketchUnion()
+        self.counts: dict[datetime, int] = defaultdict(int)  # events per step (or the item's estimate)
+
+    def add(self, b: Bucket) -> None:
+        """Merge one row."""
+        self.events += b.events
+        self.rows += 1
+        key = floor(b.start, self.step)
+        if self.item is None:
+            self.counts[key] += b.events
+            self.sketches.add(b.users_hll, b.values_kll, b.items_fi)
+        elif b.items_fi:  # a per-item series: the item's estimate per bucket, no union needed
+            self.counts[key] += int(ds.frequent_strings_sketch.deserialize(b.items_fi).get_estimate(self.item))
+
+
 @dataclass
 class Window:
-    """A query window and the rows that answer it."""
+    """A query window, its rows merged, and the provenance of the rows."""
 
     start: datetime
     end: datetime
     slice: str
-    buckets: list[Bucket]
     provenance: Provenance
+    merged: Merged
+    buckets: list[Bucket] = field(default_factory=list)  # only when loaded with keep_rows
 
 
 def load(
@@ -99,12 +127,20 @@ def load(
     slice_: str,
     coarsest: str = "day",
     fields: Sequence[str] = SKETCH_FIELDS,
+    *,
+    item: str | None = None,
+    keep_rows: bool | None = None,
+    budget: ReadBudget | None = None,
 ) -> Window:
-    """Plan the window with the merge rule (rollups no coarser than ``coarsest``) and read its rows.
+    """Plan the window with the merge rule (rollups no coarser than ``coarsest``) and merge its rows as they come.
 
     :arg fields: the sketches the answer needs (:data:`NEEDS`); the others are left empty.
+    :arg item: merge the per-bucket estimates of this item only (a per-item :func:`series`).
+    :arg keep_rows: also keep the rows in ``Window.buckets``; by default only when a per-item series may be asked
+        of the window later (the items are read at a resolution finer than days and no ``item`` is given).
+    :arg budget: what the request may read (``serving.max_read_mb``).
     """
-    return load_many(reader, [(start, end)], slice_, coarsest, fields)[0]
+    return load_many(reader, [(start, end)], slice_, coarsest, fields, item=item, keep_rows=keep_rows, budget=budget)[0]
 
 
 def load_many(
@@ -113,22 +149,36 @@ def load_many(
     slice_: str,
     coarsest: str = "day",
     fields: Sequence[str] = SKETCH_FIELDS,
+    *,
+    item: str | None = None,
+    keep_rows: bool | None = None,
+    budget: ReadBudget | None = None,
 ) -> list[Window]:
-    """Load disjoint windows (e.g. trending's recent and baseline) with one coverage read and one round of reads."""
+    """Load disjoint windows (e.g. trending's recent and baseline) with one coverage read and one stream of reads."""
     ordered = sorted(windows)
     if any(a[1] > b[0] for a, b in itertools.pairwise(ordered)):
         msg = f"windows overlap: {windows}"
         raise ValueError(msg)
+    if keep_rows is None:
+        keep_rows = "items_fi" in fields and coarsest != "day" and item is None
     cov = reader.coverage(min(w[0] for w in windows), max(w[1] for w in windows), slice_)
     plans = [
         plan(start, end, cov.boundary, cov.batch_hours, cov.current_days, cov.speed_fresh_until, coarsest)  # type: ignore[arg-type]
         for start, end in windows
     ]
-    buckets = reader.read([s for spans in plans for s in spans], slice_, fields)
-    return [
-        Window(start, end, slice_, [b for b in buckets if start <= b.start < end], Provenance.of(spans, cov))
+    step = RESOLUTIONS[coarsest]
+    out = [
+        Window(start, end, slice_, Provenance.of(spans, cov), Merged(step, item))
         for (start, end), spans in zip(windows, plans, strict=True)
     ]
+    for bucket in reader.stream([s for spans in plans for s in spans], slice_, fields, budget):
+        for w in out:
+            if w.start <= bucket.start < w.end:
+                w.merged.add(bucket)
+                if keep_rows:
+                    w.buckets.append(bucket)
+                break
+    return out
 
 
 @dataclass
@@ -152,23 +202,21 @@ class Summary:
 
 def summary(w: Window, ranks: Sequence[float] = (0.5, 0.9, 0.99), top_n: int = 10) -> Summary:
     """Answer the window's count (exact), users (HLL), quantiles (KLL) and top-N items (frequent items)."""
-    hll = [b.users_hll for b in w.buckets]
-    kll = [b.values_kll for b in w.buckets]
-    users = sketches.users(hll, num_std_dev=2)
-    top, max_error = sketches.top_items([b.items_fi for b in w.buckets], limit=top_n)
+    merged = w.merged.sketches
+    users = merged.users(num_std_dev=2)
     return Summary(
         start=w.start,
         end=w.end,
         slice=w.slice,
-        events=sum(b.events for b in w.buckets),
+        events=w.merged.events,
         users=users.value,
         users_lower=users.lower,
         users_upper=users.upper,
         users_rse=sketches.HLL_RSE,
-        quantiles={str(r): q for r, q in zip(ranks, sketches.quantiles(kll, ranks), strict=True)},
-        quantile_rank_error=sketches.kll_rank_error(kll),
-        top_items=[asdict(t) for t in top],
-        items_max_error=max_error,
+        quantiles={str(r): q for r, q in zip(ranks, merged.quantiles(ranks), strict=True)},
+        quantile_rank_error=merged.rank_error(),
+        top_items=[asdict(t) for t in sketches.frequent(merged.items, top_n)],
+        items_max_error=sketches.items_max_error(merged.items),
         provenance=w.provenance,
     )
 
@@ -186,7 +234,7 @@ class Count:
 
 def count(w: Window) -> Count:
     """Answer the window's event count (exact: both views count every event once)."""
-    return Count(w.start, w.end, w.slice, sum(b.events for b in w.buckets), w.provenance)
+    return Count(w.start, w.end, w.slice, w.merged.events, w.provenance)
 
 
 @dataclass
@@ -205,7 +253,7 @@ class Users:
 
 def users(w: Window) -> Users:
     """Answer the window's distinct users from the union of its HLL sketches."""
-    u = sketches.users([b.users_hll for b in w.buckets], num_std_dev=2)
+    u = w.merged.sketches.users(num_std_dev=2)
     return Users(w.start, w.end, w.slice, u.value, u.lower, u.upper, sketches.HLL_RSE, w.provenance)
 
 
@@ -223,9 +271,9 @@ class Quantiles:
 
 def quantiles(w: Window, ranks: Sequence[float] = (0.5, 0.9, 0.99)) -> Quantiles:
     """Answer value quantiles from the merged KLL sketches of the window."""
-    kll = [b.values_kll for b in w.buckets]
-    qs = {str(r): q for r, q in zip(ranks, sketches.quantiles(kll, ranks), strict=True)}
-    return Quantiles(w.start, w.end, w.slice, qs, sketches.kll_rank_error(kll), w.provenance)
+    merged = w.merged.sketches
+    qs = {str(r): q for r, q in zip(ranks, merged.quantiles(ranks), strict=True)}
+    return Quantiles(w.start, w.end, w.slice, qs, merged.rank_error(), w.provenance)
 
 
 @dataclass
@@ -242,8 +290,9 @@ class Top:
 
 def top(w: Window, limit: int = 10) -> Top:
     """Answer the top-N items from the merged frequent-items sketches."""
-    items, max_error = sketches.top_items([b.items_fi for b in w.buckets], limit=limit)
-    return Top(w.start, w.end, w.slice, [asdict(t) for t in items], max_error, w.provenance)
+    fi = w.merged.sketches.items
+    items = [asdict(t) for t in sketches.frequent(fi, limit)]
+    return Top(w.start, w.end, w.slice, items, sketches.items_max_error(fi), w.provenance)
 
 
 @dataclass
@@ -277,13 +326,13 @@ class Trending:
 
 def trending(recent: Window, baseline: Window, limit: int = 10, min_support: int = 5) -> Trending:
     """Rank items by their lift from the baseline window to the recent window."""
-    recent_fi = sketches.merge_items(b.items_fi for b in recent.buckets)
-    base_fi = sketches.merge_items(b.items_fi for b in baseline.buckets)
+    recent_fi = recent.merged.sketches.items
+    base_fi = baseline.merged.sketches.items
     scale = (recent.end - recent.start) / (baseline.end - baseline.start)
     items: list[TrendingItem] = []
     max_error = 0
     if recent_fi is not None and not recent_fi.is_empty():
-        max_error = round(recent_fi.epsilon * recent_fi.total_weight)
+        max_error = sketches.items_max_error(recent_fi)
         for item, est, lo, hi in recent_fi.get_frequent_items(ds.frequent_items_error_type.NO_FALSE_NEGATIVES):
             if est < min_support:
                 continue
@@ -323,16 +372,24 @@ class Series:
 def series(w: Window, resolution: str = "hour", item: str | None = None) -> Series:
     """Return counts per bucket of a window loaded with ``coarsest`` = the resolution (or finer).
 
-    :arg item: count only this item (frequent-items estimates, bounded by the sketches' error).
+    :arg item: count only this item (frequent-items estimates, bounded by the sketches' error); the window was
+        loaded with this ``item``, or with its rows kept.
     """
     step = RESOLUTIONS[resolution]
     counts: dict[datetime, int] = defaultdict(int)
-    for b in w.buckets:
-        if item is None:
-            n = b.events
-        else:
-            n = int(ds.frequent_strings_sketch.deserialize(b.items_fi).get_estimate(item)) if b.items_fi else 0
-        counts[floor(b.start, step)] += n
+    if w.merged.item == item:
+        for t, n in w.merged.counts.items():
+            counts[floor(t, step)] += n
+    elif w.buckets:
+        for b in w.buckets:
+            if item is None:
+                n = b.events
+            else:
+                n = int(ds.frequent_strings_sketch.deserialize(b.items_fi).get_estimate(item)) if b.items_fi else 0
+            counts[floor(b.start, step)] += n
+    elif w.merged.rows:
+        msg = f"the window was merged for item {w.merged.item!r}, not {item!r}, and its rows were not kept"
+        raise ValueError(msg)
     points = []
     t = floor(w.start, step)
     while t < w.end:

@@ -17,9 +17,9 @@ import functools
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from typing import TYPE_CHECKING, Any
 
 from batch_layer.store import fingerprint_of, utc
@@ -297,12 +297,27 @@ class ViewReader:
         )
 
     def read(self, spans: list[Span], slice_: str, fields: Iterable[str] = SKETCH_FIELDS) -> list[Bucket]:
-        """Return the rows that serve the spans (gaps read nothing), with all reads issued concurrently.
+        """Return all the rows that serve the spans, in time order (see :meth:`stream`; this holds them all)."""
+        return list(self.stream(spans, slice_, fields))
 
+    def stream(
+        self,
+        spans: list[Span],
+        slice_: str,
+        fields: Iterable[str] = SKETCH_FIELDS,
+        budget: ReadBudget | None = None,
+    ) -> Iterator[Bucket]:
+        """Yield the rows that serve the spans (gaps read nothing) in time order, as they arrive.
+
+        Few rows are held at once: a long read with sketches comes in pages of :data:`PAGE_ROWS_SKETCHES` rows (a short
+        one in one page), and reads run ahead only while their first pages stay within :data:`IN_FLIGHT_ROWS` rows: a
+        long window costs time, not memory.
         Consecutive whole hours of a day are read with one range query; rows of other runs are dropped. Only the
         sketches in ``fields`` are read (the others are empty in the buckets): an answer that needs the items only
         moves a fraction of the bytes. Batch rows come from the cache when their run's rows were read before; a
         batch minute span reads (and caches) its whole hour of that run, so a sliding window reuses it.
+
+        :arg budget: charged with every row yielded; it raises once the request has read too much.
         """
         reads = _Reads(self, slice_, frozenset(fields))
         hour_spans: dict[date, list[Span]] = {}
@@ -319,7 +334,10 @@ class ViewReader:
                 reads.minutes(span)
         for day, day_spans in hour_spans.items():
             reads.hours(day, day_spans)
-        return reads.run()
+        for bucket in reads.run():
+            if budget is not None:
+                budget.charge(bucket)
+            yield bucket
 
     @staticmethod
     def _bucket(start: datetime | None, resolution: str, layer: str, r: Any) -> Bucket:
@@ -337,21 +355,79 @@ class ViewReader:
         )
 
 
+class ReadBudget:
+    """What one request may read: sketch bytes up to ``serving.max_read_mb``; rows and bytes are counted."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.rows = 0
+        self.bytes = 0
+
+    def charge(self, bucket: Bucket) -> None:
+        """Count a row read.
+
+        :raises ReadBudgetExceededError: the request has read more sketch bytes than allowed.
+        """
+        self.rows += 1
+        self.bytes += len(bucket.users_hll) + len(bucket.values_kll) + len(bucket.items_fi)
+        if self.bytes > self.max_bytes:
+            raise ReadBudgetExceededError(self.max_bytes, self.rows)
+
+
+class ReadBudgetExceededError(ValueError):
+    """A request reads more sketch bytes than ``serving.max_read_mb`` allows (the API answers 400)."""
+
+    def __init__(self, max_bytes: int, rows: int) -> None:
+        mib = max_bytes / (1024 * 1024)
+        super().__init__(
+            f"this answer reads more than {mib:g} MiB of sketches (serving.max_read_mb; {rows} rows read): ask for "
+            "a shorter window or a narrower answer (count and series read no sketches); long windows are cheap "
+            "where the batch layer's hourly and daily rollups serve them"
+        )
+
+
+PAGE_ROWS = 1000  # rows per page of a read that carries no sketch
+PAGE_ROWS_SKETCHES = 25  # rows per page of a long read with sketches (a frequent-items sketch is 8-100 KB)
+SHORT_READ_ROWS = 200  # a read of at most this many rows comes in one page (the speed tail of an ordinary window)
+IN_FLIGHT_ROWS = 150  # reads run ahead of the one being consumed while their first pages hold at most this many rows
+
+
+@dataclass
+class _Unit:
+    """One read of a request (or rows from the cache), placed in time, and what turns its result into buckets."""
+
+    start: datetime
+    request: Any  # a bound statement, paged; None when the cache serves the unit
+    emit: Callable[[Iterable[Any]], Iterable[Bucket]]
+    rows: int  # most rows its first page holds
+
+
 class _Reads:
-    """The reads of one :meth:`ViewReader.read`: the requests, what to do with each result, and the rows gathered."""
+    """The reads of one :meth:`ViewReader.stream`: a unit per read (or cache hit), consumed in time order."""
 
     def __init__(self, reader: ViewReader, slice_: str, fields: frozenset[str]) -> None:
         self.reader = reader
         self.slice = slice_
         self.fields = fields
         self.stmt = reader._row_statements(fields)
-        self.requests: list[tuple[Any, tuple[Any, ...]]] = []
-        self.handlers: list[Callable[[list[Any]], None]] = []
-        self.out: list[Bucket] = []
+        self.units: list[_Unit] = []
 
-    def _add(self, statement: str, params: tuple[Any, ...], handle: Callable[[list[Any]], None]) -> None:
-        self.requests.append((self.stmt[statement], params))
-        self.handlers.append(handle)
+    def _add(
+        self,
+        start: datetime,
+        statement: str | None,
+        params: tuple[Any, ...],
+        emit: Callable[[Iterable[Any]], Iterable[Bucket]],
+        rows: int = 0,
+    ) -> None:
+        if statement is None:
+            self.units.append(_Unit(start, None, emit, 0))
+            return
+        short = rows <= SHORT_READ_ROWS
+        page = PAGE_ROWS if not self.fields else (rows if short else PAGE_ROWS_SKETCHES)
+        bound = self.stmt[statement].bind(params)
+        bound.fetch_size = max(page, 1)
+        self.units.append(_Unit(start, bound, emit, min(rows, page)))
 
     def _cached(self, key: Hashable) -> tuple[Bucket, ...] | None:
         cache = self.reader.cache
@@ -362,14 +438,17 @@ class _Reads:
             self.reader.cache.put(key, tuple(rows))
 
     def speed(self, span: Span) -> None:
-        """Read a speed span (never cached: its rows change with every micro-batch)."""
+        """Read a speed span a day at a time, streamed in pages (never cached: it changes every micro-batch)."""
         bucket = self.reader._bucket
 
-        def handle(rows: list[Any]) -> None:
-            self.out.extend(bucket(utc(r.bucket_start), "minute", "speed", r) for r in rows)
+        def emit(rows: Iterable[Any]) -> Iterator[Bucket]:
+            return (bucket(utc(r.bucket_start), "minute", "speed", r) for r in rows)
 
         for day in _days(span.start, span.end):
-            self._add("speed", (self.slice, day, span.start, span.end), handle)
+            first = max(span.start, datetime.combine(day, time(), UTC))
+            last = min(span.end, datetime.combine(day, time(), UTC) + timedelta(days=1))
+            minutes = int((last - first) / timedelta(minutes=1))
+            self._add(first, "speed", (self.slice, day, span.start, span.end), emit, minutes)
 
     def day(self, span: Span) -> None:
         """Serve a daily rollup, cached under the fingerprint of the day's pointers."""
@@ -378,16 +457,17 @@ class _Reads:
         key = ("day", self.slice, day, fingerprint, self.fields)
         hit = self._cached(key)
         if hit is not None:
-            self.out.extend(hit)
+            self._add(span.start, None, (), lambda _rows: hit)
             return
 
-        def handle(rows: list[Any]) -> None:
+        def emit(result: Iterable[Any]) -> list[Bucket]:
+            rows = list(result)
             got = [self.reader._bucket(span.start, "day", "batch", r) for r in rows]
-            self.out.extend(got)
             if all(r.hour_runs == fingerprint for r in rows):  # re-merged since the coverage read: don't keep it
                 self._remember(key, got)
+            return got
 
-        self._add("days", (self.slice, day.strftime("%Y-%m"), day, day + timedelta(days=1)), handle)
+        self._add(span.start, "days", (self.slice, day.strftime("%Y-%m"), day, day + timedelta(days=1)), emit, 1)
 
     def minutes(self, span: Span) -> None:
         """Serve batch minutes from the current run's whole hour (cached under that run)."""
@@ -395,22 +475,23 @@ class _Reads:
         run = self.reader.pointers(hour.date()).get(hour)
         key = ("minutes", self.slice, hour, run, self.fields)
         hit = self._cached(key)
-        if hit is None:
+        if hit is not None:
+            self._add(span.start, None, (), lambda _rows: [b for b in hit if span.start <= b.start < span.end])
+            return
 
-            def handle(rows: list[Any]) -> None:
-                got = [self.reader._bucket(utc(r.bucket_start), "minute", "batch", r) for r in rows]
-                self._remember(key, got)
-                self.out.extend(b for b in got if span.start <= b.start < span.end)
+        def emit(rows: Iterable[Any]) -> list[Bucket]:
+            got = [self.reader._bucket(utc(r.bucket_start), "minute", "batch", r) for r in rows]
+            self._remember(key, got)
+            return [b for b in got if span.start <= b.start < span.end]
 
-            whole = self.reader.cache is not None  # without a cache, read only the span
-            lo, hi = (hour, hour + HOUR) if whole else (span.start, span.end)
-            self._add("minutes", (self.slice, hour, run, lo, hi), handle)
-        else:
-            self.out.extend(b for b in hit if span.start <= b.start < span.end)
+        whole = self.reader.cache is not None  # without a cache, read only the span
+        lo, hi = (hour, hour + HOUR) if whole else (span.start, span.end)
+        self._add(span.start, "minutes", (self.slice, hour, run, lo, hi), emit, int((hi - lo) / timedelta(minutes=1)))
 
     def hours(self, day: date, spans: list[Span]) -> None:
-        """Serve whole hours of a day: cached ones from the cache, the others with one range read."""
+        """Serve whole hours of a day: cached ones from the cache, the others with one range read (<= 24 rows)."""
         pointers = self.reader.pointers(day)
+        cached: dict[datetime, tuple[Bucket, ...]] = {}
         missing: dict[datetime, Hashable] = {}
         for span in spans:
             key = ("hour", self.slice, span.start, pointers.get(span.start), self.fields)
@@ -418,25 +499,44 @@ class _Reads:
             if hit is None:
                 missing[span.start] = key
             else:
-                self.out.extend(hit)
-        if not missing:
-            return
+                cached[span.start] = hit
 
-        def handle(rows: list[Any]) -> None:
-            found: dict[datetime, Bucket] = {}
+        def emit(rows: Iterable[Any]) -> list[Bucket]:
+            found: dict[datetime, tuple[Bucket, ...]] = dict(cached)
             for r in rows:
                 hour = utc(r.hour)
                 if hour is not None and hour in missing and pointers.get(hour) == r.run_id:
-                    found[hour] = self.reader._bucket(hour, "hour", "batch", r)
+                    found[hour] = (self.reader._bucket(hour, "hour", "batch", r),)
             for hour, key in missing.items():  # an hour without a row for this slice is cached as empty
-                self._remember(key, [found[hour]] if hour in found else [])
-            self.out.extend(found.values())
+                found.setdefault(hour, ())
+                self._remember(key, found[hour])
+            return [b for hour in sorted(found) for b in found[hour]]
 
-        self._add("hours", (self.slice, day, min(missing), max(missing) + HOUR), handle)
+        first = min(s.start for s in spans)
+        if missing:
+            self._add(first, "hours", (self.slice, day, min(missing), max(missing) + HOUR), emit, len(missing))
+        else:
+            self._add(first, None, (), emit)
 
-    def run(self) -> list[Bucket]:
-        """Issue the reads concurrently, hand each result to its handler, return all rows."""
-        for handle, rows in zip(self.handlers, self.reader._exec_many(self.requests), strict=True):
-            handle(rows)
-        # In time order, whatever came from the cache: the same rows in the same order, warm or cold.
-        return sorted(self.out, key=lambda b: b.start)
+    def run(self) -> Iterator[Bucket]:
+        """Yield every unit's rows in time order, reads running ahead while their first pages stay small.
+
+        Reads are issued ahead of the one being consumed as long as the rows their first pages may hold stay within
+        :data:`IN_FLIGHT_ROWS` (a short window's reads all run at once; a long one's a few at a time). Units never
+        overlap in time (the spans of a plan are disjoint), so this order is the order of the rows' bucket starts,
+        whether they come from the cache or from Cassandra: warm and cold answers merge alike.
+        """
+        units = sorted(self.units, key=lambda u: u.start)
+        sess = self.reader.sess
+        pending: dict[int, Any] = {}
+        issued, ahead_rows = 0, 0
+        for i, unit in enumerate(units):
+            while issued < len(units) and (issued <= i or ahead_rows + units[issued].rows <= IN_FLIGHT_ROWS):
+                req = units[issued].request
+                if req is not None:
+                    pending[issued] = sess.execute_async(req, execution_profile=READ_PROFILE)
+                    ahead_rows += units[issued].rows
+                issued += 1
+            future = pending.pop(i, None)
+            ahead_rows -= unit.rows if future is not None else 0
+            yield from unit.emit(future.result() if future is not None else ())

@@ -99,14 +99,82 @@ def merge_items(blobs: Iterable[bytes]) -> ds.frequent_strings_sketch | None:
     return merged
 
 
+def items_max_error(sketch: ds.frequent_strings_sketch | None) -> int:
+    """Return the most any item's count can be off in a (merged) frequent-items sketch: ``ceil(epsilon * N)``.
+
+    The one definition of the bound every answer states (items not listed included); 0 for no or an empty sketch.
+    """
+    if sketch is None or sketch.is_empty():
+        return 0
+    return math.ceil(float(sketch.epsilon) * float(sketch.total_weight))
+
+
+def frequent(sketch: ds.frequent_strings_sketch | None, limit: int) -> list[ItemCount]:
+    """Return the ``limit`` most frequent items of a merged sketch with their bounds (no false negatives)."""
+    if sketch is None or sketch.is_empty():
+        return []
+    rows = sketch.get_frequent_items(ds.frequent_items_error_type.NO_FALSE_NEGATIVES)
+    return [ItemCount(item, int(est), int(lo), int(hi)) for item, est, lo, hi in rows[:limit]]
+
+
 def top_items(blobs: Iterable[bytes], limit: int) -> tuple[list[ItemCount], int]:
     """Return the most frequent items with bounds, and the maximum error of any count (items not listed included)."""
     sketch = merge_items(blobs)
-    if sketch is None or sketch.is_empty():
-        return [], 0
-    rows = sketch.get_frequent_items(ds.frequent_items_error_type.NO_FALSE_NEGATIVES)
-    items = [ItemCount(item, int(est), int(lo), int(hi)) for item, est, lo, hi in rows[:limit]]
-    return items, math.ceil(sketch.epsilon * sketch.total_weight)
+    return frequent(sketch, limit), items_max_error(sketch)
+
+
+class SketchUnion:
+    """Merge rows' sketches one row at a time, so a stream of rows is never held: HLL union, KLL, frequent items.
+
+    Empty blobs (a sketch the read did not select) are skipped. The merge order is the order of :meth:`add`.
+    """
+
+    def __init__(self) -> None:
+        self._hll: ds.hll_union | None = None
+        self._kll: ds.kll_doubles_sketch | None = None
+        self._items: ds.frequent_strings_sketch | None = None
+
+    def add(self, hll: bytes, kll: bytes, items: bytes) -> None:
+        """Merge one row's (users_hll, values_kll, items_fi)."""
+        if hll:
+            if self._hll is None:
+                self._hll = ds.hll_union(HLL_LG_K)
+            self._hll.update(ds.hll_sketch.deserialize(bytes(hll)))
+        if kll:
+            sketch = ds.kll_doubles_sketch.deserialize(bytes(kll))
+            if self._kll is None:
+                self._kll = sketch
+            else:
+                self._kll.merge(sketch)
+        if items:
+            fi = ds.frequent_strings_sketch.deserialize(bytes(items))
+            if self._items is None:
+                self._items = fi
+            else:
+                self._items.merge(fi)
+
+    def users(self, num_std_dev: int = 2) -> Estimate:
+        """Return the distinct users of the union, with bounds at ``num_std_dev`` standard deviations."""
+        union = self._hll if self._hll is not None else ds.hll_union(HLL_LG_K)
+        sketch = union.get_result(ds.tgt_hll_type.HLL_8)
+        return Estimate(sketch.get_estimate(), sketch.get_lower_bound(num_std_dev), sketch.get_upper_bound(num_std_dev))
+
+    def quantiles(self, ranks: Sequence[float]) -> list[float | None]:
+        """Return the values at the given normalized ranks (None when no values were seen)."""
+        if self._kll is None or self._kll.is_empty():
+            return [None for _ in ranks]
+        return [float(self._kll.get_quantile(r)) for r in ranks]
+
+    def rank_error(self) -> float:
+        """Return the normalized rank error (single quantile, 99% confidence) of the merged KLL sketch."""
+        if self._kll is None or self._kll.is_empty():
+            return float(ds.kll_doubles_sketch.get_normalized_rank_error(KLL_K, False))
+        return float(self._kll.normalized_rank_error(False))
+
+    @property
+    def items(self) -> ds.frequent_strings_sketch | None:
+        """Return the merged frequent-items sketch (None when no row carried one)."""
+        return self._items
 
 
 def merge_all(rows: Iterable[tuple[bytes, bytes, bytes]]) -> tuple[bytes, bytes, bytes]:

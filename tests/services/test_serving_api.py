@@ -18,6 +18,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -102,15 +103,14 @@ def served(tmp_path_factory: pytest.TempPathFactory, stack_up: Settings, spark: 
     topics.delete_topics(stack_up.kafka, [topic])
 
 
-@pytest.fixture(scope="module")
-def server(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Run ``trends serve`` in its own process, as an operator would."""
+@contextmanager
+def serve(settings: Settings, log: Path, ready_status: int = 200, **env: str) -> Iterator[str]:
+    """Run ``trends serve`` in its own process, as an operator would; yield its URL once /ready answers."""
     port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    env = {**os.environ, **served.settings.to_env(), "TRENDS_SERVING__PORT": str(port)}
+    full_env = {**os.environ, **settings.to_env(), "TRENDS_SERVING__PORT": str(port), **env}
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "trends"), "serve"], env=env, stdout=out, stderr=subprocess.STDOUT
+            [str(Path(sys.executable).parent / "trends"), "serve"], env=full_env, stdout=out, stderr=subprocess.STDOUT
         )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -118,7 +118,7 @@ def server(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         while True:
             assert proc.poll() is None, log.read_text()[-3000:]
             try:
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                if httpx.get(f"{url}/ready", timeout=5).status_code == ready_status:
                     break
             except httpx.TransportError:
                 pass
@@ -128,6 +128,13 @@ def server(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+@pytest.fixture(scope="module")
+def server(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Run ``trends serve`` over the served views."""
+    with serve(served.settings, tmp_path_factory.mktemp("serve") / "serve.log") as url:
+        yield url
 
 
 def test_answers_are_exact_or_within_their_bounds(served: Served, server: str) -> None:
@@ -213,7 +220,15 @@ BAD_REQUESTS = [
     ("/api/v1/count?start=yesterday&end=2026-01-02T00:00Z", 400, "not an ISO-8601 time"),
     ("/api/v1/count?last=1y", 400, "not a duration"),
     ("/api/v1/count?last=1h&start=2026-01-01T00:00Z", 400, "not both"),
-    ("/api/v1/count", 400, "give last"),
+    ("/api/v1/count?start=2026-01-01T00:00Z", 400, "give last"),
+    ("/api/v1/users?last=&end=", 400, "not an ISO-8601 time"),  # Schemathesis' first find: now outside the schema
+    ("/api/v1/users?last=", 400, "not a duration"),
+    ("/api/v1/trending?last=1h&baseline=", 400, "not a duration"),
+    # the four HTTP 500s (OverflowError) of issue 16, now refused with the reason
+    ("/api/v1/trending?last=999999999d", 400, "longer than any window"),
+    ("/api/v1/trending?last=1h&baseline=99999999999d", 400, "not a duration"),
+    ("/api/v1/trending?start=0001-01-01T00:00%2B14:00&end=0001-01-02T00:00Z", 400, "years 1970-2999"),
+    ("/api/v1/series?start=9999-12-31T00:00Z&end=9999-12-31T23:59Z", 400, "years 1970-2999"),
     ("/api/v1/top?last=1h&limit=201", 400, "between 1 and 200"),
     ("/api/v1/top?last=1h&limit=0", 400, "between 1 and 200"),
     ("/api/v1/trending?last=1h&limit=5000", 400, "between 1 and 200"),
@@ -246,17 +261,150 @@ def test_the_api_token_protects_queries_not_health(served: Served) -> None:
         assert client.get("/health").status_code == 200 and client.get("/ready").status_code == 200
 
 
-def test_cassandra_unreachable_is_a_503_with_a_reason(served: Served) -> None:
+def test_the_default_window_is_the_last_hour(served: Served) -> None:
+    with TestClient(create_app(served.settings)) as client:
+        got = client.get("/api/v1/count").json()
+    assert datetime.fromisoformat(got["end"]) - datetime.fromisoformat(got["start"]) == HOUR
+
+
+def test_cassandra_unreachable_is_a_503_with_a_generic_reason(served: Served, caplog: pytest.LogCaptureFixture) -> None:
     s = served.settings
-    nowhere = s.model_copy(update={"cassandra": s.cassandra.model_copy(update={"port": free_port()})})
-    with TestClient(create_app(nowhere), raise_server_exceptions=False) as client:
+    port = free_port()
+    nowhere = s.model_copy(update={"cassandra": s.cassandra.model_copy(update={"port": port})})
+    with (
+        caplog.at_level("WARNING", "serving.api"),
+        TestClient(create_app(nowhere), raise_server_exceptions=False) as client,
+    ):
         assert client.get("/health").status_code == 200
         ready = client.get("/ready")
-        assert ready.status_code == 503 and "Cassandra at 127.0.0.1" in ready.json()["detail"]
+        assert ready.status_code == 503 and ready.headers["retry-after"] == "5"
         r = client.get("/api/v1/trending?last=1h")
         assert r.status_code == 503 and r.headers["retry-after"] == "5"
-        assert "unavailable" in r.json()["detail"] and "Traceback" not in r.text
+        for answer in (ready, r):  # the contact points and the driver's error stay in the log
+            assert answer.json() == {
+                "detail": "the views are unavailable right now (the server log has the reason); retry later"
+            }
+            assert "127.0.0.1" not in answer.text and str(port) not in answer.text and "Traceback" not in answer.text
         assert "trends_api_cassandra_up 0.0" in client.get("/metrics").text
+    assert f"Cassandra at 127.0.0.1:{port}" in caplog.text
+
+
+def test_a_request_over_the_read_budget_is_a_400_naming_the_setting(served: Served) -> None:
+    s = served.settings
+    window = f"start={iso(H0)}&end={iso(H0 + 3 * HOUR)}"
+    tight = s.model_copy(update={"serving": s.serving.model_copy(update={"max_read_mb": 0.01})})
+    with TestClient(create_app(tight)) as client:
+        r = client.get(f"/api/v1/summary?{window}")
+        assert r.status_code == 400 and "serving.max_read_mb" in r.json()["detail"], r.text
+        assert client.get(f"/api/v1/count?{window}").status_code == 200  # no sketch read: within any budget
+    with TestClient(create_app(s)) as client:
+        assert client.get(f"/api/v1/summary?{window}").json()["events"] == len(served.events)
+
+
+CONTRACT_TOKEN = "contract-test-token-0123456789"  # noqa: S105 - a throw-away test token
+CONTRACT_EXAMPLES = 60  # per operation and phase
+CONTRACT_SEED = 16
+
+
+def schemathesis(
+    url: str, report: Path, *extra: str, config: Path | None = None, max_time_s: int = 120
+) -> dict[str, Any]:
+    """Run Schemathesis' CLI against a server; return its JSON report.
+
+    Seeded, and bounded: ``CONTRACT_EXAMPLES`` cases per operation and phase, fuzzing repeated with new seeds
+    derived from the first until ``max_time_s`` is spent.
+    """
+    cmd = [
+        str(Path(sys.executable).parent / "st"),
+        *(["--config-file", str(config)] if config else []),
+        "run",
+        f"{url}/openapi.json",
+        "--checks",
+        "all",
+        "-H",
+        f"Authorization: Bearer {CONTRACT_TOKEN}",
+        "--seed",
+        str(CONTRACT_SEED),
+        "--max-examples",
+        str(CONTRACT_EXAMPLES),
+        "--phases",
+        "examples,coverage,fuzzing",
+        "--workers",
+        "1",
+        "--generation-database",
+        "none",  # each run from its seed alone, nothing replayed from an earlier one
+        "--max-time",
+        str(max_time_s),
+        "--request-timeout",
+        "30",
+        "--report",
+        "json",
+        "--report-json-path",
+        str(report),
+        *extra,
+    ]
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.services.contract_hooks", "PYTHONPATH": str(Path.cwd())}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=max_time_s + 180, check=False)
+    assert report.exists(), proc.stdout[-5000:] + proc.stderr[-3000:]
+    out: dict[str, Any] = json.loads(report.read_text())
+    out["stdout"] = proc.stdout
+    return out
+
+
+def statuses(url: str) -> Counter[tuple[str, str]]:
+    """Return the server's own count of answers by route and status (its Prometheus metrics)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    found = re.findall(r'trends_api_requests_total\{route="([^"]*)",status="(\d+)"\} (\S+)', text)
+    return Counter({(route, status): int(float(n)) for route, status, n in found})
+
+
+def test_schemathesis_finds_nothing_on_the_real_api(served: Served, tmp_path: Path, artifacts_dir: Path) -> None:
+    with serve(served.settings, tmp_path / "serve.log", TRENDS_SERVING__API_TOKEN=CONTRACT_TOKEN) as url:
+        got = schemathesis(url, tmp_path / "report.json")
+        answered = statuses(url)
+    cases = got["test_cases"]
+    server_errors = sum(n for (_, status), n in answered.items() if status.startswith("5"))
+    summary = (
+        f"Schemathesis {got['schemathesis_version']}, checks all, seed {CONTRACT_SEED}, "
+        f"{CONTRACT_EXAMPLES} examples per operation and phase: {got['operations']['tested']} operations, "
+        f"{cases['generated']} cases, {cases['unique_failures']} failures, {len(got['errors'])} errors, "
+        f"{server_errors} answers 5xx of {sum(answered.values())} (server metrics)"
+    )
+    (artifacts_dir / "schemathesis.txt").write_text(summary + "\n\n" + got["stdout"][-20000:])
+    assert got["operations"]["tested"] == got["operations"]["total"] >= 11, summary
+    assert cases["generated"] >= 500, summary  # bounded, and still a real run
+    assert cases["unique_failures"] == 0 and not got["errors"], got["stdout"][-8000:]
+    assert server_errors == 0, answered
+    assert answered[("/api/v1/count", "200")] > 0 and answered[("/api/v1/trending", "400")] > 0, answered
+    assert answered[("/api/v1/summary", "401")] > 0, answered  # Schemathesis checked the token is not ignored
+
+
+def test_schemathesis_with_cassandra_unreachable_gets_only_503_with_retry_after(
+    served: Served, tmp_path: Path, artifacts_dir: Path
+) -> None:
+    """Nothing shared is stopped: this server's contact point is a loopback port where nothing listens."""
+    s = served.settings
+    nowhere = s.model_copy(update={"cassandra": s.cassandra.model_copy(update={"port": free_port()})})
+    config = tmp_path / "schemathesis.toml"
+    config.write_text('[checks.not_a_server_error]\nexpected-statuses = ["2xx", "3xx", "4xx", "503"]\n')
+    log = tmp_path / "serve.log"
+    with serve(nowhere, log, ready_status=503, TRENDS_SERVING__API_TOKEN=CONTRACT_TOKEN) as url:
+        got = schemathesis(url, tmp_path / "report.json", "--mode", "positive", config=config, max_time_s=60)
+        answered = statuses(url)
+        probe = httpx.get(f"{url}/api/v1/summary?last=1h", headers={"Authorization": f"Bearer {CONTRACT_TOKEN}"})
+    cases = got["test_cases"]
+    (artifacts_dir / "schemathesis-cassandra-down.txt").write_text(
+        f"{cases['generated']} positive cases, {cases['unique_failures']} failures; answers by route and status: "
+        f"{dict(answered)}\n\n{got['stdout'][-20000:]}"
+    )
+    assert cases["unique_failures"] == 0 and not got["errors"], got["stdout"][-8000:]
+    views = {k: n for k, n in answered.items() if k[0].startswith("/api/v1/") or k[0] == "/ready"}
+    assert views and {status for _, status in views} <= {"503", "401"}, answered  # 401: the ignored_auth probes
+    assert sum(n for (_, status), n in views.items() if status == "503") >= 200, answered
+    documented = {k: n for k, n in answered.items() if k[0] != "unmatched"}  # Schemathesis probes a 404 too
+    assert all(status in {"200", "503", "401"} for _, status in documented), answered
+    assert probe.status_code == 503 and probe.headers["retry-after"] == "5"
+    assert "Connection refused" in log.read_text() or "NoHostAvailable" in log.read_text()
 
 
 def test_dashboard_in_headless_chromium(served: Served, server: str, artifacts_dir: Path) -> None:
@@ -273,6 +421,9 @@ def test_dashboard_in_headless_chromium(served: Served, server: str, artifacts_d
         options.add_argument(arg)
     driver = webdriver.Chrome(options=options, service=Service(driver_bin))
     try:
+        driver.get(f"{server}/?start={iso(RECENT[0])}&end={iso(RECENT[1])}&baseline=2h&limit=5000&refresh=0.001")
+        body = driver.find_element(By.TAG_NAME, "body")
+        assert (body.get_attribute("data-limit"), body.get_attribute("data-refresh")) == ("50", "2")  # clamped
         driver.get(f"{server}/?start={iso(RECENT[0])}&end={iso(RECENT[1])}&baseline=2h&limit=10")
         WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#trending li[data-item]"))
         items = [li.get_attribute("data-item") for li in driver.find_elements(By.CSS_SELECTOR, "#trending li")]

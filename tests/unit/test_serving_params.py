@@ -109,3 +109,94 @@ def test_row_cache_only_with_read_your_writes() -> None:
     assert not rows_cacheable(Settings(cassandra=one))
     assert rows_cacheable(Settings(cassandra={"read_consistency": "ONE", "replication_factor": 1}))
     assert not rows_cacheable(Settings(serving={"cache_mb": 0}))
+
+
+@pytest.mark.parametrize(
+    ("param", "text"),
+    [
+        ("start", "0001-01-01T00:00+14:00"),  # was an OverflowError (HTTP 500)
+        ("end", "9999-12-31T23:59Z"),  # was an OverflowError once a minute was added
+        ("start", "1969-12-31T23:59Z"),
+        ("start", "3000-01-01T00:00Z"),
+        ("start", "2026-02-29T00:00Z"),
+        ("start", "2026-04-31T00:00Z"),
+        ("start", "2026-05-01T10:00Z\n"),
+        ("start", "2026-05-01T10:00:00+0100"),
+        ("start", "20260501T1000Z"),
+        ("start", ""),
+    ],
+)
+def test_times_outside_the_documented_pattern_are_refused(param: str, text: str) -> None:
+    with pytest.raises(params.BadQueryError, match="not an ISO-8601 time") as exc:
+        params.parse_time(param, text)
+    assert exc.value.param == param
+
+
+def test_times_inside_the_pattern_parse_without_overflow() -> None:
+    assert params.parse_time("start", "1970-01-01T00:00+14:00") == datetime(1969, 12, 31, 10, tzinfo=UTC)
+    assert params.parse_time("end", "2999-12-31T23:59:59.5-23:59") == datetime(
+        3000, 1, 1, 23, 58, 59, 500000, tzinfo=UTC
+    )
+    assert params.parse_time("start", "2024-02-29T00:00Z") == datetime(2024, 2, 29, tzinfo=UTC)
+    assert params.parse_time("start", "2000-02-29T12:30:15.000001Z").microsecond == 1
+
+
+def test_leap_days_of_the_pattern_are_the_calendars() -> None:
+    import calendar
+    import re
+
+    pattern = re.compile(params.TIME_PATTERN)
+    assert [y for y in range(1970, 3000) if pattern.fullmatch(f"{y}-02-29T00:00Z")] == [
+        y for y in range(1970, 3000) if calendar.isleap(y)
+    ]
+
+
+@pytest.mark.parametrize("text", ["999999999d", "99999999999d", "1000000000m"])
+def test_huge_durations_are_a_bad_query_not_an_overflow(settings: Settings, text: str) -> None:
+    with pytest.raises(params.BadQueryError) as exc:  # was an OverflowError (HTTP 500)
+        params.window(settings, text, None, None, now=NOW)
+    assert exc.value.param == "last"
+    with pytest.raises(params.BadQueryError, match="baseline"):
+        params.duration(settings, "baseline", text)
+
+
+@pytest.mark.parametrize("max_days", [1, 7, 31, 365, 3660])
+def test_the_duration_pattern_accepts_exactly_the_windows_allowed(settings: Settings, max_days: int) -> None:
+    import re
+
+    pattern = re.compile(params.duration_pattern(max_days))
+    s = settings.model_copy(update={"serving": settings.serving.model_copy(update={"max_window_days": max_days})})
+    limits = {"m": max_days * 1440, "h": max_days * 24, "d": max_days}
+    for unit, top in limits.items():
+        candidates = {*range(0, 130), *range(top - 130, top + 130), top * 10, top * 10 + 1}
+        for n in sorted(c for c in candidates if c >= 0):
+            for text in (f"{n}{unit}", f"0{n}{unit}"):
+                try:
+                    params.window(s, text, None, None, now=NOW)
+                    accepted = True
+                except params.BadQueryError:
+                    accepted = False
+                assert bool(pattern.fullmatch(text)) == accepted, text
+                assert accepted == (text[0] != "0" and 1 <= n <= top), text
+
+
+def test_the_slice_pattern_accepts_exactly_the_slices_allowed(settings: Settings) -> None:
+    import re
+
+    pattern = re.compile(params.slice_pattern(settings))
+    for text in ["*", "origin=JFK", "origin=é ✈", "origin=" + "x" * 256, "origin=" + "x" * 257, "origin=", "*x",
+                 "carrier=AA", "origin=A\x1b[31m", "JFK", "", "origin=JFK\n"]:  # fmt: skip
+        try:
+            params.slice_name(settings, text)
+            accepted = True
+        except params.BadQueryError:
+            accepted = False
+        assert bool(pattern.fullmatch(text)) == accepted, repr(text)
+    no_dims = settings.model_copy(update={"views": settings.views.model_copy(update={"slice_dims": []})})
+    assert params.slice_pattern(no_dims) == r"^\*$"
+
+
+def test_an_empty_last_is_refused_not_ignored(settings: Settings) -> None:
+    with pytest.raises(params.BadQueryError) as exc:
+        params.window(settings, "", NOW, NOW + timedelta(hours=1))
+    assert exc.value.param == "last"
