@@ -145,7 +145,9 @@ class CassandraSettings(BaseModel):
     password: SecretStr | None = Field(None, description="Password for PasswordAuthenticator (secret).")
     connect_timeout_s: float = Field(10.0, gt=0, description="Driver connect timeout, seconds.")
     request_timeout_s: float = Field(20.0, gt=0, description="Default per-request timeout, seconds.")
-    write_concurrency: int = Field(64, ge=1, description="Concurrent requests of bulk writes.")
+    write_concurrency: int = Field(
+        128, ge=1, description="Concurrent requests of bulk writes (each waits for its commitlog group)."
+    )
     read_concurrency: int = Field(32, ge=1, description="Concurrent requests of bulk reads (the batch index).")
 
     def replication_map(self) -> dict[str, str | int]:
