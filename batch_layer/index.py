@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from batch_layer.store import utc
 from infra.cassandra import READ_PROFILE, session, table, write_many
 from infra.errors import TrendsError
 from infra.settings import Settings
@@ -45,12 +46,6 @@ def ms_to_dt(ms: int) -> datetime:
 def dt_to_ms(ts: datetime) -> int:
     """Return an aware datetime as epoch milliseconds."""
     return int(ts.timestamp() * 1000)
-
-
-def _utc(ts: datetime | None) -> datetime | None:
-    if ts is None:
-        return None
-    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
 
 
 @dataclass(frozen=True)
@@ -266,12 +261,12 @@ class IndexStore:
         """Return the checkpoint of every partition indexed so far."""
         out = {}
         for r in self.sess.execute(self.sel_state, (topic,), execution_profile=READ_PROFILE):
-            max_ts = _utc(r.max_ts)
+            max_ts = utc(r.max_ts)
             out[r.partition] = PartitionState(
                 r.partition,
                 int(r.next_offset or 0),
                 dt_to_ms(max_ts) if max_ts else None,
-                _utc(r.last_record_at),
+                utc(r.last_record_at),
                 PartitionState.parse_open(r.open_spans),
                 int(r.skipped or 0),
             )
@@ -283,7 +278,7 @@ class IndexStore:
         days = sorted({h.date() for h in out})
         for rows in self._read(self.sel_spans, [(topic, d) for d in days]):
             for r in rows:
-                hour = _utc(r.hour)
+                hour = utc(r.hour)
                 if hour in out:
                     out[hour].append(Span(r.partition, r.first_offset, r.last_offset, r.records, r.late or 0))
         return out
@@ -294,7 +289,7 @@ class IndexStore:
         out: dict[datetime, tuple[int, int]] = {}
         for rows in self._read(self.sel_hours, [(topic, d) for d in days]):
             for r in rows:
-                out[_utc(r.hour)] = (int(r.records), int(r.late or 0))  # type: ignore[index]
+                out[utc(r.hour)] = (int(r.records), int(r.late or 0))  # type: ignore[index]
         return out
 
     def pointers(self, days: Iterable[date]) -> dict[datetime, tuple[Any, int | None]]:
@@ -303,12 +298,12 @@ class IndexStore:
         out: dict[datetime, tuple[Any, int | None]] = {}
         for rows in self._read(self.sel_pointers, [(d,) for d in days]):
             for r in rows:
-                out[_utc(r.hour)] = (r.run_id, r.indexed)  # type: ignore[index]
+                out[utc(r.hour)] = (r.run_id, r.indexed)  # type: ignore[index]
         return out
 
     def stale(self, topic: str) -> dict[datetime, tuple[int, int]]:
         """Return hour -> (records indexed now, records its current run read) for every stale hour."""
-        noticed = {_utc(r.hour): int(r.records) for r in self.sess.execute(self.sel_stale, (topic,))}
+        noticed = {utc(r.hour): int(r.records) for r in self.sess.execute(self.sel_stale, (topic,))}
         if not noticed:
             return {}
         pointers = self.pointers({h.date() for h in noticed if h is not None})
@@ -403,6 +398,7 @@ class _Pass:
         self.indexers: dict[int, PartitionIndexer] = {}
         self.ends: dict[int, int] = {}
         self.result = IndexResult()
+        self.touched: set[int] = set()  # every hour this pass touched
 
     def start(self, partitions: list[int]) -> None:
         """Resume every partition from its checkpoint, up to the end it has now."""
@@ -495,7 +491,8 @@ class _Pass:
         self.store.write_spans(self.topic, spans)
         totals = self.store.resum(self.topic, (ms_to_dt(h) for h in sorted(touched)))
         self.result.stale_hours += self.store.mark_stale(self.topic, totals)
-        self.result.hours_touched += len(touched)
+        self.touched |= touched
+        self.result.hours_touched = len(self.touched)
         self.store.write_states(self.topic, (ix.state for ix in self.indexers.values()))
         self.result.flushes += 1
 

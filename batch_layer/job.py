@@ -510,12 +510,9 @@ def missing_hours(settings: Settings, below: datetime, limit: int) -> list[datet
             return []
         out: list[datetime] = []
         hour = mark
-        pointers: dict[date, dict[datetime, uuid.UUID]] = {}
+        cache: dict[date, dict[datetime, uuid.UUID]] = {}
         while hour < below and len(out) < limit:
-            day = hour.date()
-            if day not in pointers:
-                pointers[day] = store.pointers(day)
-            if hour not in pointers[day]:
+            if not store.completed(hour, cache):
                 out.append(hour)
             hour += HOUR
         return out

@@ -291,7 +291,8 @@ class BatchStore:
             return None, None, None
         return utc(row.low), utc(row.watermark), utc(row.pinned)
 
-    def _completed(self, hour: datetime, cache: dict[date, dict[datetime, uuid.UUID]]) -> bool:
+    def completed(self, hour: datetime, cache: dict[date, dict[datetime, uuid.UUID]]) -> bool:
+        """Tell whether the hour has a current run (pointers read once per day into ``cache``)."""
         day = hour.date()
         if day not in cache:
             cache[day] = self.pointers(day)
@@ -305,14 +306,14 @@ class BatchStore:
         low, mark, _pinned = self.watermark()
         cache: dict[date, dict[datetime, uuid.UUID]] = {}
         if mark is None or low is None:
-            if not self._completed(hint, cache):
+            if not self.completed(hint, cache):
                 return None, None
             low, mark = hint, hint + HOUR
         steps = 0
-        while steps < max_steps and self._completed(mark, cache):
+        while steps < max_steps and self.completed(mark, cache):
             mark += HOUR
             steps += 1
-        while steps < 2 * max_steps and self._completed(low - HOUR, cache):
+        while steps < 2 * max_steps and self.completed(low - HOUR, cache):
             low -= HOUR
             steps += 1
         self.sess.execute(

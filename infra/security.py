@@ -136,9 +136,12 @@ def exposure_problem(what: str, host: str, secret: str | None, *, guard_var: str
             f"refusing to serve {what} on {shown} (not loopback) without authentication: set {guard_var} "
             f"(at least {MIN_SECRET_CHARS} characters), or bind 127.0.0.1 with {host_var}."
         )
+    short = too_short(guard_var, secret)
+    return f"refusing to serve {what} on {shown} (not loopback): {short}" if short else None
+
+
+def too_short(var: str, secret: str) -> str | None:
+    """Return why a secret guarding a server off loopback is too short (``var`` names it), or None."""
     if len(secret) < MIN_SECRET_CHARS:
-        return (
-            f"refusing to serve {what} on {shown} (not loopback): {guard_var} has {len(secret)} characters, "
-            f"off loopback it needs at least {MIN_SECRET_CHARS}."
-        )
+        return f"{var} has {len(secret)} characters, off loopback it needs at least {MIN_SECRET_CHARS}."
     return None

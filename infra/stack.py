@@ -38,7 +38,7 @@ from typing_extensions import override
 
 from infra import jars
 from infra.errors import StackError
-from infra.security import MIN_SECRET_CHARS, exposure_problem, is_loopback
+from infra.security import MIN_SECRET_CHARS, exposure_problem, is_loopback, too_short
 from infra.settings import Settings
 from infra.supervisor import SupervisorState
 
@@ -523,12 +523,12 @@ class Kafka(Service):
                 "point the pipeline at them instead."
             )
             raise StackError(msg)
-        password = kafka.sasl_password.get_secret_value() if kafka.sasl_password is not None else ""
-        if len(password) < MIN_SECRET_CHARS:
-            msg = (
-                f"refusing to start {where}, which is not a loopback address: TRENDS_KAFKA__SASL_PASSWORD has "
-                f"{len(password)} characters, off loopback it needs at least {MIN_SECRET_CHARS}."
-            )
+        short = too_short(
+            "TRENDS_KAFKA__SASL_PASSWORD",
+            kafka.sasl_password.get_secret_value() if kafka.sasl_password is not None else "",
+        )
+        if short:
+            msg = f"refusing to start {where}, which is not a loopback address: {short}"
             raise StackError(msg)
         logger.warning(
             "%s listens on %s with SASL/PLAIN over plaintext: the password crosses the network unencrypted",
@@ -763,12 +763,11 @@ class Cassandra(Service):
                 "with client TLS (client_encryption_options) and point the pipeline at them instead."
             )
             raise StackError(msg)
-        password = cfg.password.get_secret_value() if cfg.password is not None else ""
-        if len(password) < MIN_SECRET_CHARS:
-            msg = (
-                f"refusing to start {where}, which is not a loopback address: TRENDS_CASSANDRA__PASSWORD has "
-                f"{len(password)} characters, off loopback it needs at least {MIN_SECRET_CHARS}."
-            )
+        short = too_short(
+            "TRENDS_CASSANDRA__PASSWORD", cfg.password.get_secret_value() if cfg.password is not None else ""
+        )
+        if short:
+            msg = f"refusing to start {where}, which is not a loopback address: {short}"
             raise StackError(msg)
 
     @override

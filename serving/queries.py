@@ -75,8 +75,7 @@ class Provenance:
             stale=[
                 {"hour": h, "records_since": n}
                 for h, n in sorted(cov.stale.items())
-                if any(s.layer == "batch" and s.start <= h < s.end for s in spans)
-                or any(s.layer == "batch" and h <= s.start < h + HOUR for s in spans)
+                if any(s.layer == "batch" and s.start < h + HOUR and h < s.end for s in spans)
             ],
         )
 
