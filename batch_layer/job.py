@@ -261,37 +261,42 @@ class Computed:
 
 
 def compute(spark: SparkSession, settings: Settings, plan: offsets.Plan) -> Computed:
-    """Run the Spark side of a pass (one read of the records) and bring its small results to the driver."""
+    """Run the Spark side of a pass (one read of the records) and bring its small results to the driver.
+
+    Minutes and hours are cached while their coarser rollups are computed from them, and come to the driver as
+    Arrow batches: a year's pass is ~160k minute rows, whose pickled ``Row`` objects cost several times more
+    than the columns (docs/benchmarks.md).
+    """
+    from pyspark.sql import functions as F  # noqa: PLC0415
+
     from views.aggregation import rollup  # noqa: PLC0415
 
     hours = [h.hour for h in plan.hours]
     records = extract(spark, settings, plan)
     minutes, observed = transform(records, settings, hours)
     minutes = minutes.persist()
+    hourly = None
     try:
-        collected = minutes.collect()
+        minute_rows = _view_rows(minutes.toArrow())
         got = observed.get
-        hourly = rollup(minutes, "hour", settings.views.top_k_items)
-        hour_rows = hourly.collect()
+        hourly = rollup(minutes, "hour", settings.views.top_k_items).persist()
+        hour_rows = _view_rows(hourly.toArrow())
         wanted = set(hours)
         full = sorted({h.date() for h in hours if all(h.replace(hour=i) in wanted for i in range(24))})
         day_rows = []
         if full:
-            from pyspark.sql import functions as F  # noqa: PLC0415
-
             in_full = F.to_date(F.col("bucket_start")).isin(full)
-            day_rows = rollup(hourly.where(in_full), "day", settings.views.top_k_items).collect()
+            day_rows = _view_rows(rollup(hourly.where(in_full), "day", settings.views.top_k_items).toArrow())
     finally:
+        if hourly is not None:
+            hourly.unpersist()
         minutes.unpersist()
     out = Computed({}, {}, {}, int(got["read"] or 0), Counter(), Counter())
-    for r in collected:
-        row = ViewRow.from_spark(r)
+    for row in minute_rows:
         out.minutes.setdefault(row.bucket_start.replace(minute=0, second=0, microsecond=0), []).append(row)
-    for r in hour_rows:
-        row = ViewRow.from_spark(r)
+    for row in hour_rows:
         out.hours.setdefault(row.bucket_start, []).append(row)
-    for r in day_rows:
-        row = ViewRow.from_spark(r)
+    for row in day_rows:
         out.days.setdefault(row.bucket_start.date(), []).append(row)
     for name in ("unparseable", "outside"):
         getattr(out, name).update(datetime.fromtimestamp(s, UTC) for s in got[name] or [])
@@ -302,6 +307,14 @@ def compute(spark: SparkSession, settings: Settings, plan: offsets.Plan) -> Comp
         )
         raise TrendsError(msg)
     return out
+
+
+def _view_rows(table: Any) -> list[ViewRow]:
+    """Turn an Arrow table of :data:`views.aggregation.VIEW_COLUMNS` into view rows, column by column."""
+    from views.aggregation import VIEW_COLUMNS  # noqa: PLC0415
+
+    columns = [table.column(name).to_pylist() for name in VIEW_COLUMNS]
+    return [ViewRow.from_spark(row) for row in zip(*columns, strict=True)]
 
 
 def _counts(hp: offsets.HourPlan, done: Computed | None) -> dict[str, int]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -133,15 +134,41 @@ def coalesce(spans: Iterable[Span], gap: int, max_ranges: int) -> list[Range]:
 
 def earliest_offsets(kafka: KafkaSettings, topic: str, partitions: Iterable[int]) -> dict[int, int]:
     """Return the oldest offset retention kept, per partition."""
-    from confluent_kafka import TopicPartition  # noqa: PLC0415
+    from confluent_kafka import KafkaException, TopicPartition  # noqa: PLC0415
     from confluent_kafka.admin import AdminClient, OffsetSpec  # noqa: PLC0415
 
     admin = AdminClient({**kafka.client_config(), "log_level": 3})
     request = {TopicPartition(topic, p): OffsetSpec.earliest() for p in partitions}  # type: ignore[no-untyped-call]
     if not request:
         return {}
-    futures = admin.list_offsets(request, request_timeout=TIMEOUT_S)
-    return {tp.partition: int(f.result(timeout=TIMEOUT_S).offset) for tp, f in futures.items()}
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        futures = admin.list_offsets(request, request_timeout=TIMEOUT_S)
+        try:
+            return {tp.partition: int(f.result(timeout=TIMEOUT_S).offset) for tp, f in futures.items()}
+        except KafkaException as exc:
+            # A leader moving or a broker just restarted (UNKNOWN_LEADER_EPOCH, NOT_LEADER...) passes: ask again.
+            err = exc.args[0] if exc.args else None
+            if not _transient(err) or time.monotonic() > deadline:
+                raise
+            logger.info("listing the earliest offsets of %s: %s; retrying", topic, err)
+            time.sleep(0.5)
+
+
+def _transient(err: Any) -> bool:
+    """Return whether a Kafka error passes by itself (leadership moving, a broker restarting)."""
+    from confluent_kafka import KafkaError  # noqa: PLC0415
+
+    passing = {
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+    }
+    return isinstance(err, KafkaError) and (err.retriable() or err.code() in passing)
 
 
 def plan(settings: Settings, store: IndexStore, hours: Sequence[datetime], topic: str | None = None) -> Plan:
