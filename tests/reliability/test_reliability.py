@@ -18,8 +18,8 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
+from app.cli import cli
 from infra import stack
-from infra.cli import cli
 from ingestion.dlq import read_dead_letters
 from serving.api import create_app
 from tests.reliability.conftest import HOUR, Pipeline, record
