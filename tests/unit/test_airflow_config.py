@@ -14,7 +14,8 @@ import pytest
 from click.testing import CliRunner
 from pydantic import ValidationError
 
-from infra.airflow import REPO_DAGS, Airflow
+from infra.airflow.config import REPO_DAGS
+from infra.airflow.service import Airflow
 from infra.errors import StackError
 from infra.settings import Settings, get_settings
 
