@@ -153,12 +153,22 @@ def start_ticks(pid: int) -> str | None:
         return None
 
 
-def cmdline(pid: int) -> list[str] | None:
-    """Return a process's arguments, or None where /proc cannot tell."""
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return None
+def cmdline(pid: int, settle_s: float = 0.5) -> list[str] | None:
+    """Return a process's arguments ([] when it has none: a kernel thread), or None where /proc cannot tell.
+
+    A process still inside ``execve`` shows no arguments for a moment, even after :class:`subprocess.Popen`
+    returned: an empty answer is read again for up to ``settle_s``, so a server just launched is not taken for a
+    stranger.
+    """
+    deadline = time.monotonic() + settle_s
+    while True:
+        try:
+            raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return None
+        if raw or time.monotonic() > deadline:
+            return raw.decode(errors="replace").split("\0") if raw else []
+        time.sleep(0.01)
 
 
 def rss_mib(pid: int) -> float | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from infra import jars, migrations, stack
 from infra.errors import MigrationError, StackError
-from infra.process import ensure_port_free
+from infra.process import PidFile, ensure_port_free
 from infra.services.base import find_java
 from infra.services.cassandra import Cassandra
 from infra.services.kafka import Kafka
@@ -144,3 +145,13 @@ def test_services_name_a_whole_cluster_or_one_node(tmp_path: Path) -> None:
     assert [s.name for s in stack.services(settings, ["kafka-2", "api"])] == ["kafka-2", "api"]
     with pytest.raises(StackError, match=r"unknown service.*kafka-3.*choose from kafka-1, kafka-2, cassandra"):
         stack.services(settings, ["kafka-3"])
+
+
+def test_pid_file_trusts_only_the_process_it_recorded(tmp_path: Path) -> None:
+    pid_file = PidFile(tmp_path / "x.pid")
+    pid_file.path.write_text(f"{os.getpid()} 1\n")  # a running pid, but not the process that started at tick 1
+    assert pid_file.running() is None
+    assert not pid_file.path.exists()
+    pid_file.write(os.getpid())
+    assert pid_file.running() == os.getpid()
+    assert pid_file.running(lambda _pid: False) is None  # alive, but its command line is not ours
