@@ -2,8 +2,8 @@
 
 Each server is one process started in its own session (process group) with its output in a log file and its pid in
 a pid file under ``<data_dir>/<service>/`` (:mod:`infra.process`). A pid file is trusted only while the process it
-names still runs with our config on its command line, so a reused pid cannot make us kill a stranger. Every wait is
-bounded; a server that dies or hangs at start is reported with the tail of its log.
+names still runs, started when the recorded one did, with our config on its command line, so a reused pid cannot make
+us kill a stranger. Every wait is bounded; a server that dies or hangs at start is reported with the tail of its log.
 """
 
 from __future__ import annotations
