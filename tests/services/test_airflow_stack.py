@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from infra import stack
+from infra.airflow.client import AirflowClient
 from infra.airflow.config import airflow_executable
 from infra.airflow.service import Airflow
 from infra.errors import StackError
@@ -198,7 +199,7 @@ def instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Instance]:
         print(f"airflow ready in {time.monotonic() - started:.1f} s, {stack.status(settings, ['airflow'])[0]}")
         assert result.name == "airflow" and not result.already_running
         inst = Instance(settings, out)
-        inst.token = inst.airflow.token()
+        inst.token = AirflowClient(settings).token()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # healthy does not mean parsed: wait for the DAG to be listed
             status, body = inst.call("GET", "/api/v2/dags")
