@@ -36,7 +36,7 @@ from batch_layer import index, offsets
 from batch_layer.index import IndexStore, Span
 from batch_layer.store import BatchStore
 from infra import migrations, stack, topics
-from infra.airflow import Airflow
+from infra.airflow.client import AirflowClient
 from infra.cassandra import session, table
 from infra.settings import Settings
 from ingestion.generator import GeneratorConfig, SyntheticStream
@@ -149,7 +149,7 @@ def main() -> None:
     )
     spec = topics.topic_specs(settings.kafka)[0]
     spark = None
-    af: Airflow | None = None
+    af: AirflowClient | None = None
     try:
         topics.ensure_topics(settings.kafka, [topics.TopicSpec(topic, spec.partitions, spec.replication_factor,
                                                               {**spec.config, "retention.ms": "-1"})])  # fmt: skip
@@ -202,7 +202,7 @@ def main() -> None:
                 }
             )
             stack.up(via_airflow, ["airflow"])
-            af = Airflow(via_airflow)
+            af = AirflowClient(via_airflow)
             token = af.token()
             af.wait_dag(token, "trends_backfill")
             t0 = time.monotonic()
@@ -219,7 +219,7 @@ def main() -> None:
         if spark is not None:
             spark.stop()
         if af is not None:
-            stack.down(af.settings, ["airflow"])
+            stack.down(af.config.settings, ["airflow"])
         try:
             topics.delete_topics(settings.kafka, [topic])
         except Exception as exc:  # noqa: BLE001 - clean-up

@@ -23,7 +23,8 @@ import time
 import uuid
 from pathlib import Path
 
-from infra import jars, stack, topics
+from infra import jars, topics
+from infra.services.base import find_java
 from infra.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +37,7 @@ PERF_RE = re.compile(r"(\d+) records sent, ([\d.]+) records/sec")
 
 def producer_performance(settings: Settings, topic: str, records: int) -> float:
     """Run Kafka's ProducerPerformance; return its records/s."""
-    java = stack.find_java(settings)
+    java = find_java(settings)
     classpath = str(jars.bundle_dir(settings, jars.KAFKA) / "*")
     props = [f"bootstrap.servers={settings.kafka.bootstrap_servers}", *(f"{k}={v}" for k, v in PRODUCER_PROPS.items())]
     cmd = [

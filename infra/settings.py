@@ -226,6 +226,15 @@ class StackSettings(BaseModel):
     cassandra_start_timeout_s: float = Field(
         180.0, gt=0, description="Longest wait for Cassandra to accept CQL clients."
     )
+    spark_start_timeout_s: float = Field(
+        90.0, gt=0, description="Longest wait for the local Spark master to be ALIVE, or a worker to register with it."
+    )
+    pipeline_start_timeout_s: float = Field(
+        90.0,
+        gt=0,
+        description="Longest wait for a background pipeline service (`speed`: its /metrics; `api`: its /health) to "
+        "answer.",
+    )
     spark_master_port: int = Field(
         7077, description="Port of the local Spark standalone master (`trends stack up spark-master …`)."
     )

@@ -9,7 +9,10 @@ import click
 
 from infra import jars
 from infra import stack as local_stack
+from infra.airflow.config import AirflowConfig
+from infra.airflow.service import Airflow
 from infra.errors import StackError
+from infra.process import follow as follow_log
 from infra.settings import Settings
 
 
@@ -68,9 +71,7 @@ def up(settings: Settings, services: tuple[str, ...], with_airflow: bool, no_ini
     if not no_init:
         _init(settings, names)
     if names and "airflow" in names:
-        from infra.airflow import Airflow  # noqa: PLC0415
-
-        airflow = Airflow(settings)
+        airflow = AirflowConfig(settings)
         click.echo(f"airflow    {airflow.login_hint()}")
         click.echo(f'airflow    DAGs from {airflow.dags_folder}; CLI: eval "$(trends stack airflow-env)"; airflow …')
     click.echo(f"stack up in {time.monotonic() - t0:.1f} s (data in {settings.data_dir})")
@@ -135,8 +136,6 @@ def logs(settings: Settings, service: str, lines: int, follow: bool, raw: bool, 
     svc = local_stack.services(settings, [service])[0]
     path = svc.stdout_file if raw else svc.main_log
     if component:
-        from infra.airflow import Airflow  # noqa: PLC0415
-
         if not isinstance(svc, Airflow):
             msg = "--component applies to airflow only"
             raise click.UsageError(msg)
@@ -144,7 +143,7 @@ def logs(settings: Settings, service: str, lines: int, follow: bool, raw: bool, 
     if not path.exists():
         click.echo(f"no log yet at {path}")
         return
-    for line in local_stack.follow(path, lines=lines, follow_file=follow):
+    for line in follow_log(path, lines=lines, follow_file=follow):
         click.echo(line)
 
 
@@ -177,9 +176,7 @@ def airflow_env(settings: Settings) -> None:
     URL stay in $AIRFLOW_HOME/airflow.cfg, and secret-looking entries of TRENDS_AIRFLOW__CONFIG (passwords, keys,
     tokens, AIRFLOW_CONN_*, URIs with a password) go to a private file that the printed `.` line reads.
     """
-    from infra.airflow import Airflow  # noqa: PLC0415
-
-    airflow = Airflow(settings)
+    airflow = AirflowConfig(settings)
     airflow.render_config()  # the keys the CLI needs (JWT secret, Fernet key) must exist before its first run
     plain, secret = airflow.split_secret_env(airflow.airflow_env())
     click.echo(f'export PATH={shlex.quote(str(airflow.bin_dir()))}:"$PATH"')

@@ -12,9 +12,9 @@ when the next start is due: ``trends stack status`` shows it. Each run gets the 
 environment variable :data:`RESTARTS_ENV`, so the command can export it (the speed layer's
 ``trends_speed_restarts_total`` metric).
 
-The stack runs the speed service under it (``infra.stack.SpeedService``): a streaming job that exits on a write
-error (Cassandra down, a schema missing) comes back by itself, and the gaps it leaves stop growing once the cause
-is fixed.
+The stack runs the speed service under it (``infra.services.pipeline.SpeedService``): a streaming job that exits on
+a write error (Cassandra down, a schema missing) comes back by itself, and the gaps it leaves stop growing once the
+cause is fixed.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Final
+
+from infra.process import write_private
 
 logger = logging.getLogger("infra.supervisor")
 
@@ -63,9 +65,7 @@ class SupervisorState:
 
     def write(self, path: Path) -> None:
         """Write the state atomically (a reader never sees half a file)."""
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(asdict(self)) + "\n")
-        os.replace(tmp, path)
+        write_private(path, json.dumps(asdict(self)) + "\n")
 
     def describe(self) -> str:
         """Return the state as ``trends stack status`` shows it."""

@@ -21,6 +21,8 @@ from confluent_kafka.admin import AdminClient
 
 from infra import migrations, stack, topics
 from infra.cassandra import session
+from infra.process import signal_group
+from infra.services.kafka import Kafka
 from infra.settings import Settings
 from ingestion.model import Event
 from serving import queries
@@ -116,10 +118,10 @@ def test_same_answers_on_3_brokers_and_2_cassandra_nodes(stack_up: Settings, clu
             workload.produce(prod, topic, events[:half], delivery)
             assert prod.flush(60) == 0
             if s is multi:  # one broker dies hard; acks=all with min ISR 2 carries on on the other two
-                victim = stack.Kafka(multi, 2)
+                victim = Kafka(multi, 2)
                 pid = victim.pid()
                 assert pid is not None
-                stack.signal_group(pid, signal.SIGKILL)
+                signal_group(pid, signal.SIGKILL)
                 victim.stop()  # reaps it and clears the pid file
             workload.produce(prod, topic, events[half:], delivery)
             workload.close_partitions(prod, topic, start + 4 * HOUR, 4, delivery)

@@ -16,6 +16,7 @@ import pytest
 from batch_layer import job
 from infra import migrations, stack, topics
 from infra.cassandra import session
+from infra.services.spark import SparkMaster
 from infra.settings import Settings
 from tests.cluster import workload
 from tests.cluster.workload import HOUR
@@ -26,7 +27,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(1200)]
 @pytest.fixture(scope="module")
 def spark_cluster(stack_up: Settings) -> Iterator[str]:
     results = stack.up(stack_up, stack.SPARK_CLUSTER)
-    yield stack.SparkMaster(stack_up).url
+    yield SparkMaster(stack_up).url
     started = [r.name for r in results if not r.already_running]
     if started and not os.environ.get("TRENDS_TEST_KEEP_STACK"):
         stack.down(stack_up, started)
@@ -63,7 +64,7 @@ def test_speed_and_batch_jobs_on_a_standalone_cluster(
             window[1].isoformat(),
             extra_env=master,
         )
-        apps = stack.SparkMaster(stack_up).state().get("completedapps", [])
+        apps = SparkMaster(stack_up).state().get("completedapps", [])
         assert {a["name"] for a in apps} >= {"trends-speed", "trends-batch"}, apps
 
         job.run(local, *window, spark=spark)  # the same batch job in local mode, for comparison

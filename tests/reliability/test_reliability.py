@@ -18,8 +18,8 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
+from app.cli import cli
 from infra import stack
-from infra.cli import cli
 from ingestion.dlq import read_dead_letters
 from serving.api import create_app
 from tests.reliability.conftest import HOUR, Pipeline, record
@@ -194,7 +194,7 @@ def cassandra_tasks(af: Any, token: str) -> list[dict[str, Any]]:
 def test_airflow_task_failure_and_retry(pipeline: Pipeline, tmp_path: Path) -> None:
     """Cassandra is down when the DAG's runs start: the first task needing it (the sensor's indexing) fails, Airflow
     retries it, the retry succeeds and the hours are exact."""
-    from infra.airflow import Airflow
+    from infra.airflow.client import AirflowClient
     from serving import queries
     from serving.store import ViewReader
     from tests.helpers import free_port
@@ -211,7 +211,7 @@ def test_airflow_task_failure_and_retry(pipeline: Pipeline, tmp_path: Path) -> N
             "airflow": s.airflow.model_copy(update={"api_port": free_port(), "dags_folder": dags}),
         }
     )
-    af = Airflow(af_settings)
+    af = AirflowClient(af_settings)
     starts = [pipeline.window[0], pipeline.window[0] + HOUR]
     stack.up(af_settings, ["airflow"])
     try:

@@ -22,8 +22,11 @@ import psutil
 import pytest
 
 from infra import stack
-from infra.airflow import Airflow, airflow_executable
+from infra.airflow.client import AirflowClient
+from infra.airflow.config import airflow_executable
+from infra.airflow.service import Airflow
 from infra.errors import StackError
+from infra.process import port_is_open, tail
 from infra.settings import Settings
 from tests.helpers import free_port
 
@@ -107,7 +110,7 @@ class Instance:
 
     def create_backfill(self, body: dict[str, Any], retry_s: float = 300) -> tuple[int, Any]:
         """POST a backfill; retried while SQLite reports a lock (Airflow answers 503 and removes the half-made one)
-        or the previous backfill is still being completed (409), as ``Airflow.backfill`` does for the CLI."""
+        or the previous backfill is still being completed (409), as ``AirflowClient.backfill`` does for the CLI."""
         deadline = time.monotonic() + retry_s
         while True:
             status, created = self.call("POST", "/api/v2/backfills", body)
@@ -170,7 +173,7 @@ class Instance:
 
 
 def tail_logs(instance: Instance) -> str:
-    return stack.tail(instance.airflow.log_files(), 20)
+    return tail(instance.airflow.log_files(), 20)
 
 
 def hours(start: datetime, count: int) -> list[datetime]:
@@ -196,7 +199,7 @@ def instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Instance]:
         print(f"airflow ready in {time.monotonic() - started:.1f} s, {stack.status(settings, ['airflow'])[0]}")
         assert result.name == "airflow" and not result.already_running
         inst = Instance(settings, out)
-        inst.token = inst.airflow.token()
+        inst.token = AirflowClient(settings).token()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # healthy does not mean parsed: wait for the DAG to be listed
             status, body = inst.call("GET", "/api/v2/dags")
@@ -324,7 +327,7 @@ def test_component_that_dies_at_start_is_named_with_its_log(tmp_path: Path) -> N
     with pytest.raises(StackError, match=r"airflow scheduler exited during start-up(.|\n)*NoSuchExecutor"):
         stack.up(settings, ["airflow"])
     assert all(pid is None for pid in Airflow(settings).pids().values())  # the others were stopped too
-    assert not stack.port_is_open("127.0.0.1", settings.airflow.api_port)
+    assert not port_is_open("127.0.0.1", settings.airflow.api_port)
 
 
 def test_down_stops_every_airflow_process(instance: Instance) -> None:
@@ -338,5 +341,5 @@ def test_down_stops_every_airflow_process(instance: Instance) -> None:
     gone = [proc for proc in family if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE]
     assert len(gone) == len(family)
     assert stack.status(instance.settings, ["airflow"])[0].state == "stopped"
-    assert not stack.port_is_open("127.0.0.1", instance.settings.airflow.api_port)
+    assert not port_is_open("127.0.0.1", instance.settings.airflow.api_port)
     assert stack.down(instance.settings, ["airflow"]) == []

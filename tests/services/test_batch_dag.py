@@ -18,8 +18,10 @@ from confluent_kafka import Producer
 
 from batch_layer.store import BatchStore
 from infra import migrations, stack
-from infra.airflow import Airflow
+from infra.airflow.client import AirflowClient
+from infra.airflow.service import Airflow
 from infra.cassandra import session, table
+from infra.process import tail
 from infra.settings import Settings
 from ingestion.model import Event
 from tests.helpers import free_port
@@ -42,13 +44,13 @@ def produce(settings: Settings, events: list[Event], partitions: int) -> None:
     assert producer.flush(30) == 0
 
 
-def api(af: Airflow, token: str, path: str) -> Any:
+def api(af: AirflowClient, token: str, path: str) -> Any:
     req = urllib.request.Request(af.url + path, headers={"Authorization": f"Bearer {token}"})  # noqa: S310
     with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310
         return json.loads(resp.read())
 
 
-def wait_runs(af: Airflow, token: str, starts: list[datetime], attempt: int, timeout_s: float = 420) -> None:
+def wait_runs(af: AirflowClient, token: str, starts: list[datetime], attempt: int, timeout_s: float = 420) -> None:
     """Wait until every run of these hours succeeded with the recompute at ``attempt`` tries or more."""
     deadline = time.monotonic() + timeout_s
     states: dict[str, str] = {}
@@ -57,7 +59,7 @@ def wait_runs(af: Airflow, token: str, starts: list[datetime], attempt: int, tim
         mine = {r["dag_run_id"]: r for r in runs if datetime.fromisoformat(r["data_interval_start"]) in starts}
         states = {k: r["state"] for k, r in mine.items()}
         failed = [k for k, s in states.items() if s == "failed"]
-        assert not failed, f"runs failed: {failed}: {stack.tail(af.log_files(), 30)}"
+        assert not failed, f"runs failed: {failed}: {tail(af.config.log_files(), 30)}"
         if len(mine) == len(starts) and all(s == "success" for s in states.values()):
             tries = [
                 api(
@@ -74,7 +76,9 @@ def wait_runs(af: Airflow, token: str, starts: list[datetime], attempt: int, tim
 
 
 @pytest.fixture
-def dag_env(stack_up: Settings, new_topic: Callable[..., str], tmp_path: Path) -> Iterator[tuple[Settings, Airflow]]:
+def dag_env(
+    stack_up: Settings, new_topic: Callable[..., str], tmp_path: Path
+) -> Iterator[tuple[Settings, AirflowClient]]:
     topic = new_topic(partitions=2)
     keyspace = f"test_dag_{uuid.uuid4().hex[:8]}"
     settings = Settings(
@@ -88,14 +92,14 @@ def dag_env(stack_up: Settings, new_topic: Callable[..., str], tmp_path: Path) -
     migrations.migrate(settings)
     try:
         stack.up(settings, ["airflow"])
-        yield settings, Airflow(settings)
+        yield settings, AirflowClient(settings)
     finally:
         stack.down(settings, ["airflow"])
         with session(stack_up) as sess:
             sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
 
 
-def test_scheduler_driven_backfill_and_reprocess(dag_env: tuple[Settings, Airflow]) -> None:
+def test_scheduler_driven_backfill_and_reprocess(dag_env: tuple[Settings, AirflowClient]) -> None:
     settings, af = dag_env
     sizes = [120, 80, 100]
     producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True, "acks": "all"})

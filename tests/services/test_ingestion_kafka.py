@@ -18,8 +18,8 @@ import pytest
 from click.testing import CliRunner
 from confluent_kafka import Consumer, TopicPartition
 
+from app.cli import cli
 from infra import stack, topics
-from infra.cli import cli
 from infra.security import CONTROL_CHARS
 from infra.settings import Settings
 from ingestion import files

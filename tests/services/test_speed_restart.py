@@ -22,6 +22,8 @@ from click.testing import CliRunner
 
 from infra import migrations, stack
 from infra.cassandra import session
+from infra.process import process_alive, tail
+from infra.services.pipeline import SpeedService
 from infra.settings import Settings
 from infra.stack_cli import stack as stack_cli
 from ingestion.model import Event
@@ -44,14 +46,14 @@ def _value(text: str, name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _until(what: str, check: Callable[[], bool], svc: stack.SpeedService) -> None:
+def _until(what: str, check: Callable[[], bool], svc: SpeedService) -> None:
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         if check():
             return
-        assert svc.pid() is not None, f"the supervisor died while waiting for {what}:\n{stack.tail([svc.stdout_file])}"
+        assert svc.pid() is not None, f"the supervisor died while waiting for {what}:\n{tail([svc.stdout_file])}"
         time.sleep(0.5)
-    pytest.fail(f"timed out waiting for {what}:\n{stack.tail([svc.stdout_file], 60)}")
+    pytest.fail(f"timed out waiting for {what}:\n{tail([svc.stdout_file], 60)}")
 
 
 def test_a_failing_speed_service_is_restarted_with_backoff_and_counted(
@@ -82,7 +84,7 @@ def test_a_failing_speed_service_is_restarted_with_backoff_and_counted(
             producer.produce(Event(id=f"r{i}", ts=now - timedelta(seconds=i), item=f"#r{i % 3}", user=f"u{i}"))
     assert producer.summary.ok
 
-    svc = stack.SpeedService(settings)
+    svc = SpeedService(settings)
     supervisor = svc.start("")
     try:
         # 1. The keyspace is missing: each run fails at its first write and is restarted.
@@ -122,4 +124,4 @@ def test_a_failing_speed_service_is_restarted_with_backoff_and_counted(
     assert stopped and svc.pid() is None
     final = svc.supervisor_state()
     assert final is not None and final.stopped and final.child_pid is None
-    assert not stack.process_alive(supervisor) and not stack.process_alive(int(restarts.child_pid))
+    assert not process_alive(supervisor) and not process_alive(int(restarts.child_pid))

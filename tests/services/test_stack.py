@@ -11,6 +11,7 @@ from confluent_kafka import Producer
 
 from infra import stack, topics
 from infra.errors import StackError
+from infra.services.kafka import Kafka
 from infra.settings import Settings
 from tests.helpers import consume_all, free_port
 
@@ -40,14 +41,14 @@ def test_port_taken_by_another_process(tmp_path: Path) -> None:
         squatter.listen()
         with pytest.raises(StackError, match=rf"port {host}:{port} is already taken by .*TRENDS_KAFKA__BOOTSTRAP"):
             stack.up(settings, ["kafka"])
-    assert stack.Kafka(settings).pid() is None
+    assert Kafka(settings).pid() is None
 
 
 def test_server_that_dies_at_start_is_reported_with_its_log(tmp_path: Path) -> None:
     settings = private_kafka(tmp_path, kafka_heap="1k")  # the JVM refuses a 1 KB heap
     with pytest.raises(StackError, match=r"kafka exited during start-up(.|\n)*heap"):
         stack.up(settings, ["kafka"])
-    assert stack.Kafka(settings).pid() is None
+    assert Kafka(settings).pid() is None
 
 
 def test_data_survives_down_up_and_reset_wipes_it(tmp_path: Path) -> None:
@@ -62,7 +63,7 @@ def test_data_survives_down_up_and_reset_wipes_it(tmp_path: Path) -> None:
         assert producer.flush(30) == 0
 
         assert stack.down(settings, ["kafka"]) == ["kafka"]
-        assert stack.Kafka(settings).pid() is None
+        assert Kafka(settings).pid() is None
         assert stack.down(settings, ["kafka"]) == []
         stack.up(settings, ["kafka"])
         assert sorted(consume_all(settings, topic, expect=10)) == [str(i) for i in range(10)]

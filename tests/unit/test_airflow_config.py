@@ -14,7 +14,8 @@ import pytest
 from click.testing import CliRunner
 from pydantic import ValidationError
 
-from infra.airflow import REPO_DAGS, Airflow
+from infra.airflow.config import REPO_DAGS
+from infra.airflow.service import Airflow
 from infra.errors import StackError
 from infra.settings import Settings, get_settings
 
@@ -115,7 +116,7 @@ def test_unsafe_or_impossible_configurations_are_refused_before_anything_starts(
 
 
 def test_airflow_env_command_prints_exports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from infra.cli import cli
+    from app.cli import cli
 
     monkeypatch.setenv("TRENDS_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("TRENDS_AIRFLOW__API_PORT", "18555")
@@ -171,7 +172,7 @@ def test_airflow_env_never_prints_secrets_but_the_shell_still_gets_them(tmp_path
 
 
 def test_trends_config_masks_secret_keys_and_userinfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from infra.cli import cli
+    from app.cli import cli
     from infra.settings import get_settings
 
     for key, value in {

@@ -7,7 +7,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from infra.cli import cli
+from app.cli import cli
 from infra.config_cli import markdown_table
 
 README = Path(__file__).resolve().parents[2] / "README.md"

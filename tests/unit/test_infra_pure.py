@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -9,6 +10,10 @@ import pytest
 
 from infra import jars, migrations, stack
 from infra.errors import MigrationError, StackError
+from infra.process import PidFile, ensure_port_free
+from infra.services.base import find_java
+from infra.services.cassandra import Cassandra
+from infra.services.kafka import Kafka
 from infra.settings import Settings
 
 
@@ -56,7 +61,7 @@ def test_kafka_config_renders_kraft_single_node(tmp_path: Path) -> None:
     settings = Settings(
         data_dir=tmp_path, kafka={"bootstrap_servers": "127.0.0.1:19092"}, stack={"kafka_controller_port": 9093}
     )
-    kafka = stack.Kafka(settings)
+    kafka = Kafka(settings)
     kafka.conf_dir.mkdir(parents=True)
     text = kafka.render_config().read_text()
     assert "listeners=PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:9093" in text
@@ -67,7 +72,7 @@ def test_kafka_config_renders_kraft_single_node(tmp_path: Path) -> None:
 
 def test_cassandra_config_renders_commitlog_mode(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, cassandra={"port": 19042}, stack={"cassandra_commitlog_sync": "group"})
-    cas = stack.Cassandra(settings)
+    cas = Cassandra(settings)
     cas.conf_dir.mkdir(parents=True)
     text = cas.render_config().read_text()
     assert "native_transport_port: 19042" in text
@@ -81,13 +86,13 @@ def test_taken_port_gives_a_clear_error() -> None:
         sock.listen()
         port = sock.getsockname()[1]
         with pytest.raises(StackError, match=rf"port 127.0.0.1:{port} is already taken .*TRENDS_X"):
-            stack.ensure_port_free("127.0.0.1", port, "kafka (clients)", "TRENDS_X")
+            ensure_port_free("127.0.0.1", port, "kafka (clients)", "TRENDS_X")
 
 
 def test_missing_java_gives_a_clear_error(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, stack={"java_home": tmp_path / "no-jdk"})
     with pytest.raises(StackError, match="Java was not found"):
-        stack.find_java(settings)
+        find_java(settings)
 
 
 def test_status_of_a_never_started_stack(tmp_path: Path) -> None:
@@ -96,7 +101,7 @@ def test_status_of_a_never_started_stack(tmp_path: Path) -> None:
 
 
 def test_stale_pid_file_is_ignored(tmp_path: Path) -> None:
-    kafka = stack.Kafka(Settings(data_dir=tmp_path))
+    kafka = Kafka(Settings(data_dir=tmp_path))
     kafka.home.mkdir(parents=True)
     kafka.pid_file.write_text("1\n")  # pid 1 runs, but not with our config on its command line
     assert kafka.pid() is None
@@ -140,3 +145,13 @@ def test_services_name_a_whole_cluster_or_one_node(tmp_path: Path) -> None:
     assert [s.name for s in stack.services(settings, ["kafka-2", "api"])] == ["kafka-2", "api"]
     with pytest.raises(StackError, match=r"unknown service.*kafka-3.*choose from kafka-1, kafka-2, cassandra"):
         stack.services(settings, ["kafka-3"])
+
+
+def test_pid_file_trusts_only_the_process_it_recorded(tmp_path: Path) -> None:
+    pid_file = PidFile(tmp_path / "x.pid")
+    pid_file.path.write_text(f"{os.getpid()} 1\n")  # a running pid, but not the process that started at tick 1
+    assert pid_file.running() is None
+    assert not pid_file.path.exists()
+    pid_file.write(os.getpid())
+    assert pid_file.running() == os.getpid()
+    assert pid_file.running(lambda _pid: False) is None  # alive, but its command line is not ours

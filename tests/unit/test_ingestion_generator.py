@@ -166,7 +166,7 @@ def test_run_stops_when_asked() -> None:
 
 
 def test_generate_to_a_file_from_the_cli(tmp_path: Path) -> None:
-    from infra.cli import cli
+    from app.cli import cli
 
     out, truth = tmp_path / "ev.jsonl.gz", tmp_path / "truth.json"
     result = CliRunner().invoke(

@@ -15,9 +15,10 @@ from click.testing import CliRunner
 from pydantic import SecretStr
 
 from infra import stack
-from infra.airflow import Airflow
+from infra.airflow.service import Airflow
 from infra.errors import StackError
 from infra.security import MIN_SECRET_CHARS, exposure_problem, is_loopback
+from infra.services.pipeline import ApiService
 from infra.settings import Settings
 
 LONG_SECRET = "x" * MIN_SECRET_CHARS
@@ -97,7 +98,7 @@ def test_stack_refuses_open_api_off_loopback(tmp_path: Path) -> None:
         stack.up(settings, ["api"])
     _nothing_launched(settings)
     secured = _settings(tmp_path, serving={"host": ANY, "api_token": SecretStr(LONG_SECRET)})
-    stack.ApiService(secured).check_safe()
+    ApiService(secured).check_safe()
 
 
 def test_empty_api_token_is_unset(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -106,7 +106,7 @@ def test_validation_errors_never_echo_a_secret(
 def test_invalid_settings_on_the_command_line_hide_the_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     from click.testing import CliRunner
 
-    from infra.cli import cli
+    from app.cli import cli
     from infra.settings import get_settings
 
     monkeypatch.setenv("TRENDS_AIRFLOW__DATABASE_URL", "oracle://airflow:hunter2@db/airflow")

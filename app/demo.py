@@ -26,8 +26,10 @@ import click
 from batch_layer import index, job, offsets
 from batch_layer.store import BatchStore
 from infra import migrations, stack, topics
-from infra.airflow import Airflow
+from infra.airflow.client import AirflowClient
+from infra.airflow.config import AirflowConfig
 from infra.cassandra import session
+from infra.services.pipeline import ApiService
 from infra.settings import Settings
 from serving.store import ViewReader
 
@@ -138,7 +140,7 @@ def _backfill(settings: Settings, first: datetime) -> list[datetime]:
     if not todo:
         click.echo(f"batch view already holds {len(starts)} closed hour(s) {starts[0]:%H:%M} .. {last_end:%H:%M}")
         return starts
-    af = Airflow(settings)
+    af = AirflowClient(settings)
     token = af.token()
     af.wait_dag(token, BACKFILL_DAG_ID)
     conf = {"start": todo[0].isoformat(), "end": (todo[-1] + HOUR).isoformat()}
@@ -196,7 +198,7 @@ def _get(url: str) -> Any:
 
 
 def _show_trending(settings: Settings, state: dict[str, Any]) -> str:
-    host, port = stack.ApiService(settings).host, settings.serving.port
+    host, port = ApiService(settings).host, settings.serving.port
     query = {"last": "30m", "baseline": "3h", "limit": "10"}
     t = _get(f"http://{host}:{port}/api/v1/trending?{urllib.parse.urlencode(query)}")
     click.echo(f"trending {t['recent_start'][11:16]} .. {t['recent_end'][11:16]} UTC vs the 3 h before ({t['score']})")
@@ -281,6 +283,6 @@ def demo(settings: Settings, fresh: bool, hours: int, event_rate: float, live_ra
     _step(f"done in {time.monotonic() - t0:.0f} s; everything keeps running")
     click.echo(f"dashboard  {url}")
     click.echo(f"API docs   {url.split('?')[0]}docs")
-    click.echo(f"airflow    {Airflow(settings).login_hint()}")
+    click.echo(f"airflow    {AirflowConfig(settings).login_hint()}")
     click.echo("ask        trends query trending --last 30m --baseline 3h")
     click.echo("status     trends stack status      stop: trends stack down")

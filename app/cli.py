@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 SUBCOMMANDS = {
     "stack": "infra.stack_cli:stack",
     "config": "infra.config_cli:config",
-    "demo": "infra.demo:demo",
+    "demo": "app.demo:demo",
     "ingest": "ingestion.cli:ingest",
     "speed": "speed_layer.cli:speed",
     "batch": "batch_layer.cli:batch",

@@ -1,0 +1,276 @@
+"""The local Cassandra: one node per configured contact point, with its superuser role set up on first start."""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import shutil
+import time
+from pathlib import Path
+
+from typing_extensions import override
+
+from infra import jars
+from infra.errors import StackError
+from infra.process import port_is_open, process_alive, tail
+from infra.security import MIN_SECRET_CHARS, is_loopback, too_short
+from infra.services.base import CONF_DIR, Service, render
+from infra.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+class Cassandra(Service):
+    """One Cassandra 5.0 node per address of ``cassandra.contact_points``, all on the same ports.
+
+    One address gives the single-node stack (``cassandra``); several give a cluster (``cassandra-1`` …) on
+    loopback addresses such as 127.0.0.21 and 127.0.0.22, seeded by the first node. A node joins only once the
+    seed accepts clients (Cassandra bootstraps one joining node at a time), so ``up`` starts them in order.
+    """
+
+    name = "cassandra"
+    bundle = jars.CASSANDRA
+
+    def __init__(self, settings: Settings, node: int = 0) -> None:
+        self.node = node
+        if len(settings.cassandra.contact_points) > 1:
+            self.name = f"cassandra-{node + 1}"
+        super().__init__(settings)
+
+    @property
+    @override
+    def host(self) -> str:
+        return self.settings.cassandra.contact_points[self.node]
+
+    @property
+    @override
+    def client_port(self) -> int:
+        return self.settings.cassandra.port
+
+    @property
+    def seed(self) -> str:
+        """Return the address of the seed node (the first contact point)."""
+        return self.settings.cassandra.contact_points[0]
+
+    @property
+    def jmx_port(self) -> int:
+        """Return this node's JMX port (JMX listens on 127.0.0.1 only, so nodes need distinct ports)."""
+        return self.settings.stack.cassandra_jmx_port + self.node
+
+    @property
+    @override
+    def start_timeout(self) -> float:
+        return self.settings.stack.cassandra_start_timeout_s
+
+    @property
+    @override
+    def main_log(self) -> Path:
+        return self.log_dir / "system.log"
+
+    @override
+    def ports(self) -> list[tuple[int, str, str]]:
+        stack = self.settings.stack
+        return [
+            (self.client_port, "CQL clients", "TRENDS_CASSANDRA__PORT"),
+            (stack.cassandra_storage_port, "storage", "TRENDS_STACK__CASSANDRA_STORAGE_PORT"),
+            (self.jmx_port, "JMX", "TRENDS_STACK__CASSANDRA_JMX_PORT"),
+        ]
+
+    @property
+    def auth_enabled(self) -> bool:
+        """Tell whether the node runs PasswordAuthenticator (``cassandra.username`` and ``password`` set)."""
+        cfg = self.settings.cassandra
+        return bool(cfg.username) and cfg.password is not None and bool(cfg.password.get_secret_value())
+
+    @override
+    def check_safe(self) -> None:
+        """Refuse a node off loopback without PasswordAuthenticator (and a password of 16+ characters)."""
+        cfg = self.settings.cassandra
+        where = f"{self.name} on {self.host}:{self.client_port}"
+        if bool(cfg.username) != (cfg.password is not None and bool(cfg.password.get_secret_value())):
+            msg = f"refusing to start {where}: set both TRENDS_CASSANDRA__USERNAME and TRENDS_CASSANDRA__PASSWORD."
+            raise StackError(msg)
+        if self.auth_enabled and not re.fullmatch(r"[a-z][a-z0-9_]{0,47}", cfg.username or ""):
+            msg = (
+                f"refusing to start {where}: for the local stack TRENDS_CASSANDRA__USERNAME must be a lower-case "
+                "identifier (letters, digits, _), as the role it creates is named after it."
+            )
+            raise StackError(msg)
+        if is_loopback(self.host):
+            return
+        if not self.auth_enabled:
+            msg = (
+                f"refusing to start {where}, which is not a loopback address, without authentication "
+                "(AllowAllAuthenticator). Keep TRENDS_CASSANDRA__CONTACT_POINTS on 127.0.0.x, or let the stack run "
+                "it with PasswordAuthenticator: set TRENDS_CASSANDRA__USERNAME and TRENDS_CASSANDRA__PASSWORD (at "
+                f"least {MIN_SECRET_CHARS} characters); the stack creates that superuser role and disables the "
+                "default cassandra/cassandra one. Client traffic is not encrypted: on an untrusted network run nodes "
+                "with client TLS (client_encryption_options) and point the pipeline at them instead."
+            )
+            raise StackError(msg)
+        short = too_short(
+            "TRENDS_CASSANDRA__PASSWORD", cfg.password.get_secret_value() if cfg.password is not None else ""
+        )
+        if short:
+            msg = f"refusing to start {where}, which is not a loopback address: {short}"
+            raise StackError(msg)
+
+    @override
+    def render_config(self) -> Path:
+        shutil.copy(CONF_DIR / "cassandra" / "logback.xml", self.conf_dir / "logback.xml")
+        mode = self.settings.stack.cassandra_commitlog_sync
+        option = {
+            "group": "commitlog_sync_group_window: 15ms",
+            "batch": "",
+            "periodic": "commitlog_sync_period: 10000ms",
+        }[mode]
+        return render(
+            "cassandra/cassandra.yaml",
+            self.conf_dir / "cassandra.yaml",
+            host=self.host,
+            seed=self.seed,
+            storage_port=self.settings.stack.cassandra_storage_port,
+            native_port=self.client_port,
+            data_dir=self.home / "data",
+            commitlog_sync=mode,
+            commitlog_sync_option=option,
+            authenticator="PasswordAuthenticator" if self.auth_enabled else "AllowAllAuthenticator",
+            authorizer="CassandraAuthorizer" if self.auth_enabled else "AllowAllAuthorizer",
+        )
+
+    @override
+    def command(self, java: str, config: Path) -> list[str]:
+        folder = jars.bundle_dir(self.settings, jars.CASSANDRA)
+        jamm = next(iter(sorted(folder.glob("jamm-*.jar"))), None)
+        if jamm is None:
+            msg = f"jamm agent jar missing from {folder}; run `trends stack fetch --force`"
+            raise StackError(msg)
+        options = [
+            line.strip()
+            for line in (CONF_DIR / "cassandra" / "jvm17-server.options").read_text().splitlines()
+            if line.strip() and not line.startswith("#")
+        ]
+        opts: list[str] = []
+        for option in options:  # "--add-opens x" lines are two arguments
+            opts.extend(option.split(" ", 1))
+        heap = self.settings.stack.cassandra_heap
+        return [
+            java,
+            f"-Xms{heap}",
+            f"-Xmx{heap}",
+            *opts,
+            f"-javaagent:{jamm}",
+            "-Dcassandra-foreground=yes",
+            f"-Dcassandra.config=file://{config}",
+            f"-Dcassandra.storagedir={self.home / 'data'}",
+            f"-Dcassandra.logdir={self.log_dir}",
+            f"-Dlogback.configurationFile={self.conf_dir / 'logback.xml'}",
+            f"-Dcassandra.jmx.local.port={self.jmx_port}",
+            "-Dcassandra.skip_wait_for_gossip_to_settle=0",
+            "-Dcassandra.ring_delay_ms=1000",
+            # With PasswordAuthenticator: create the default superuser at once, so `wait_ready` can replace it.
+            "-Dcassandra.superuser_setup_delay_ms=0",
+            "-cp",
+            f"{self.conf_dir}:{folder}/*",
+            "org.apache.cassandra.service.CassandraDaemon",
+        ]
+
+    def prepare(self, java: str, config: Path) -> None:
+        """Hold a joining node back until the seed accepts clients (it has nothing to join before)."""
+        if self.node == 0:
+            return
+        deadline = time.monotonic() + self.start_timeout
+        seed = Cassandra(self.settings, 0)
+        while not (
+            port_is_open(self.seed, self.client_port)
+            and (self._ping(self.seed) or (self.auth_enabled and seed._bootstrap_role() and self._ping(self.seed)))
+        ):
+            if time.monotonic() > deadline:
+                msg = f"{self.name} waits for the seed node {self.seed}, which did not accept clients in time"
+                raise StackError(msg)
+            time.sleep(1)
+
+    @override
+    def wait_ready(self, pid: int) -> float:
+        """Wait until the node accepts the configured clients; with auth, create their role on first start.
+
+        A new node with PasswordAuthenticator has only the default ``cassandra``/``cassandra`` superuser. The seed
+        node's wait logs in with it once, creates the configured role (superuser, login) and then, as that role,
+        takes the default one's login and superuser status away, so the well-known password opens nothing. The
+        window between the node's start and that step is the wait itself (seconds).
+        """
+        if not self.auth_enabled or self.node != 0:
+            return super().wait_ready(pid)
+        started = time.monotonic()
+        deadline = started + self.start_timeout
+        while time.monotonic() < deadline:
+            if not process_alive(pid):
+                return super().wait_ready(pid)  # reports the exit with the log tail
+            if port_is_open(self.host, self.client_port):
+                if self._ping(self.host):
+                    return time.monotonic() - started
+                if self._bootstrap_role():
+                    continue
+            time.sleep(1)
+        logs = tail(self.log_files())
+        self.stop()
+        user = self.settings.cassandra.username
+        msg = (
+            f"{self.name} did not accept the role {user} within {self.start_timeout:.0f} s; stopped it. If the node "
+            "already has roles, TRENDS_CASSANDRA__PASSWORD must be that role's password (the stack creates the role "
+            f"only on a node that still has the default superuser).\n{logs}"
+        )
+        raise StackError(msg)
+
+    def _bootstrap_role(self) -> bool:
+        """Replace the default superuser by the configured role; return whether it was done now."""
+        from cassandra.auth import PlainTextAuthProvider  # noqa: PLC0415
+        from cassandra.cluster import Cluster  # noqa: PLC0415
+
+        cfg = self.settings.cassandra
+        user, password = cfg.username or "", cfg.password.get_secret_value() if cfg.password else ""
+        default = Cluster(
+            [self.host],
+            port=self.client_port,
+            auth_provider=PlainTextAuthProvider("cassandra", "cassandra"),
+            protocol_version=cfg.protocol_version,
+            connect_timeout=5,
+        )
+        try:
+            sess = default.connect()
+            # system_auth is read at QUORUM for the default superuser: fine on the one node that exists now.
+            create = f"CREATE ROLE IF NOT EXISTS {user} WITH PASSWORD = %s AND SUPERUSER = true AND LOGIN = true"
+            sess.execute(create, (password,))
+        except Exception:  # not up yet, or the default superuser is gone: the caller retries, then times out
+            logger.debug("cassandra default superuser not usable (yet)", exc_info=True)
+            return False
+        finally:
+            default.shutdown()
+        ours = Cluster(
+            [self.host],
+            port=self.client_port,
+            auth_provider=PlainTextAuthProvider(user, password),
+            protocol_version=cfg.protocol_version,
+            connect_timeout=5,
+        )
+        try:
+            sess = ours.connect()
+            sess.execute(
+                "ALTER ROLE cassandra WITH PASSWORD = %s AND SUPERUSER = false AND LOGIN = false",
+                (secrets.token_urlsafe(24),),
+            )
+        finally:
+            ours.shutdown()
+        logger.info("%s: created role %s and disabled the default cassandra superuser", self.name, user)
+        return True
+
+    def _ping(self, host: str) -> bool:
+        from infra.cassandra import ping  # noqa: PLC0415
+
+        only = self.settings.cassandra.model_copy(update={"contact_points": [host]})
+        return ping(self.settings.model_copy(update={"cassandra": only}))
+
+    @override
+    def accepts_clients(self) -> bool:
+        return self._ping(self.host)

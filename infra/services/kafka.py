@@ -1,0 +1,253 @@
+"""The local Kafka: one KRaft node (broker and controller in one JVM) per configured bootstrap address."""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from typing_extensions import override
+
+from infra import jars
+from infra.errors import StackError
+from infra.security import MIN_SECRET_CHARS, is_loopback, too_short
+from infra.services.base import CONF_DIR, Service, render
+from infra.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+class Kafka(Service):
+    """One Kafka 4.3 KRaft node (broker and controller in one JVM) per address of ``kafka.bootstrap_servers``.
+
+    One address gives the single-node stack (``kafka``); several give a cluster (``kafka-1`` … ``kafka-N``) whose
+    nodes are all controllers of one static quorum, with the internal topics replicated up to 3 ways.
+    """
+
+    name = "kafka"
+    bundle = jars.KAFKA
+
+    def __init__(self, settings: Settings, node: int = 0) -> None:
+        self.node = node
+        self.cluster_size = len(settings.kafka.brokers)
+        if self.cluster_size > 1:
+            self.name = f"kafka-{node + 1}"
+        super().__init__(settings)
+
+    @property
+    @override
+    def host(self) -> str:
+        return self.settings.kafka.brokers[self.node][0]
+
+    @property
+    @override
+    def client_port(self) -> int:
+        return self.settings.kafka.brokers[self.node][1]
+
+    @property
+    def controller_port(self) -> int:
+        """Return this node's controller port (the setting plus the node index, so nodes may share a host)."""
+        return self.settings.stack.kafka_controller_port + self.node
+
+    @property
+    @override
+    def start_timeout(self) -> float:
+        return self.settings.stack.kafka_start_timeout_s
+
+    @property
+    @override
+    def main_log(self) -> Path:
+        return self.log_dir / "server.log"
+
+    @override
+    def ports(self) -> list[tuple[int, str, str]]:
+        return [
+            (self.client_port, "clients", "TRENDS_KAFKA__BOOTSTRAP_SERVERS"),
+            (self.controller_port, "controller", "TRENDS_STACK__KAFKA_CONTROLLER_PORT"),
+        ]
+
+    @override
+    def check_safe(self) -> None:
+        """Refuse what the local broker cannot be, and a broker off loopback without SASL.
+
+        The local stack runs PLAINTEXT listeners, or SASL_PLAINTEXT with the PLAIN mechanism (one user, from
+        ``kafka.sasl_username``/``sasl_password``) on the client, inter-broker and controller listeners alike. Off
+        loopback it needs the latter, with a password of at least :data:`MIN_SECRET_CHARS` characters.
+        """
+        kafka = self.settings.kafka
+        where = f"{self.name} on {self.host}:{self.client_port}"
+        if kafka.security_protocol not in ("PLAINTEXT", "SASL_PLAINTEXT"):
+            msg = (
+                f"refusing to start {where}: TRENDS_KAFKA__SECURITY_PROTOCOL={kafka.security_protocol} needs TLS "
+                "keystores, which the local stack does not set up. It runs PLAINTEXT (loopback only) or "
+                "SASL_PLAINTEXT with TRENDS_KAFKA__SASL_MECHANISM=PLAIN; for TLS, run your own brokers "
+                "(docs/deploy.md) and point TRENDS_KAFKA__BOOTSTRAP_SERVERS at them without `trends stack up kafka`."
+            )
+            raise StackError(msg)
+        if kafka.security_protocol == "SASL_PLAINTEXT":
+            self._check_sasl(where)
+        if is_loopback(self.host):
+            return
+        if kafka.security_protocol == "PLAINTEXT":
+            msg = (
+                f"refusing to start {where}, which is not a loopback address, without authentication (PLAINTEXT "
+                "listeners). Keep TRENDS_KAFKA__BOOTSTRAP_SERVERS on 127.0.0.x, or let the stack run its brokers "
+                "with SASL: set TRENDS_KAFKA__SECURITY_PROTOCOL=SASL_PLAINTEXT, TRENDS_KAFKA__SASL_MECHANISM=PLAIN, "
+                "TRENDS_KAFKA__SASL_USERNAME and TRENDS_KAFKA__SASL_PASSWORD (at least "
+                f"{MIN_SECRET_CHARS} characters). SASL_PLAINTEXT sends that password unencrypted: on an untrusted "
+                "network run brokers with SASL_SSL (TLS keystores, SCRAM users, an authorizer; docs/deploy.md) and "
+                "point the pipeline at them instead."
+            )
+            raise StackError(msg)
+        short = too_short(
+            "TRENDS_KAFKA__SASL_PASSWORD",
+            kafka.sasl_password.get_secret_value() if kafka.sasl_password is not None else "",
+        )
+        if short:
+            msg = f"refusing to start {where}, which is not a loopback address: {short}"
+            raise StackError(msg)
+        logger.warning(
+            "%s listens on %s with SASL/PLAIN over plaintext: the password crosses the network unencrypted",
+            self.name,
+            self.host,
+        )
+
+    def _check_sasl(self, where: str) -> None:
+        kafka = self.settings.kafka
+        password = kafka.sasl_password.get_secret_value() if kafka.sasl_password is not None else ""
+        missing = [
+            var
+            for var, ok in (
+                ("TRENDS_KAFKA__SASL_MECHANISM=PLAIN", kafka.sasl_mechanism == "PLAIN"),
+                ("TRENDS_KAFKA__SASL_USERNAME", bool(kafka.sasl_username)),
+                ("TRENDS_KAFKA__SASL_PASSWORD", bool(password)),
+            )
+            if not ok
+        ]
+        if missing:
+            msg = (
+                f"refusing to start {where} with SASL_PLAINTEXT: the local stack sets up the PLAIN mechanism with one "
+                f"user; set {', '.join(missing)} (SCRAM users need `kafka-storage format --add-scram`: run your own "
+                "brokers for them)."
+            )
+            raise StackError(msg)
+        if not re.fullmatch(r"[A-Za-z0-9_.\-]{1,64}", kafka.sasl_username or "") or any(
+            c in password for c in '"\\\n\r'
+        ):
+            msg = (
+                "for the local stack TRENDS_KAFKA__SASL_USERNAME must be letters, digits, `_`, `.` or `-`, and "
+                "TRENDS_KAFKA__SASL_PASSWORD must not contain quotes, backslashes or line breaks (both go into a JAAS "
+                "config)."
+            )
+            raise StackError(msg)
+
+    def listener_config(self) -> str:
+        """Return the listener lines of server.properties: PLAINTEXT, or SASL_PLAINTEXT with PLAIN everywhere."""
+        host, port, ctl = self.host, self.client_port, self.controller_port
+        kafka = self.settings.kafka
+        if kafka.security_protocol != "SASL_PLAINTEXT":
+            return "\n".join(
+                [
+                    f"listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{ctl}",
+                    f"advertised.listeners=PLAINTEXT://{host}:{port}",
+                    "inter.broker.listener.name=PLAINTEXT",
+                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                ]
+            )
+        user = kafka.sasl_username or ""
+        password = kafka.sasl_password.get_secret_value() if kafka.sasl_password is not None else ""
+        # The broker's own login (username/password) and the users it accepts (user_<name>): the same single user.
+        jaas = (
+            "org.apache.kafka.common.security.plain.PlainLoginModule required "
+            f'username="{user}" password="{password}" user_{user}="{password}";'
+        )
+        return "\n".join(
+            [
+                f"listeners=SASL_PLAINTEXT://{host}:{port},CONTROLLER://{host}:{ctl}",
+                f"advertised.listeners=SASL_PLAINTEXT://{host}:{port}",
+                "inter.broker.listener.name=SASL_PLAINTEXT",
+                "listener.security.protocol.map=SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT",
+                "sasl.enabled.mechanisms=PLAIN",
+                "sasl.mechanism.inter.broker.protocol=PLAIN",
+                "sasl.mechanism.controller.protocol=PLAIN",
+                f"listener.name.sasl_plaintext.plain.sasl.jaas.config={jaas}",
+                f"listener.name.controller.plain.sasl.jaas.config={jaas}",
+            ]
+        )
+
+    @override
+    def render_config(self) -> Path:
+        shutil.copy(CONF_DIR / "kafka" / "log4j2.properties", self.conf_dir / "log4j2.properties")
+        brokers = self.settings.kafka.brokers
+        port0 = self.settings.stack.kafka_controller_port
+        voters = ",".join(f"{i + 1}@{host}:{port0 + i}" for i, (host, _) in enumerate(brokers))
+        return render(
+            "kafka/server.properties",
+            self.conf_dir / "server.properties",
+            node_id=self.node + 1,
+            voters=voters,
+            listener_config=self.listener_config(),
+            log_dirs=self.home / "data",
+            partitions=self.settings.kafka.partitions,
+            internal_rf=min(3, len(brokers)),
+            internal_min_isr=min(2, len(brokers)),
+        )
+
+    def _java(self, java: str, heap: str) -> list[str]:
+        classpath = str(jars.bundle_dir(self.settings, jars.KAFKA) / "*")
+        return [
+            java,
+            f"-Xms{heap}",
+            f"-Xmx{heap}",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-XX:ParallelGCThreads=2",
+            "-XX:CICompilerCount=2",
+            "-Djava.awt.headless=true",
+            f"-Dkafka.logs.dir={self.log_dir}",
+            f"-Dlog4j2.configurationFile={self.conf_dir / 'log4j2.properties'}",
+            "-cp",
+            classpath,
+        ]
+
+    def prepare(self, java: str, config: Path) -> None:
+        """Format the KRaft storage once (``--ignore-formatted`` makes it a no-op afterwards)."""
+        cmd = [
+            *self._java(java, "256m"),  # a tool run, not the server: its own small heap
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            self.settings.stack.kafka_cluster_id,
+            "-c",
+            str(config),
+            "--ignore-formatted",
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)  # noqa: S603
+        if proc.returncode != 0:
+            msg = f"formatting Kafka storage failed:\n{proc.stdout}{proc.stderr}"
+            raise StackError(msg)
+
+    @override
+    def command(self, java: str, config: Path) -> list[str]:
+        return [*self._java(java, self.settings.stack.kafka_heap), "kafka.Kafka", str(config)]
+
+    @override
+    def accepts_clients(self) -> bool:
+        from confluent_kafka.admin import AdminClient  # noqa: PLC0415
+
+        admin = AdminClient(
+            {
+                **self.settings.kafka.client_config(),
+                "bootstrap.servers": self.address,  # this node, not whichever of the cluster answers first
+                "socket.timeout.ms": 3000,
+                "log_level": 3,
+            }
+        )
+        try:
+            metadata = admin.list_topics(timeout=3)
+        except Exception:  # noqa: BLE001 - any failure means "not yet"
+            return False
+        registered = self.node + 1 in metadata.brokers
+        return registered and metadata.controller_id is not None and metadata.controller_id >= 0

@@ -1,0 +1,170 @@
+"""The pipeline's long-running ``trends`` commands (the streaming job, the API) run in the background like servers.
+
+They are started as commands (``trends speed run``, ``trends serve``), never imported: infra stays below the layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+from typing_extensions import override
+
+from infra.errors import StackError
+from infra.process import http_ok, write_private
+from infra.security import exposure_problem
+from infra.services.base import Service, ServiceStatus
+from infra.supervisor import SupervisorState
+
+
+class PipelineService(Service):
+    """A long-running ``trends`` command of the pipeline (the streaming job, the API), run like the servers.
+
+    Its environment is the stack's settings as ``TRENDS_*`` variables, so it reads exactly what the stack was
+    started with (``conf/settings.env`` keeps a private copy for the operator to read).
+    """
+
+    needs_java = False
+    bundle = None
+    args: tuple[str, ...] = ()
+
+    @property
+    @override
+    def host(self) -> str:
+        return "127.0.0.1"
+
+    @property
+    @override
+    def main_log(self) -> Path:
+        return self.stdout_file
+
+    @property
+    @override
+    def start_timeout(self) -> float:
+        return self.settings.stack.pipeline_start_timeout_s
+
+    @override
+    def render_config(self) -> Path:
+        env = self.home / "conf" / "settings.env"
+        settings_env = self.settings.to_env()
+        write_private(env, "".join(f"{k}={v}\n" for k, v in sorted(settings_env.items())))
+        return env
+
+    @override
+    def command(self, java: str, config: Path) -> list[str]:
+        return [str(Path(sys.executable).parent / "trends"), *self.args]
+
+    @override
+    def is_ours(self, argv: list[str]) -> bool:
+        return self.command("", self.home)[0] in argv and all(a in argv for a in self.args)
+
+    @override
+    def process_env(self) -> dict[str, str]:
+        return {**os.environ, **self.settings.to_env()}
+
+    @override
+    def data_paths(self) -> list[Path]:
+        return []
+
+
+class SpeedService(PipelineService):
+    """``trends speed run`` in the background, under :mod:`infra.supervisor`: ready once its /metrics answers.
+
+    A run that exits non-zero (a write error, Cassandra down, a crash) is restarted with exponential back-off
+    (``stack.speed_restart_*``); ``status`` shows the restarts, and the job exports them as a metric.
+    """
+
+    name = "speed"
+    args = ("speed", "run")
+
+    @property
+    def state_file(self) -> Path:
+        """Return the supervisor's state file (restarts, last exit)."""
+        return self.home / "supervisor.json"
+
+    @override
+    def command(self, java: str, config: Path) -> list[str]:
+        st = self.settings.stack
+        return [
+            sys.executable, "-m", "infra.supervisor", "--state", str(self.state_file),
+            "--backoff", str(st.speed_restart_backoff_s), "--backoff-max", str(st.speed_restart_backoff_max_s),
+            "--healthy-after", str(st.speed_restart_healthy_s),
+            "--", *super().command(java, config),
+        ]  # fmt: skip
+
+    @override
+    def is_ours(self, argv: list[str]) -> bool:
+        return "infra.supervisor" in argv and str(self.state_file) in argv and all(a in argv for a in self.args)
+
+    def supervisor_state(self) -> SupervisorState | None:
+        """Return what the supervisor last recorded (None before the first start)."""
+        return SupervisorState.read(self.state_file)
+
+    @override
+    def status(self) -> ServiceStatus:
+        base = super().status()
+        state = self.supervisor_state()
+        if state is None or base.pid is None:
+            return base
+        return dataclasses.replace(base, detail=state.describe())
+
+    @property
+    @override
+    def client_port(self) -> int:
+        return self.settings.speed.metrics_port
+
+    @override
+    def ports(self) -> list[tuple[int, str, str]]:
+        port = self.settings.speed.metrics_port
+        return [(port, "metrics", "TRENDS_SPEED__METRICS_PORT")] if port else []
+
+    @override
+    def is_ready(self) -> bool:
+        if not self.client_port:  # no endpoint to ask: running is all we can tell
+            return self.pid() is not None
+        return super().is_ready()
+
+    @override
+    def accepts_clients(self) -> bool:
+        return http_ok(f"http://{self.host}:{self.client_port}/metrics")
+
+
+class ApiService(PipelineService):
+    """``trends serve`` in the background (API and dashboard): ready once /health answers."""
+
+    name = "api"
+    args = ("serve",)
+
+    @property
+    @override
+    def host(self) -> str:
+        host = self.settings.serving.host
+        return "127.0.0.1" if host in {"0.0.0.0", "::", ""} else host  # noqa: S104 - reach a wildcard bind on loopback
+
+    @property
+    @override
+    def client_port(self) -> int:
+        return self.settings.serving.port
+
+    @override
+    def ports(self) -> list[tuple[int, str, str]]:
+        return [(self.client_port, "HTTP", "TRENDS_SERVING__PORT")]
+
+    @override
+    def accepts_clients(self) -> bool:
+        return http_ok(f"http://{self.host}:{self.client_port}/health")
+
+    @override
+    def check_safe(self) -> None:
+        token = self.settings.serving.api_token
+        problem = exposure_problem(
+            "the API",
+            self.settings.serving.host,
+            token.get_secret_value() if token is not None else None,
+            guard_var="TRENDS_SERVING__API_TOKEN",
+            host_var="TRENDS_SERVING__HOST",
+        )
+        if problem:
+            raise StackError(problem)
