@@ -26,7 +26,7 @@ def parse_when(text: str, now: datetime | None = None) -> datetime:
 
     :raises click.BadParameter: when it is none of these.
     """
-    from ingestion.model import parse_time
+    from views.event import parse_time
 
     now = now or datetime.now(UTC)
     text = text.strip()
@@ -471,7 +471,7 @@ def dlq(
 
 
 def _letter_dict(letter: Any) -> dict[str, Any]:
-    from ingestion.model import format_ts
+    from views.event import format_ts
 
     return {
         "reason": letter.reason,

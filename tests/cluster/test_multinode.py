@@ -22,10 +22,10 @@ from confluent_kafka.admin import AdminClient
 from infra import migrations, stack, topics
 from infra.cassandra import session
 from infra.settings import Settings
-from ingestion.model import Event
 from serving import queries
 from tests.cluster import workload
 from tests.cluster.workload import HOUR
+from views.event import Event
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800)]
 

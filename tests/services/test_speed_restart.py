@@ -24,9 +24,9 @@ from infra import migrations, stack
 from infra.cassandra import session
 from infra.settings import Settings
 from infra.stack_cli import stack as stack_cli
-from ingestion.model import Event
 from ingestion.producer import EventProducer
 from tests.helpers import free_port
+from views.event import Event
 
 WAIT_S = 240
 

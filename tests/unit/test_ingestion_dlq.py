@@ -10,8 +10,8 @@ import pytest
 
 from ingestion.cli import parse_when
 from ingestion.dlq import MAX_DLQ_RAW_BYTES, DeadLetter, encode_reject, report
-from ingestion.model import ts_millis
 from ingestion.validate import Reason, Reject
+from views.event import ts_millis
 
 AT = datetime(2026, 11, 22, 12, 0, 0, 250000, tzinfo=UTC)
 
