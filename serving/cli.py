@@ -8,13 +8,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from infra.params import UTC_TIME
 from infra.security import escape_text
 from infra.settings import Settings
+
+if TYPE_CHECKING:
+    from serving.merge import Resolution
 
 logger = logging.getLogger(__name__)
 
@@ -228,7 +231,7 @@ def series(
     end: datetime | None,
     slice_: str,
     as_json: bool,
-    resolution: str,
+    resolution: Resolution,
     item: str | None,
 ) -> None:
     """Show counts per minute, hour or day (of all events or of one item)."""
