@@ -7,28 +7,8 @@ from typing import Any
 
 import click
 
+from infra.params import UTC_TIME
 from infra.settings import Settings
-
-
-class UtcTime(click.ParamType[datetime, Any]):
-    """An ISO-8601 time with an offset or Z."""
-
-    name = "time"
-
-    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> datetime:
-        """Parse the value or fail with a usage error."""
-        if isinstance(value, datetime):
-            return value
-        try:
-            ts = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-        except ValueError:
-            self.fail(f"{value!r} is not an ISO-8601 time (e.g. 2026-05-01T10:00Z)", param, ctx)
-        if ts.tzinfo is None:
-            self.fail(f"{value!r} has no time zone: add Z or +hh:mm", param, ctx)
-        return ts
-
-
-UTC_TIME = UtcTime()
 
 
 @click.group()

@@ -40,7 +40,7 @@ from infra.airflow.client import AirflowClient
 from infra.cassandra import session, table
 from infra.settings import Settings
 from ingestion.generator import GeneratorConfig, SyntheticStream
-from ingestion.model import Event
+from views.event import Event
 
 REPO = Path(__file__).resolve().parent.parent
 CLI_GOAL_S, AIRFLOW_GOAL_S, INDEX_GOAL = 120.0, 300.0, 0.5

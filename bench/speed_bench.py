@@ -34,7 +34,7 @@ from confluent_kafka import Producer
 from infra import migrations, topics
 from infra.cassandra import session, table
 from infra.settings import Settings
-from ingestion.model import format_ts
+from views.event import format_ts
 
 BARE, COUNTED = "bare Kafka -> noop", "bare Kafka -> count -> noop"
 PARSE_ONLY = "Kafka -> JSON parse -> noop"

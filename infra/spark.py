@@ -37,11 +37,11 @@ def spark_conf(settings: Settings, app: str) -> dict[str, str]:
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.streaming.checkpointLocation": f"{settings.checkpoint_root}/_default",
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
-        # Commit only a changelog per micro-batch instead of uploading RocksDB snapshots: ~12% more rows/s here.
+        # Commit only a changelog per micro-batch instead of uploading RocksDB snapshots (faster; docs/benchmarks.md).
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         # The sketch aggregations run in ObjectHashAggregate, which sorts its whole input once a task holds more
         # than this many groups (default 128). A batch hour has 60 minutes x slices groups per task (360 with 5
-        # origins): 512 keeps them hashed (~0.7 s less per 1M events), bounded (up to ~100 KB of sketches a group).
+        # origins): 512 keeps them hashed (faster, see docs/benchmarks.md), bounded (up to ~100 KB of sketches a group).
         "spark.sql.objectHashAggregate.sortBased.fallbackThreshold": "512",
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.memory": cfg.driver_memory,

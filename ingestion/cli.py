@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
-import re
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -14,33 +13,8 @@ from typing import IO, Any, BinaryIO, cast
 
 import click
 
+from infra.params import TIME_HELP, UTC_TIME
 from infra.settings import Settings
-
-WHEN_HELP = "ISO-8601 (a date alone is UTC midnight; a time without offset is UTC), `now`, or relative like -365d, -2h"
-_RELATIVE_RE = re.compile(r"^(?P<sign>[-+])(?P<n>\d+(\.\d+)?)(?P<unit>[smhdw])$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_when(text: str, now: datetime | None = None) -> datetime:
-    """Parse a CLI time: ISO-8601, ``now`` or a relative offset like ``-365d``.
-
-    :raises click.BadParameter: when it is none of these.
-    """
-    from ingestion.model import parse_time
-
-    now = now or datetime.now(UTC)
-    text = text.strip()
-    if text == "now":
-        return now
-    match = _RELATIVE_RE.match(text)
-    if match:
-        seconds = float(match["n"]) * _UNITS[match["unit"]]
-        return now + timedelta(seconds=seconds if match["sign"] == "+" else -seconds)
-    try:
-        return parse_time(text, "iso", UTC)
-    except ValueError as exc:  # PydanticCustomError is a ValueError
-        msg = f"{text!r} is not a time ({WHEN_HELP})"
-        raise click.BadParameter(msg) from exc
 
 
 def scoped(
@@ -127,8 +101,8 @@ def parse_hours(text: str) -> tuple[int, ...]:
 @click.option("--duration", type=click.FloatRange(min=0), help="Seconds: wall clock (live) or event time (historical).")
 @click.option("--rate", type=click.FloatRange(min=0), help="Events per second; 0 = as fast as possible. [live: 1000]")
 @click.option("--fast", is_flag=True, help="As fast as possible (same as --rate 0).")
-@click.option("--start", help=f"First event time of a historical stream: {WHEN_HELP}.")
-@click.option("--end", help="End (exclusive) of a historical stream's event time.")
+@click.option("--start", type=UTC_TIME, help=f"First event time of a historical stream: {TIME_HELP}.")
+@click.option("--end", type=UTC_TIME, help="End (exclusive) of a historical stream's event time.")
 @click.option("--event-rate", type=click.FloatRange(min=0.001), help="Historical: events per event-time second.")
 @click.option(
     "--quiet-hours",
@@ -163,8 +137,8 @@ def generate(
     duration: float | None,
     rate: float | None,
     fast: bool,
-    start: str | None,
-    end: str | None,
+    start: datetime | None,
+    end: datetime | None,
     event_rate: float | None,
     quiet_hours: str | None,
     gap_every_days: int,
@@ -188,19 +162,18 @@ def generate(
 
     settings = scoped(settings, topic, dlq_topic, key_field)
     now = datetime.now(UTC)
-    historical_start = parse_when(start, now) if start else None
-    if end and historical_start is None:
+    if end is not None and start is None:
         msg = "--end needs --start (a historical stream)"
         raise click.UsageError(msg)
-    pace = None if fast or rate == 0 else rate if rate is not None else (None if historical_start else 1000.0)
+    pace = None if fast or rate == 0 else rate if rate is not None else (None if start else 1000.0)
     try:
         config = gen.GeneratorConfig(
             seed=seed,
             count=count,
-            duration_s=duration if historical_start else None,
+            duration_s=duration if start else None,
             rate=pace,
-            start=historical_start,
-            end=parse_when(end, now) if end else None,
+            start=start,
+            end=end,
             event_rate=event_rate,
             items=items,
             zipf_s=zipf,
@@ -213,7 +186,7 @@ def generate(
         config.check(now, timedelta(seconds=settings.ingest.max_future_skew_s))
     except gen.GeneratorError as exc:
         raise click.UsageError(str(exc)) from exc
-    wall_duration = None if historical_start else duration
+    wall_duration = None if start else duration
     if output is not None:
         stopped = _generate_to_file(settings, config, output, wall_duration, truth)
     else:
@@ -400,7 +373,7 @@ def file_(
 
 @ingest.command(epilog=DLQ_EXAMPLES)
 @click.option("--topic", help="Dead-letter topic (default: TRENDS_KAFKA__DLQ_TOPIC).")
-@click.option("--since", help=f"Only records rejected since: {WHEN_HELP}.")
+@click.option("--since", type=UTC_TIME, help=f"Only records rejected since: {TIME_HELP}.")
 @click.option("--reason", help="Only this reason code.")
 @click.option("--limit", type=click.IntRange(min=1), help="Read at most this many records.")
 @click.option("--samples", type=click.IntRange(min=0), default=3, show_default=True, help="Samples per reason.")
@@ -415,7 +388,7 @@ def dlq(
     settings: Settings,
     *,
     topic: str | None,
-    since: str | None,
+    since: datetime | None,
     reason: str | None,
     limit: int | None,
     samples: int,
@@ -426,7 +399,7 @@ def dlq(
     from infra.security import escape_json, escape_text
     from ingestion.dlq import read_dead_letters, report
 
-    letters = read_dead_letters(settings, topic, since=parse_when(since) if since else None, limit=limit)
+    letters = read_dead_letters(settings, topic, since=since, limit=limit)
     selected = (x for x in letters if reason is None or x.reason == reason)
     raw_fh: IO[bytes] | None = raw_out.open("wb") if raw_out else None
     try:
@@ -471,7 +444,7 @@ def dlq(
 
 
 def _letter_dict(letter: Any) -> dict[str, Any]:
-    from ingestion.model import format_ts
+    from views.event import format_ts
 
     return {
         "reason": letter.reason,

@@ -28,8 +28,8 @@ from typing import Any, Final
 
 from infra.errors import TrendsError
 from infra.settings import Settings
-from ingestion.model import format_ts, parse_time, ts_millis
 from ingestion.validate import Reason, Reject
+from views.event import format_ts, parse_time, ts_millis
 
 logger = logging.getLogger(__name__)
 

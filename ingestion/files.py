@@ -24,9 +24,9 @@ from typing import BinaryIO, Final, Literal, cast
 from infra.errors import TrendsError
 from infra.settings import Settings
 from ingestion.mapping import DEFAULT_MAPPING, ColumnMapping
-from ingestion.model import MAX_RECORD_BYTES, Event
 from ingestion.producer import EventProducer
-from ingestion.validate import Context, Outcome, validate_csv, validate_json
+from ingestion.validate import MAX_RECORD_BYTES, Context, Outcome, validate_csv, validate_json
+from views.event import Event
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from typing import Any, BinaryIO, Final
 
 import numpy as np
 
-from ingestion.model import EVENT_SCHEMA_VERSION, format_ts, ts_millis
+from views.event import EVENT_SCHEMA_VERSION, format_ts, ts_millis
 
 logger = logging.getLogger(__name__)
 

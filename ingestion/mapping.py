@@ -13,7 +13,7 @@ from functools import cached_property
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from ingestion.model import TIME_FORMATS, parse_time
+from views.event import TIME_FORMATS, parse_time
 
 EVENT_FIELDS = ("id", "ts", "item", "user", "value")
 _MISSING = object()

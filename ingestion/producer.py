@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Final
 from infra.errors import TrendsError
 from infra.settings import Settings
 from ingestion.dlq import encode_reject
-from ingestion.model import Event
 from ingestion.validate import Reason, Reject
+from views.event import Event
 
 if TYPE_CHECKING:
     from confluent_kafka import KafkaError, Message

@@ -1,6 +1,6 @@
 """Turn raw input records into valid events or rejects — never an exception.
 
-Invalid input is data (bytewax's ``oks``/``errs`` split): each record becomes either an :class:`~ingestion.model.Event`
+Invalid input is data (bytewax's ``oks``/``errs`` split): each record becomes either an :class:`~views.event.Event`
 or a :class:`Reject` that keeps the original bytes, a :class:`Reason` code, a human detail and where the record
 came from, for the dead-letter topic. Everything here is pure: the current time is an argument.
 """
@@ -15,16 +15,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 
 from pydantic import ValidationError
 from pydantic_core import PydanticCustomError
 
 from ingestion.mapping import DEFAULT_MAPPING, ColumnMapping
-from ingestion.model import EVENT_SCHEMA_VERSION, MAX_RECORD_BYTES, Event, format_ts
+from views.event import EVENT_SCHEMA_VERSION, Event, format_ts
 
 logger = logging.getLogger(__name__)
 
+# A raw input record (a JSON line, a CSV row) larger than this is rejected before parsing.
+MAX_RECORD_BYTES: Final = 16 * 1024
 MAX_DETAIL_CHARS = 500
 
 

@@ -36,7 +36,7 @@ from pydantic import BaseModel
 from infra.cassandra import READ_PROFILE, make_cluster, table
 from infra.settings import Settings
 from serving import params, queries
-from serving.merge import MINUTE, floor
+from serving.merge import MINUTE, Resolution, floor
 from serving.store import ReadBudget, ReadBudgetExceededError, RowCache, ViewReader
 
 logger = logging.getLogger(__name__)
@@ -220,8 +220,8 @@ def _bad(exc: params.BadQueryError) -> HTTPException:
     return HTTPException(400, detail=str(exc))
 
 
-class Views:
-    """What a request reads through: the app's backend and metrics."""
+class ApiContext:
+    """What every request works through: the settings, the Cassandra backend and the metrics; merges windows."""
 
     def __init__(self, settings: Settings, backend: Backend, metrics: Metrics) -> None:
         self.settings = settings
@@ -232,7 +232,7 @@ class Views:
         self,
         w: WindowQuery,
         answer: str,
-        coarsest: str = "day",
+        coarsest: Resolution = "day",
         before: timedelta | None = None,
         item: str | None = None,
     ) -> list[queries.Window]:
@@ -269,12 +269,12 @@ class Views:
             raise _bad(exc) from None
 
 
-def _views(request: Request) -> Views:
-    return request.app.state.views  # type: ignore[no-any-return]
+def _context(request: Request) -> ApiContext:
+    return request.app.state.context  # type: ignore[no-any-return]
 
 
 def _authorize(request: Request) -> None:
-    token = request.app.state.views.settings.serving.api_token
+    token = request.app.state.context.settings.serving.api_token
     if token is None:
         return
     scheme, _, value = request.headers.get("authorization", "").partition(" ")
@@ -302,7 +302,7 @@ def _window(
         str, Query(alias="slice", description="`*` or a slice of a dimension in `views.slice_dims`, e.g. origin=JFK.")
     ] = "*",
 ) -> WindowQuery:
-    settings = _views(request).settings
+    settings = _context(request).settings
     try:
         t0 = params.parse_time("start", start) if start is not None else None
         t1 = params.parse_time("end", end) if end is not None else None
@@ -323,7 +323,7 @@ def _ranks(rank: list[float] | None) -> tuple[float, ...]:
 
 
 Win = Annotated[WindowQuery, Depends(_window)]
-Reader = Annotated[Views, Depends(_views)]
+Context = Annotated[ApiContext, Depends(_context)]
 Ranks = Annotated[list[float] | None, Query(description="Quantile ranks in [0, 1] (repeat the parameter).")]
 
 router = APIRouter(prefix=API_PREFIX, dependencies=[Depends(_authorize)], tags=["queries"], responses=QUERY_ERRORS)
@@ -335,39 +335,39 @@ def _query(path: str, model: Any, extra_rules: str = "") -> Callable[[Callable[.
 
 
 @_query("/count", queries.Count)
-def count(w: Win, v: Reader) -> queries.Count:
+def count(w: Win, ctx: Context) -> queries.Count:
     """Count the events of a window (exact)."""
-    return queries.count(v.load(w, "count")[0])
+    return queries.count(ctx.load(w, "count")[0])
 
 
 @_query("/users", queries.Users)
-def users(w: Win, v: Reader) -> queries.Users:
+def users(w: Win, ctx: Context) -> queries.Users:
     """Estimate the distinct users of a window (HLL, with 95% bounds)."""
-    return queries.users(v.load(w, "users")[0])
+    return queries.users(ctx.load(w, "users")[0])
 
 
 @_query("/quantiles", queries.Quantiles)
-def quantiles(w: Win, v: Reader, rank: Ranks = None) -> queries.Quantiles:
+def quantiles(w: Win, ctx: Context, rank: Ranks = None) -> queries.Quantiles:
     """Estimate value quantiles of a window at any ranks (KLL, with its rank error)."""
-    return queries.quantiles(v.load(w, "quantiles")[0], _ranks(rank))
+    return queries.quantiles(ctx.load(w, "quantiles")[0], _ranks(rank))
 
 
 @_query("/top", queries.Top)
-def top(w: Win, v: Reader, limit: int = 10) -> queries.Top:
+def top(w: Win, ctx: Context, limit: int = 10) -> queries.Top:
     """List the top-N items of a window with their count bounds (frequent items)."""
-    return queries.top(v.load(w, "top")[0], v.limit("limit", limit))
+    return queries.top(ctx.load(w, "top")[0], ctx.limit("limit", limit))
 
 
 @_query("/summary", queries.Summary)
-def summary(w: Win, v: Reader, rank: Ranks = None, top: int = 10) -> queries.Summary:
+def summary(w: Win, ctx: Context, rank: Ranks = None, top: int = 10) -> queries.Summary:
     """Answer count, users, quantiles and top items of a window at once."""
-    return queries.summary(v.load(w, "summary")[0], _ranks(rank), v.limit("top", top))
+    return queries.summary(ctx.load(w, "summary")[0], _ranks(rank), ctx.limit("top", top))
 
 
 @_query("/trending", queries.Trending, " `baseline` is at most `serving.max_window_days` long too.")
 def trending(
     w: Win,
-    v: Reader,
+    ctx: Context,
     baseline: Annotated[str | None, Query(description="Baseline length before the window, e.g. 24h.")] = None,
     limit: int = 10,
     min_support: Annotated[int, Query(ge=1, description="Least events of an item in the window.")] = 5,
@@ -375,19 +375,19 @@ def trending(
     """Rank the items rising in the window against the baseline before it (lift, minimum support)."""
     try:
         base_len = params.duration(
-            v.settings, "baseline", baseline if baseline is not None else v.settings.serving.default_baseline
+            ctx.settings, "baseline", baseline if baseline is not None else ctx.settings.serving.default_baseline
         )
     except params.BadQueryError as exc:
         raise _bad(exc) from None
-    n = v.limit("limit", limit)
-    recent, base = v.load(w, "trending", before=base_len)
+    n = ctx.limit("limit", limit)
+    recent, base = ctx.load(w, "trending", before=base_len)
     return queries.trending(recent, base, n, min_support)
 
 
 @_query("/series", queries.Series, f" A series has at most {MAX_POINTS:,} points: ask a coarser `resolution`.")
 def series(
     w: Win,
-    v: Reader,
+    ctx: Context,
     resolution: Annotated[Literal["minute", "hour", "day"], Query()] = "hour",
     item: Annotated[str | None, Query(max_length=256, description="Count only this item.")] = None,
 ) -> queries.Series:
@@ -396,15 +396,15 @@ def series(
     if points > MAX_POINTS:
         raise HTTPException(400, f"resolution: {points:.0f} points; ask for a coarser resolution")
     answer = "series_item" if item else "series"
-    return queries.series(v.load(w, answer, coarsest=resolution, item=item or None)[0], resolution, item or None)
+    return queries.series(ctx.load(w, answer, coarsest=resolution, item=item or None)[0], resolution, item or None)
 
 
 @router.get("/status")
-def status(v: Reader) -> dict[str, Any]:
+def status(ctx: Context) -> dict[str, Any]:
     """Show the boundary between the layers, the pin, the speed layer's freshness and the stale batch hours."""
     now = datetime.now(UTC)
     try:
-        reader = v.backend.reader()
+        reader = ctx.backend.reader()
         cov = reader.coverage(floor(now, MINUTE), floor(now, MINUTE) + MINUTE, "*")
         stale = reader.stale_hours()
     except _driver_errors() as exc:
@@ -418,8 +418,8 @@ def status(v: Reader) -> dict[str, Any]:
         "speed_newest_event": newest,
         "speed_updated_at": cov.speed_updated_at,
         "speed_lag_s": None if newest is None else round((now - newest).total_seconds(), 3),
-        "slice_dims": v.settings.views.slice_dims,
-        "refresh_s": v.settings.serving.dashboard_refresh_s,
+        "slice_dims": ctx.settings.views.slice_dims,
+        "refresh_s": ctx.settings.serving.dashboard_refresh_s,
         # hours whose records grew after their batch run (late data): served as they were until recomputed
         "stale_hours": [{"hour": h, "records_since": n} for h, n in stale.items()],
     }
@@ -435,10 +435,10 @@ def health() -> dict[str, str]:
 
 
 @ops.get("/ready", responses=UNAVAILABLE_503)
-def ready(v: Reader) -> dict[str, str]:
+def ready(ctx: Context) -> dict[str, str]:
     """Readiness: the views can be read (a 503 says only that; the reason goes to the server log)."""
-    v.backend.ping()
-    v.metrics.cassandra_up.set(1)
+    ctx.backend.ping()
+    ctx.metrics.cassandra_up.set(1)
     return {"status": "ready"}
 
 
@@ -447,13 +447,13 @@ def ready(v: Reader) -> dict[str, str]:
     response_class=Response,
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text."}},
 )
-def prometheus(v: Reader) -> Response:
+def prometheus(ctx: Context) -> Response:
     """Prometheus text: requests and latency by route, Cassandra up, the batch-row cache."""
-    cache = v.backend.cache
+    cache = ctx.backend.cache
     if cache is not None:
         for what, value in (("bytes", cache.bytes), ("hits", cache.hits), ("misses", cache.misses)):
-            v.metrics.cache.labels(what).set(value)
-    return Response(generate_latest(v.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+            ctx.metrics.cache.labels(what).set(value)
+    return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 DASHBOARD = resources.files("serving").joinpath("static/dashboard.html")
@@ -487,7 +487,7 @@ def create_app(settings: Settings) -> FastAPI:
         version="1",
         lifespan=lifespan,
     )
-    app.state.views = Views(settings, backend, metrics)
+    app.state.context = ApiContext(settings, backend, metrics)
 
     busy = {"queries": 0}  # query requests in flight (the event loop's thread only: no lock needed)
     limit = settings.serving.max_concurrent_requests

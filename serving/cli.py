@@ -8,12 +8,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from infra.params import UTC_TIME
 from infra.security import escape_text
 from infra.settings import Settings
+
+if TYPE_CHECKING:
+    from serving.merge import Resolution
 
 logger = logging.getLogger(__name__)
 
@@ -62,12 +66,14 @@ def _reader(settings: Settings) -> Iterator[Any]:
 
 def window_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Add --last/--start/--end/--slice/--json to a query command."""
-    from batch_layer.cli import UTC_TIME
-
     for opt in reversed(
         [
             click.option("--last", help="Window ending now: 15m, 1h, 24h, 7d."),
-            click.option("--start", type=UTC_TIME, help="Window start (ISO-8601 with offset)."),
+            click.option(
+                "--start",
+                type=UTC_TIME,
+                help="Window start: ISO-8601 (no offset: UTC), now, or relative like -2h.",
+            ),
             click.option("--end", type=UTC_TIME, help="Window end, exclusive."),
             click.option("--slice", "slice_", default="*", show_default=True, help="`*` or a slice like origin=JFK."),
             click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts."),
@@ -225,7 +231,7 @@ def series(
     end: datetime | None,
     slice_: str,
     as_json: bool,
-    resolution: str,
+    resolution: Resolution,
     item: str | None,
 ) -> None:
     """Show counts per minute, hour or day (of all events or of one item)."""

@@ -22,7 +22,7 @@ from typing import Any
 
 import datasketches as ds
 
-from serving.merge import DAY, HOUR, MINUTE, Span, floor, plan
+from serving.merge import DAY, HOUR, MINUTE, Resolution, Span, floor, plan
 from serving.store import SKETCH_FIELDS, Bucket, Coverage, ReadBudget, ViewReader
 from views import sketches
 
@@ -124,7 +124,7 @@ def load(
     start: datetime,
     end: datetime,
     slice_: str,
-    coarsest: str = "day",
+    coarsest: Resolution = "day",
     fields: Sequence[str] = SKETCH_FIELDS,
     *,
     item: str | None = None,
@@ -146,7 +146,7 @@ def load_many(
     reader: ViewReader,
     windows: Sequence[tuple[datetime, datetime]],
     slice_: str,
-    coarsest: str = "day",
+    coarsest: Resolution = "day",
     fields: Sequence[str] = SKETCH_FIELDS,
     *,
     item: str | None = None,
@@ -162,7 +162,7 @@ def load_many(
         keep_rows = "items_fi" in fields and coarsest != "day" and item is None
     cov = reader.coverage(min(w[0] for w in windows), max(w[1] for w in windows), slice_)
     plans = [
-        plan(start, end, cov.boundary, cov.batch_hours, cov.current_days, cov.speed_fresh_until, coarsest)  # type: ignore[arg-type]
+        plan(start, end, cov.boundary, cov.batch_hours, cov.current_days, cov.speed_fresh_until, coarsest)
         for start, end in windows
     ]
     step = RESOLUTIONS[coarsest]

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from batch_layer.store import fingerprint_of, utc
 from infra.cassandra import READ_PROFILE, table
 from infra.settings import Settings
-from serving.merge import DAY, HOUR, Span, floor
+from serving.merge import DAY, HOUR, Layer, Resolution, Span, floor
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -40,8 +40,8 @@ class Bucket:
     """One row of a view as a query sees it."""
 
     start: datetime
-    resolution: str
-    layer: str
+    resolution: Resolution
+    layer: Layer
     events: int
     users_hll: bytes
     values_kll: bytes
@@ -340,7 +340,7 @@ class ViewReader:
             yield bucket
 
     @staticmethod
-    def _bucket(start: datetime | None, resolution: str, layer: str, r: Any) -> Bucket:
+    def _bucket(start: datetime | None, resolution: Resolution, layer: Layer, r: Any) -> Bucket:
         if start is None:
             msg = "a view row without a bucket start"
             raise ValueError(msg)

@@ -1,6 +1,6 @@
 """Parse Kafka records of the events topic into the event frame both layers aggregate.
 
-The schema is the one derived from :class:`ingestion.model.Event` (never a second copy). A record that does not
+The schema is the one derived from :class:`views.event.Event` (never a second copy). A record that does not
 parse — or lacks an id, time or item — is kept and flagged rather than dropped, so each layer can count it.
 """
 
@@ -10,7 +10,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from ingestion.model import spark_schema
+from views.event import spark_schema
 
 EVENT_COLUMNS = ("id", "ts", "item", "user", "value", "dims")
 
@@ -18,8 +18,8 @@ EVENT_COLUMNS = ("id", "ts", "item", "user", "value", "dims")
 def _wire_schema() -> StructType:
     """Return the event schema with ``ts`` read as text.
 
-    Casting the ISO-8601 text afterwards uses Spark's hand-written timestamp parser, which is about 1.8x faster
-    than from_json's pattern-based one (measured: 75k vs 40k rows/s in local[2]); it accepts our ``…Z`` times.
+    Casting the ISO-8601 text afterwards uses Spark's hand-written timestamp parser, which is much faster than
+    from_json's pattern-based one (figures in docs/benchmarks.md); it accepts our ``…Z`` times.
     """
     return StructType([StructField(f.name, StringType(), True) if f.name == "ts" else f for f in spark_schema().fields])
 
@@ -32,8 +32,8 @@ def parse_events(records: DataFrame, keep: tuple[str, ...] = ("partition", "offs
     parsed = F.from_json(F.col("value").cast("string"), _wire_schema())
     # explode(array(x)) is one row per record, and a filter above a Generate is not pushed below it. Without it
     # the optimizer pushes every filter on the event's fields (parsed_ok, the batch interval) through the
-    # projection by substituting the from_json call, so each record was parsed five times (SPARK-47672):
-    # 1M records read + parsed took 6.1 s instead of 3.3 s (bare read 1.8 s).
+    # projection by substituting the from_json call, so each record was parsed five times (SPARK-47672; the cost
+    # is in docs/benchmarks.md).
     decoded = records.select(F.explode(F.array(parsed)).alias("e"), *keep)
     ts = F.col("e.ts").cast("timestamp")
     ok = F.col("e").isNotNull() & F.col("e.id").isNotNull() & ts.isNotNull() & F.col("e.item").isNotNull()

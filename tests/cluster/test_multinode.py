@@ -24,10 +24,10 @@ from infra.cassandra import session
 from infra.process import signal_group
 from infra.services.kafka import Kafka
 from infra.settings import Settings
-from ingestion.model import Event
 from serving import queries
 from tests.cluster import workload
 from tests.cluster.workload import HOUR
+from views.event import Event
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800)]
 

@@ -13,9 +13,9 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from infra.cassandra import session
 from infra.settings import Settings
-from ingestion.model import Event
 from serving import queries
 from serving.store import ViewReader
+from views.event import Event
 
 TRENDS = str(Path(sys.executable).parent / "trends")
 HOUR = timedelta(hours=1)

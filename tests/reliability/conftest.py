@@ -29,8 +29,8 @@ import pytest
 from infra import migrations, topics
 from infra.cassandra import session
 from infra.settings import Settings
-from ingestion.model import Event
 from ingestion.producer import EventProducer
+from views.event import Event
 
 TRENDS = str(Path(sys.executable).parent / "trends")
 HOUR = timedelta(hours=1)

@@ -23,9 +23,9 @@ from infra.airflow.service import Airflow
 from infra.cassandra import session, table
 from infra.process import tail
 from infra.settings import Settings
-from ingestion.model import Event
 from tests.helpers import free_port
 from tests.services.test_batch_history import Truth, history_config, produce_history
+from views.event import Event
 
 pytestmark = pytest.mark.spark
 

@@ -29,9 +29,9 @@ from infra import migrations
 from infra.cassandra import session, table
 from infra.settings import Settings
 from ingestion.generator import GeneratorConfig, SyntheticStream
-from ingestion.model import Event
 from serving.api import create_app
 from views import sketches
+from views.event import Event
 
 pytestmark = pytest.mark.spark
 

@@ -20,9 +20,9 @@ from batch_layer.store import BatchStore
 from infra import migrations
 from infra.cassandra import session, table
 from infra.settings import Settings
-from ingestion.model import Event
 from tests.helpers import speed_drain
 from views import sketches
+from views.event import Event
 
 pytestmark = pytest.mark.spark
 

@@ -17,8 +17,8 @@ from batch_layer import index, job, offsets
 from infra import migrations
 from infra.cassandra import session, table
 from infra.settings import Settings
-from ingestion.model import Event
 from tests.helpers import speed_drain
+from views.event import Event
 
 pytestmark = pytest.mark.spark
 

@@ -26,8 +26,9 @@ from ingestion import files
 from ingestion import generator as gen
 from ingestion.dlq import DeadLetter, read_dead_letters
 from ingestion.mapping import ColumnMapping
-from ingestion.model import MAX_RECORD_BYTES, Event, ts_millis
 from ingestion.producer import EventProducer
+from ingestion.validate import MAX_RECORD_BYTES
+from views.event import Event, ts_millis
 
 READ_TIMEOUT_S = 120
 

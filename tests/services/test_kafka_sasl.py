@@ -18,9 +18,9 @@ from pydantic import SecretStr
 
 from infra import stack, topics
 from infra.settings import Settings
-from ingestion.model import Event
 from ingestion.producer import EventProducer
 from tests.helpers import consume_all, free_port
+from views.event import Event
 
 PASSWORD = "sasl-" + uuid.uuid4().hex  # 37 characters
 

@@ -18,10 +18,10 @@ from batch_layer.store import BatchStore, ViewRow
 from infra import migrations
 from infra.cassandra import session
 from infra.settings import Settings
-from ingestion.model import Event
 from serving import params, queries
 from serving.store import ViewReader
 from tests.helpers import speed_drain
+from views.event import Event
 from views.sketches import merge_all
 
 pytestmark = pytest.mark.spark

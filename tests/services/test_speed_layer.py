@@ -26,8 +26,8 @@ from confluent_kafka import Producer
 
 from infra.cassandra import session, table
 from infra.settings import Settings
-from ingestion.model import Event
 from views import sketches
+from views.event import Event
 
 pytestmark = pytest.mark.spark
 

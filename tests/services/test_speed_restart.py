@@ -26,9 +26,9 @@ from infra.process import process_alive, tail
 from infra.services.pipeline import SpeedService
 from infra.settings import Settings
 from infra.stack_cli import stack as stack_cli
-from ingestion.model import Event
 from ingestion.producer import EventProducer
 from tests.helpers import free_port
+from views.event import Event
 
 WAIT_S = 240
 

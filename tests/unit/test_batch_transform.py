@@ -10,8 +10,8 @@ import pytest
 
 from batch_layer.job import transform
 from infra.settings import Settings
-from ingestion.model import Event
 from views.aggregation import GLOBAL_SLICE
+from views.event import Event
 from views.sketches import top_items
 
 pytestmark = pytest.mark.spark

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
-import click
 import pytest
 
-from ingestion.cli import parse_when
 from ingestion.dlq import MAX_DLQ_RAW_BYTES, DeadLetter, encode_reject, report
-from ingestion.model import ts_millis
 from ingestion.validate import Reason, Reject
+from views.event import ts_millis
 
 AT = datetime(2026, 11, 22, 12, 0, 0, 250000, tzinfo=UTC)
 
@@ -60,14 +58,3 @@ def test_report_counts_by_reason_and_keeps_samples() -> None:
     assert result.by_reason == {"bad_time": 5, "non_finite": 2}
     assert result.by_source == {"s0": 4, "s1": 3}
     assert [x.raw for x in result.samples["bad_time"]] == [b"r0", b"r1"]
-
-
-def test_cli_time_words() -> None:
-    now = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
-    assert parse_when("now", now) == now
-    assert parse_when("-365d", now) == now - timedelta(days=365)
-    assert parse_when("+2h", now) == now + timedelta(hours=2)
-    assert parse_when("2025-11-22", now) == datetime(2025, 11, 22, tzinfo=UTC)
-    assert parse_when("2025-11-22T10:00:00+02:00", now) == datetime(2025, 11, 22, 8, tzinfo=UTC)
-    with pytest.raises(click.BadParameter):
-        parse_when("last week", now)

@@ -20,8 +20,8 @@ from ingestion.files import (
     read_lines,
 )
 from ingestion.mapping import ColumnMapping, MappingError
-from ingestion.model import MAX_RECORD_BYTES, Event
-from ingestion.validate import Context, Reason, Reject
+from ingestion.validate import MAX_RECORD_BYTES, Context, Reason, Reject
+from views.event import Event
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 

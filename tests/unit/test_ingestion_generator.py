@@ -22,8 +22,8 @@ from ingestion.generator import (
     run,
     write_truth,
 )
-from ingestion.model import Event, ts_millis
 from ingestion.validate import Context, validate_json
+from views.event import Event, ts_millis
 
 START = datetime(2025, 11, 22, 0, 0, tzinfo=UTC)
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)

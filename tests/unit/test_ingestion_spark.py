@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ingestion.generator import GeneratorConfig, SyntheticStream
-from ingestion.model import SPARK_JSON_OPTIONS, Event, spark_schema
+from views.event import SPARK_JSON_OPTIONS, Event, spark_schema
 
 pytestmark = pytest.mark.spark
 

@@ -8,8 +8,17 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from ingestion.mapping import ColumnMapping
-from ingestion.model import MAX_RECORD_BYTES, Event
-from ingestion.validate import Context, Reason, Reject, split, validate_csv, validate_fields, validate_json
+from ingestion.validate import (
+    MAX_RECORD_BYTES,
+    Context,
+    Reason,
+    Reject,
+    split,
+    validate_csv,
+    validate_fields,
+    validate_json,
+)
+from views.event import Event
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 CTX = Context(source="events.jsonl", now=NOW, max_future_skew=timedelta(minutes=5))

@@ -95,7 +95,7 @@ class _BlockingBackend:
 def test_queries_beyond_the_concurrency_limit_get_a_429_with_retry_after() -> None:
     app = api.create_app(_settings(max_concurrent_requests=1))
     blocking = _BlockingBackend()
-    app.state.views.backend = blocking
+    app.state.context.backend = blocking
     with TestClient(app, raise_server_exceptions=False) as client:
         first: dict[str, Any] = {}
         holder = threading.Thread(target=lambda: first.update(r=client.get("/api/v1/count?last=1h")))

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ingestion.model import Event
+from views.event import Event
 from views.events import EVENT_COLUMNS, parse_events, valid_events
 
 pytestmark = pytest.mark.spark

@@ -1,9 +1,11 @@
-"""The one event model of the pipeline, its limits, its normalized JSON and the Spark schema derived from it.
+"""The event contract: the one event model, its limits, its wire JSON and time format, and its Spark schema.
 
 Every record on the events topic is an :class:`Event` serialized by :meth:`Event.to_json`: compact JSON with the
-schema version ``v``, the event time ``ts`` as ISO-8601 UTC with milliseconds, and only the optional fields that
-are present. Both Spark layers parse it with :func:`spark_schema`, which walks this model, so a field added here
-reaches them without a second schema to keep in step.
+schema version ``v``, the event time ``ts`` as ISO-8601 UTC with milliseconds (:func:`format_ts`), and only the
+optional fields that are present. Both Spark layers parse it with :func:`spark_schema`, which walks this model, so a
+field added here reaches them without a second schema to keep in step. The model's own validation (the time forms
+it accepts, text normalisation, bounded sizes) is part of the contract; turning source records into events and
+rejects (column mappings, dead letters) is ingestion's.
 """
 
 from __future__ import annotations
@@ -26,9 +28,7 @@ if TYPE_CHECKING:
 
 EVENT_SCHEMA_VERSION: Final = 1
 
-# Limits. A raw input record (a JSON line, a CSV row) larger than MAX_RECORD_BYTES is rejected before parsing, and
-# the normalized event always stays far below Kafka's 1 MB message limit.
-MAX_RECORD_BYTES: Final = 16 * 1024
+# Limits of the fields: with them the normalized event always stays far below Kafka's 1 MB message limit.
 MAX_ID_CHARS: Final = 128
 MAX_ITEM_CHARS: Final = 256
 MAX_USER_CHARS: Final = 128

@@ -1,4 +1,4 @@
-"""The event model: time parsing, limits, normalized JSON, content ids, the derived Spark schema."""
+"""The event contract: time parsing, limits, normalized JSON, content ids, the derived Spark schema."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from pydantic import ValidationError
 
-from ingestion.model import (
+from views.event import (
     EVENT_SCHEMA_VERSION,
     MAX_DIMS,
     MAX_ITEM_CHARS,
