@@ -15,7 +15,7 @@ help:
 	@echo "make test-unit   fast tests only (no services)"
 	@echo "make test-reliability  the fault-injection suite (not part of make test)"
 	@echo "make test-cluster      Spark standalone cluster, 3-broker Kafka, 2-node Cassandra (not part of make test)"
-	@echo "make lint        ruff check, ruff format --check, mypy"
+	@echo "make lint        ruff check, ruff format --check, mypy, lint-imports (the layering contracts)"
 	@echo "make lock        re-resolve the dependencies and rewrite constraints.txt"
 	@echo "make stack-down  stop the local servers"
 
@@ -64,6 +64,7 @@ lint: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 format: $(INSTALLED)
 	$(BIN)/ruff format .
