@@ -26,10 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 from batch_layer import index, offsets
 from batch_layer.index import IndexStore
-from batch_layer.store import HOUR, BatchStore, ViewRow, new_run_id
+from batch_layer.store import BatchStore, new_run_id
 from infra.cassandra import session
 from infra.errors import TrendsError
 from infra.settings import Settings
+from views.buckets import HOUR
+from views.store.rows import ViewRow
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Observation, SparkSession
@@ -393,7 +395,7 @@ def run(
     if index_first:
         index.run_index(settings)
     if not force:
-        offsets.check_closed(index.horizon(settings), hours[-1] + HOUR, offsets.grace(settings))
+        offsets.check_closed(index.horizon(settings), hours[-1] + HOUR, settings)
     t0 = time.monotonic()
     results: list[RunResult] = []
     with session(settings) as sess:
@@ -535,7 +537,7 @@ def backfill_chunks(settings: Settings, start: datetime, end: datetime, *, only_
 
     hours = list(hours_between(start, end))
     index.run_index(settings)
-    offsets.check_closed(index.horizon(settings), hours[-1] + HOUR, offsets.grace(settings))
+    offsets.check_closed(index.horizon(settings), hours[-1] + HOUR, settings)
     topic = settings.kafka.events_topic
     with session(settings) as sess:
         idx, store = IndexStore(settings, sess), BatchStore(settings, sess)

@@ -24,6 +24,8 @@ from infra.settings import Settings
 from ingestion.model import Event
 from tests.helpers import free_port
 from tests.services.test_batch_history import Truth, history_config, produce_history
+from views.buckets import month_key
+from views.store.batch import BatchRows
 
 pytestmark = pytest.mark.spark
 
@@ -166,13 +168,8 @@ def test_scheduler_driven_backfill_and_reprocess(dag_env: tuple[Settings, Airflo
         store = BatchStore(settings, sess)
         days = [(HISTORY + i * DAY).date() for i in range(HISTORY_DAYS)]
         assert all(len(store.pointers(d)) == 24 for d in days)  # every hour, the empty ones included
-        rows = {
-            r.day.date() if hasattr(r.day, "date") else r.day: r.events
-            for m in {d.strftime("%Y-%m") for d in days}
-            for r in sess.execute(
-                f"SELECT day, events FROM {table(settings, 'batch_days')} WHERE slice = '*' AND month = %s", (m,)
-            )
-        }
+        batch_rows = BatchRows(settings, sess)
+        rows = {d: r.events for m in {month_key(d) for d in days} for d, r in batch_rows.month_days("*", m).items()}
     assert {d: rows.get(d, 0) for d in days} == {d: truth.day_count(d) for d in days}
     assert sum(truth.count.values()) > 1000 and sum(1 for d in days if not truth.day_count(d)) >= 5
 

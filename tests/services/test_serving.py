@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import Producer
 
 from batch_layer import job
-from batch_layer.store import BatchStore, ViewRow
+from batch_layer.store import BatchStore
 from infra import migrations
 from infra.cassandra import session
 from infra.settings import Settings
@@ -23,6 +23,7 @@ from serving import params, queries
 from serving.store import ViewReader
 from tests.helpers import speed_drain
 from views.sketches import merge_all
+from views.store.rows import ViewRow
 
 pytestmark = pytest.mark.spark
 
@@ -155,9 +156,9 @@ def test_cached_batch_rows_follow_the_pointer(served: tuple[Settings, list[Event
     with session(settings) as sess:
         reader = ViewReader(settings, sess)
         assert reader.cache is not None
-        cold = queries.summary(queries.load(reader.fresh(), start, end, "*"))
+        cold = queries.summary(queries.load(reader.request_reader(), start, end, "*"))
         misses = reader.cache.misses
-        warm = queries.summary(queries.load(reader.fresh(), start, end, "*"))
+        warm = queries.summary(queries.load(reader.request_reader(), start, end, "*"))
         assert reader.cache.misses == misses and reader.cache.hits > 0  # every batch row came from the cache
         assert (warm.events, warm.users, warm.top_items) == (cold.events, cold.users, cold.top_items)
         # KLL compaction is randomized: warm and cold quantiles are each within the rank error of the exact ranks
@@ -169,7 +170,7 @@ def test_cached_batch_rows_follow_the_pointer(served: tuple[Settings, list[Event
                 assert lo - answer.quantile_rank_error <= float(rank) <= hi + answer.quantile_rank_error
 
         # A new version of H0 with every minute counted twice becomes current: the warm reader serves it at once.
-        minutes = queries.load(reader.fresh(), H0, H0 + HOUR, "*", coarsest="minute").buckets
+        minutes = queries.load(reader.request_reader(), H0, H0 + HOUR, "*", coarsest="minute").buckets
         doubled = [ViewRow("*", b.start, 2 * b.events, b.users_hll, b.values_kll, b.items_fi, b.start, b.start)
                    for b in minutes]  # fmt: skip
         merged = merge_all((b.users_hll, b.values_kll, b.items_fi) for b in minutes)
@@ -178,11 +179,11 @@ def test_cached_batch_rows_follow_the_pointer(served: tuple[Settings, list[Event
         run = uuid.uuid1()
         store.write_version(H0, run, doubled, [hour_row])
         store.swap(H0, run)
-        after = queries.summary(queries.load(reader.fresh(), start, end, "*"))
+        after = queries.summary(queries.load(reader.request_reader(), start, end, "*"))
         assert after.events == cold.events + len(exact(events, start, H0 + HOUR))
 
         job.run(settings, H0, H0 + HOUR, spark=spark)  # the batch layer's rerun restores the hour: served at once
-        restored = queries.summary(queries.load(reader.fresh(), start, end, "*"))
+        restored = queries.summary(queries.load(reader.request_reader(), start, end, "*"))
         assert restored.events == cold.events == len(exact(events, start, end))
 
 
@@ -226,10 +227,7 @@ def test_whole_days_are_served_by_the_daily_rollups(stack_up: Settings) -> None:
                 store.swap(hour, run)
             for d in (day0, day0 + 24 * HOUR):
                 store.remerge_day(d.date())
-            sess.execute(
-                f"INSERT INTO {keyspace}.batch_watermark (name, low, watermark) VALUES ('batch', %s, %s)",
-                (day0, day0 + 48 * HOUR),
-            )
+            store.pointer_store.write_watermark(day0, day0 + 48 * HOUR)
         w = answer(settings, day0 + 12 * HOUR, day0 + 48 * HOUR)
         spans = [(p["layer"], p["resolution"], p["start"], p["end"]) for p in w.provenance.spans]
         assert spans[:-1] == [("batch", "hour", day0 + h * HOUR, day0 + (h + 1) * HOUR) for h in range(12, 24)]
