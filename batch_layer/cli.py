@@ -122,7 +122,7 @@ def status(settings: Settings, hours: int) -> None:
         click.echo("stale hours: none")
     with session(settings) as sess:
         store = BatchStore(settings, sess)
-        low, mark, pinned = store.watermark()
+        low, mark, pinned = store.pointers.watermark()
         click.echo(f"batch watermark: [{low}, {mark})  pinned: {pinned or '-'}")
         if mark is None:
             return
@@ -141,12 +141,12 @@ def status(settings: Settings, hours: int) -> None:
 @click.pass_obj
 def pin(settings: Settings, at: datetime | None, clear: bool) -> None:
     """Pin the boundary serving uses (e.g. while a bad batch run is redone), or clear the pin."""
-    from batch_layer.store import BatchStore
     from infra.cassandra import session
+    from views.store.pointers import PointerStore
 
     if clear == (at is not None):
         msg = "give exactly one of --at or --clear"
         raise click.UsageError(msg)
     with session(settings) as sess:
-        BatchStore(settings, sess).pin(None if clear else at)
+        PointerStore(settings, sess).pin(None if clear else at)
     click.echo("pin cleared" if clear else f"boundary pinned at {at}")

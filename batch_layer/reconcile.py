@@ -56,7 +56,7 @@ def reconcile(settings: Settings, hour: datetime, max_examples: int = 10) -> Rec
     """
     hour = hour.astimezone(UTC)
     with session(settings) as sess:
-        run_id = PointerStore(settings, sess).pointers(hour.date()).get(hour)
+        run_id = PointerStore(settings, sess).runs(hour.date()).get(hour)
         if run_id is None:
             msg = f"no completed batch run for {hour.isoformat()}"
             raise LookupError(msg)

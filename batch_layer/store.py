@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, date, datetime, time
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +20,7 @@ from infra.settings import Settings
 from views import sketches
 from views.buckets import day_key, utc
 from views.store.batch import BatchRows
-from views.store.pointers import PointerStore, Watermark, fingerprint_of
+from views.store.pointers import PointerStore, fingerprint_of
 from views.store.rows import ViewRow
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ class BatchStore:
         self.settings = settings
         self.sess = sess
         self.rows = BatchRows(settings, sess)
-        self.pointer_store = PointerStore(settings, sess)
+        self.pointers = PointerStore(settings, sess)
         runs = table(settings, "batch_runs")
         prep = sess.prepare
         self.ins_run = prep(
@@ -62,29 +62,6 @@ class BatchStore:
             stmt.is_idempotent = True
 
     # -- a run's rows -----------------------------------------------------------------------------------------
-    def write_version(
-        self, hour: datetime, run_id: uuid.UUID, minutes: Iterable[ViewRow], hours: Iterable[ViewRow]
-    ) -> int:
-        """Write a run's minute and hour rows under its run id (invisible to readers until the swap)."""
-        return self.rows.write_versions({hour: run_id}, {hour: list(minutes)}, {hour: list(hours)})
-
-    def write_versions(
-        self,
-        runs: dict[datetime, uuid.UUID],
-        minutes: dict[datetime, list[ViewRow]],
-        hours: dict[datetime, list[ViewRow]],
-    ) -> int:
-        """Write the minute and hour rows of many hours, each under its hour's run id; return the rows written."""
-        return self.rows.write_versions(runs, minutes, hours)
-
-    def swap(self, hour: datetime, run_id: uuid.UUID, indexed: int | None = None) -> None:
-        """Make ``run_id`` the current version of the hour (one row: atomic for readers)."""
-        self.pointer_store.swap([(hour, run_id, indexed)])
-
-    def swap_many(self, swaps: Sequence[tuple[datetime, uuid.UUID, int | None]]) -> None:
-        """Swap the pointers of many hours (each one row); ``indexed``: the hour's records the run read."""
-        self.pointer_store.swap(swaps)
-
     def write_day(
         self, day: date, pointers: dict[datetime, uuid.UUID], rows: Sequence[ViewRow], hours: dict[str, int]
     ) -> int:
@@ -95,13 +72,9 @@ class BatchStore:
         """
         return self.rows.write_days(day, fingerprint_of(pointers), rows, hours)
 
-    def pointers(self, day: date) -> dict[datetime, uuid.UUID]:
-        """Return the current run of each completed hour of a day."""
-        return self.pointer_store.pointers(day)
-
     def remerge_day(self, day: date) -> int:
         """Rebuild the day's rollup of every slice from the current hour rows; return the slices written."""
-        current = self.pointers(day)
+        current = self.pointers.runs(day)
         merged, hours = [], {}
         for sl in self.rows.day_slices(day):
             rows = self.rows.day_hours(sl, day, current)
@@ -127,7 +100,7 @@ class BatchStore:
         """Delete the rows of runs of the hour older than the ``keep`` newest completed ones; return runs deleted."""
         runs = [r for r in self.sess.execute(self.sel_runs, (hour,), execution_profile=READ_PROFILE)]
         completed = [r.run_id for r in runs if r.status == "completed"]  # newest first (clustering order)
-        current = self.pointers(day_key(hour)).get(hour)
+        current = self.pointers.runs(day_key(hour)).get(hour)
         doomed = [rid for rid in completed[keep:] if rid != current]
         doomed += [r.run_id for r in runs if r.status == "failed" and r.run_id != current]
         if not doomed:
@@ -176,23 +149,3 @@ class BatchStore:
     def latest_runs(self, hour: datetime, limit: int) -> list[Any]:
         """Return the newest runs of an hour (status, counts, offsets, code version), newest first."""
         return list(self.sess.execute(self.sel_latest_runs, (hour, limit), execution_profile=READ_PROFILE))
-
-    # -- watermark ---------------------------------------------------------------------------------------------
-    def watermark(self) -> Watermark:
-        """Return the watermark row (low, mark, pinned)."""
-        return self.pointer_store.watermark()
-
-    def completed(self, hour: datetime, cache: dict[date, dict[datetime, uuid.UUID]]) -> bool:
-        """Tell whether the hour has a current run (pointers read once per day into ``cache``)."""
-        return self.pointer_store.completed(hour, cache)
-
-    def advance_watermark(self, hint: datetime, max_steps: int = 24 * 400) -> tuple[datetime | None, datetime | None]:
-        """Extend [low, watermark) over contiguous completed hours, starting from ``hint`` if there is none yet.
-
-        :returns: the new (low, watermark).
-        """
-        return self.pointer_store.advance(hint, max_steps)
-
-    def pin(self, boundary: datetime | None) -> None:
-        """Pin (or with None unpin) the boundary serving uses."""
-        self.pointer_store.pin(boundary)

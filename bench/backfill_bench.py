@@ -119,7 +119,7 @@ def check(settings: Settings, produced_per_day: dict[Any, int]) -> str:
     with session(settings) as sess:
         store = BatchStore(settings, sess)
         days = [(YEAR_START + timedelta(days=i)).date() for i in range((YEAR_END - YEAR_START).days)]
-        hours = sum(len(store.pointers(d)) for d in days)
+        hours = sum(len(store.pointers.runs(d)) for d in days)
         got: dict[Any, int] = {}
         rows = BatchRows(settings, sess)
         for month in sorted({month_key(d) for d in days}):

@@ -130,7 +130,7 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 def hourly_count(settings: Settings, hour: datetime) -> tuple[int | None, int]:
     """Return the current batch hour row's count of the global slice, and the sum of its minute rows."""
     with session(settings) as sess:
-        runs = PointerStore(settings, sess).pointers(hour.date())
+        runs = PointerStore(settings, sess).runs(hour.date())
         rows = BatchRows(settings, sess)
         hours = [r.events for r in rows.day_hours(GLOBAL_SLICE, hour.date(), runs) if utc(r.hour) == hour]
         minutes = rows.run_minutes(GLOBAL_SLICE, hour, runs.get(hour)).values()

@@ -41,7 +41,6 @@ from infra.settings import Settings
 from serving import queries
 from serving.store import ViewReader
 from views.buckets import DAY, HOUR, MINUTE, floor
-from views.store.pointers import PointerStore
 from views.store.rows import ViewRow
 from views.store.speed import SpeedRows
 
@@ -87,13 +86,12 @@ def fill(settings: Settings, end: datetime, days: int, per_minute: int) -> datet
             run = uuid.uuid1()
             minute_rows = [ViewRow("*", m, per_minute, h, k, f, m, m) for m, h, k, f in ms]
             hh, hk, hf = merge_all((h, k, f) for _m, h, k, f in ms)
-            store.write_version(
-                hour, run, minute_rows, [ViewRow("*", hour, per_minute * len(ms), hh, hk, hf, hour, hour)]
-            )
-            store.swap(hour, run)
+            hour_row = ViewRow("*", hour, per_minute * len(ms), hh, hk, hf, hour, hour)
+            store.rows.write_versions({hour: run}, {hour: minute_rows}, {hour: [hour_row]})
+            store.pointers.swap([(hour, run, None)])
         for d in range(days + 1):
             store.remerge_day((start + d * DAY).date())
-        PointerStore(settings, sess).write_watermark(floor(start, HOUR) + HOUR, watermark)
+        store.pointers.write_watermark(floor(start, HOUR) + HOUR, watermark)
         speed.write_progress(settings.speed.query_name, end - timedelta(seconds=1), None, 0, 0)
     return watermark
 

@@ -24,7 +24,6 @@ from typing import Any
 import click
 
 from batch_layer import index, job
-from batch_layer.store import BatchStore
 from infra import migrations, stack, topics
 from infra.airflow import Airflow
 from infra.cassandra import session
@@ -32,6 +31,7 @@ from infra.settings import Settings
 from serving.store import ViewReader
 from views.buckets import HOUR, MINUTE, closed_until, floor, utc
 from views.store.batch import BatchRows
+from views.store.pointers import PointerStore
 
 BACKFILL_DAG_ID = "trends_backfill"
 # Planted bursts: item rank : factor : minutes before the end of the history : duration (minutes).
@@ -128,8 +128,8 @@ def _backfill(settings: Settings, first: datetime) -> list[datetime]:
         click.echo("no closed hour yet")
         return []
     with session(settings) as sess:
-        store = BatchStore(settings, sess)
-        done = {h for d in {s.date() for s in starts} for h in store.pointers(d)}
+        pointers = PointerStore(settings, sess)
+        done = {h for d in {s.date() for s in starts} for h in pointers.runs(d)}
     todo = [s for s in starts if s not in done]
     if not todo:
         click.echo(f"batch view already holds {len(starts)} closed hour(s) {starts[0]:%H:%M} .. {last_end:%H:%M}")
@@ -156,7 +156,7 @@ def _backfill(settings: Settings, first: datetime) -> list[datetime]:
 
 def _hour_events(settings: Settings, hour: datetime) -> int:
     with session(settings) as sess:
-        runs = BatchStore(settings, sess).pointers(hour.date())
+        runs = PointerStore(settings, sess).runs(hour.date())
         return sum(r.events for r in BatchRows(settings, sess).day_hours("*", hour.date(), runs) if utc(r.hour) == hour)
 
 

@@ -138,7 +138,7 @@ def day_rows(settings: Settings, slice_: str = "*") -> dict[date, Any]:
                 f"SELECT * FROM {table(settings, 'batch_days')} WHERE slice = %s AND month = %s", (slice_, month)
             ):
                 day = as_date(r.day)
-                if r.hour_runs == fingerprint_of(store.pointers(day)):
+                if r.hour_runs == fingerprint_of(store.pointers.runs(day)):
                     out[day] = r
         return out
 
@@ -170,10 +170,10 @@ def test_history_replayed_behind_live_events_is_computed_exactly_hour_by_hour(
     assert sum(truth.dups.values()) > 20
     with session(settings) as sess:
         store = BatchStore(settings, sess)
-        low, mark, _ = store.watermark()
+        low, mark, _ = store.pointers.watermark()
         assert (low, mark) == (START, START + DAYS * DAY)  # the watermark passed every empty night and day
         for d in range(DAYS):
-            assert len(store.pointers(START.date() + timedelta(days=d))) == 24
+            assert len(store.pointers.runs(START.date() + timedelta(days=d))) == 24
 
     # Per day: counts exact; users, quantiles and top items within their bounds.
     rows = day_rows(settings)

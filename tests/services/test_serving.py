@@ -118,7 +118,7 @@ def test_gaps_are_reported_not_skipped(served: tuple[Settings, list[Event]]) -> 
 def test_a_pinned_boundary_moves_the_split(served: tuple[Settings, list[Event]]) -> None:
     settings, events = served
     with session(settings) as sess:
-        BatchStore(settings, sess).pin(H0 + HOUR)
+        BatchStore(settings, sess).pointers.pin(H0 + HOUR)
     try:
         w = answer(settings, H0, H0 + 3 * HOUR)
         assert w.provenance.boundary == H0 + HOUR and w.provenance.boundary_pinned
@@ -126,7 +126,7 @@ def test_a_pinned_boundary_moves_the_split(served: tuple[Settings, list[Event]])
         assert queries.summary(w).events == len(exact(events, H0, H0 + 3 * HOUR))
     finally:
         with session(settings) as sess:
-            BatchStore(settings, sess).pin(None)
+            BatchStore(settings, sess).pointers.pin(None)
 
 
 def test_planted_burst_ranks_first_and_series_match(served: tuple[Settings, list[Event]]) -> None:
@@ -177,8 +177,8 @@ def test_cached_batch_rows_follow_the_pointer(served: tuple[Settings, list[Event
         hour_row = ViewRow("*", H0, sum(r.events for r in doubled), *merged, H0, H0)
         store = BatchStore(settings, sess)
         run = uuid.uuid1()
-        store.write_version(H0, run, doubled, [hour_row])
-        store.swap(H0, run)
+        store.rows.write_versions({H0: run}, {H0: doubled}, {H0: [hour_row]})
+        store.pointers.swap([(H0, run, None)])
         after = queries.summary(queries.load(reader.request_reader(), start, end, "*"))
         assert after.events == cold.events + len(exact(events, start, H0 + HOUR))
 
@@ -218,16 +218,12 @@ def test_whole_days_are_served_by_the_daily_rollups(stack_up: Settings) -> None:
                 fi.update(f"#h{h % 3}")
                 sketches = (bytes(hll.serialize_compact()), bytes(kll.serialize()), bytes(fi.serialize()))
                 run = uuid.uuid1()
-                store.write_version(
-                    hour,
-                    run,
-                    [ViewRow("*", hour, 1, *sketches, hour, hour)],
-                    [ViewRow("*", hour, 1, *sketches, hour, hour)],
-                )
-                store.swap(hour, run)
+                row = ViewRow("*", hour, 1, *sketches, hour, hour)
+                store.rows.write_versions({hour: run}, {hour: [row]}, {hour: [row]})
+                store.pointers.swap([(hour, run, None)])
             for d in (day0, day0 + 24 * HOUR):
                 store.remerge_day(d.date())
-            store.pointer_store.write_watermark(day0, day0 + 48 * HOUR)
+            store.pointers.write_watermark(day0, day0 + 48 * HOUR)
         w = answer(settings, day0 + 12 * HOUR, day0 + 48 * HOUR)
         spans = [(p["layer"], p["resolution"], p["start"], p["end"]) for p in w.provenance.spans]
         assert spans[:-1] == [("batch", "hour", day0 + h * HOUR, day0 + (h + 1) * HOUR) for h in range(12, 24)]

@@ -52,9 +52,9 @@ def evil_view(stack_up: Settings) -> Iterator[Settings]:
             run = uuid.uuid1()
             total = sum(EVIL.values())
             row = ViewRow("*", HOUR, total, *sketches, HOUR, HOUR)
-            store.write_version(HOUR, run, [row], [row])
-            store.swap(HOUR, run)
-            store.pointer_store.write_watermark(HOUR - timedelta(hours=2), HOUR + timedelta(hours=1))
+            store.rows.write_versions({HOUR: run}, {HOUR: [row]}, {HOUR: [row]})
+            store.pointers.swap([(HOUR, run, None)])
+            store.pointers.write_watermark(HOUR - timedelta(hours=2), HOUR + timedelta(hours=1))
         yield settings
     finally:
         with session(stack_up) as sess:

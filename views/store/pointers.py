@@ -70,11 +70,6 @@ def decode_stale(rows: Iterable[Any]) -> dict[datetime, int]:
     return {utc(r.hour): int(r.records) for r in rows}  # type: ignore[misc]
 
 
-def runs(pointers: Mapping[datetime, Pointer]) -> dict[datetime, uuid.UUID]:
-    """Return the current run id of each hour."""
-    return {h: p.run_id for h, p in pointers.items()}
-
-
 class PointerStore:
     """Prepared statements over the pointer, watermark and staleness tables of one session."""
 
@@ -106,9 +101,9 @@ class PointerStore:
         return self.sel_stale_between, (topic, start, end)
 
     # -- pointers -------------------------------------------------------------------------------------------------
-    def pointers(self, day: date) -> dict[datetime, uuid.UUID]:
+    def runs(self, day: date) -> dict[datetime, uuid.UUID]:
         """Return the current run of each completed hour of a day."""
-        return runs(self.pointers_indexed([day]))
+        return {h: p.run_id for h, p in self.pointers_indexed([day]).items()}
 
     def pointers_indexed(self, days: Iterable[date]) -> dict[datetime, Pointer]:
         """Return the pointer of every completed hour of the days (one read per day, concurrently)."""
@@ -143,7 +138,7 @@ class PointerStore:
         """Tell whether the hour has a current run (pointers read once per day into ``cache``)."""
         day = day_key(hour)
         if day not in cache:
-            cache[day] = self.pointers(day)
+            cache[day] = self.runs(day)
         return hour in cache[day]
 
     # -- watermark ------------------------------------------------------------------------------------------------
