@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from infra.cassandra import READ_PROFILE, session, table, write_many
 from infra.errors import TrendsError
 from infra.settings import Settings
-from views.buckets import utc
+from views.buckets import HOUR, utc
 from views.store.pointers import Pointer, PointerStore
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-HOUR_MS = 3_600_000
+HOUR_MS = int(HOUR / timedelta(milliseconds=1))  # the hour bucket in epoch milliseconds (the indexer works in ms)
 
 
 def ms_to_dt(ms: int) -> datetime:

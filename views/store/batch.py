@@ -6,7 +6,6 @@ orders them (write a version, swap, re-merge, prune) is the batch layer's.
 
 from __future__ import annotations
 
-import functools
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import date, datetime
@@ -28,18 +27,7 @@ class BatchRows:
     def __init__(self, settings: Settings, sess: Session) -> None:
         self.settings = settings
         self.sess = sess
-        p = functools.partial(cql.prepare, sess, settings)
-        self.ins_minute = p(cql.INSERT_MINUTE, idempotent=True)
-        self.ins_hour = p(cql.INSERT_HOUR, idempotent=True)
-        self.ins_day = p(cql.INSERT_DAY, idempotent=True)
-        self.ins_day_slice = p(cql.INSERT_DAY_SLICE, idempotent=True)
-        self.sel_day_slices = p(cql.SELECT_DAY_SLICES)
-        self.sel_day_hours = p(cql.SELECT_DAY_HOURS)
-        self.sel_run_minutes = p(cql.SELECT_RUN_MINUTES)
-        self.sel_month_days = p(cql.SELECT_MONTH_DAYS)
-        self.sel_month_fingerprints = p(cql.SELECT_MONTH_FINGERPRINTS)
-        self.del_minutes = p(cql.DELETE_MINUTES)
-        self.del_hour = p(cql.DELETE_HOUR)
+        self._stmt = cql.Statements(settings, sess)
 
     def _write(self, stmt: Any, params: Sequence[tuple[Any, ...]], by: int = 0) -> None:
         """Write rows; with ``by`` > 0, the rows sharing their first ``by`` values (the partition key) go together."""
@@ -66,10 +54,10 @@ class BatchRows:
             for h, rows in hours.items()
             for r in rows
         ]
-        self._write(self.ins_minute, minute_params, by=2)  # (slice, hour)
-        self._write(self.ins_hour, hour_params, by=2)  # (slice, day)
+        self._write(self._stmt(cql.INSERT_MINUTE), minute_params, by=2)  # (slice, hour)
+        self._write(self._stmt(cql.INSERT_HOUR), hour_params, by=2)  # (slice, day)
         day_slices = sorted({(day_key(h), r.slice) for h, rows in hours.items() for r in rows})
-        self._write(self.ins_day_slice, day_slices, by=1)
+        self._write(self._stmt(cql.INSERT_DAY_SLICE), day_slices, by=1)
         return len(minute_params) + len(hour_params)
 
     def write_days(self, day: date, fingerprint: str, rows: Sequence[ViewRow], hours: Mapping[str, int]) -> int:
@@ -78,7 +66,7 @@ class BatchRows:
         :arg hours: per slice, how many of the day's hours have a row.
         """
         self._write(
-            self.ins_day,
+            self._stmt(cql.INSERT_DAY),
             [
                 (r.slice, month_key(day), day, fingerprint, hours.get(r.slice, 0), r.events, r.users_hll,
                  r.values_kll, r.items_fi, r.min_ts, r.max_ts)
@@ -91,26 +79,28 @@ class BatchRows:
         """Delete the minute and hour rows the runs wrote for the hour, in every slice of its day."""
         day = day_key(hour)
         slices = self.day_slices(day)
-        self._write(self.del_minutes, [(sl, hour, rid) for sl in slices for rid in run_ids])
-        self._write(self.del_hour, [(sl, day, hour, rid) for sl in slices for rid in run_ids])
+        self._write(self._stmt(cql.DELETE_MINUTES), [(sl, hour, rid) for sl in slices for rid in run_ids])
+        self._write(self._stmt(cql.DELETE_HOUR), [(sl, day, hour, rid) for sl in slices for rid in run_ids])
 
     # -- reads ----------------------------------------------------------------------------------------------------
     def day_slices(self, day: date) -> list[str]:
         """Return the slices with a row in some hour of the day."""
-        return [r.slice for r in self._read(self.sel_day_slices, (day,))]
+        return [r.slice for r in self._read(self._stmt(cql.SELECT_DAY_SLICES), (day,))]
 
     def day_hours(self, slice_: str, day: date, runs: Mapping[datetime, uuid.UUID]) -> list[Any]:
         """Return the slice's hour rows of the day written by the hours' current ``runs`` (others are dropped)."""
-        return [r for r in self._read(self.sel_day_hours, (slice_, day)) if runs.get(utc(r.hour)) == r.run_id]  # type: ignore[arg-type]
+        rows = self._read(self._stmt(cql.SELECT_DAY_HOURS), (slice_, day))
+        return [r for r in rows if runs.get(utc(r.hour)) == r.run_id]  # type: ignore[arg-type]
 
     def run_minutes(self, slice_: str, hour: datetime, run_id: uuid.UUID | None) -> dict[datetime, Any]:
         """Return the minute rows (``bucket_start, events, users_hll``) a run wrote for the slice, by bucket."""
-        return {utc(r.bucket_start): r for r in self._read(self.sel_run_minutes, (slice_, hour, run_id))}  # type: ignore[misc]
+        rows = self._read(self._stmt(cql.SELECT_RUN_MINUTES), (slice_, hour, run_id))
+        return {utc(r.bucket_start): r for r in rows}  # type: ignore[misc]
 
     def month_days(self, slice_: str, month: str) -> dict[date, Any]:
         """Return the slice's daily rollups (``day, hour_runs, hours, events``) of a month (``YYYY-MM``), by day."""
-        return {as_date(r.day): r for r in self._read(self.sel_month_days, (slice_, month))}
+        return {as_date(r.day): r for r in self._read(self._stmt(cql.SELECT_MONTH_DAYS), (slice_, month))}
 
     def fingerprints_request(self, slice_: str, month: str) -> Request:
         """Return the read of the fingerprints (``day, hour_runs``) of the slice's daily rollups of a month."""
-        return self.sel_month_fingerprints, (slice_, month)
+        return self._stmt(cql.SELECT_MONTH_FINGERPRINTS), (slice_, month)

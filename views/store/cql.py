@@ -93,16 +93,22 @@ READ_SPEED = (
 )
 SELECT_MONTH_FINGERPRINTS = "SELECT day, hour_runs FROM {batch_days} WHERE slice = ? AND month = ?"
 
+# Upserts of whole rows: writing one again writes the same row, so the driver may retry them.
+IDEMPOTENT = frozenset((
+    INSERT_MINUTE, INSERT_HOUR, INSERT_DAY, INSERT_DAY_SLICE, INSERT_POINTER, INSERT_STALE,
+    UPSERT_SPEED, UPSERT_PROGRESS,
+))  # fmt: skip
+
 
 def render(settings: Settings, template: str, **fields: str) -> str:
     """Return a template with its table names (and any other ``fields``) filled in."""
     return template.format(**{name: table(settings, name) for name in VIEW_TABLES}, **fields)
 
 
-def prepare(sess: Session, settings: Settings, template: str, *, idempotent: bool = False, **fields: str) -> Any:
-    """Prepare a template on the session; ``idempotent`` lets the driver retry it (an upsert of the same row)."""
+def prepare(sess: Session, settings: Settings, template: str, **fields: str) -> Any:
+    """Prepare a template on the session (marked idempotent when it is one of :data:`IDEMPOTENT`)."""
     stmt: PreparedStatement = sess.prepare(render(settings, template, **fields))
-    if idempotent:
+    if template in IDEMPOTENT:
         stmt.is_idempotent = True
     return stmt
 
@@ -119,3 +125,19 @@ def prepare_reads(sess: Session, settings: Settings, fields: frozenset[str]) -> 
             ("speed", READ_SPEED),
         )
     }
+
+
+class Statements:
+    """The statements of one session, each prepared on its first use and kept (a reader never prepares a write)."""
+
+    def __init__(self, settings: Settings, sess: Session) -> None:
+        self.settings = settings
+        self.sess = sess
+        self._prepared: dict[str, Any] = {}
+
+    def __call__(self, template: str) -> Any:
+        """Return the prepared statement of a template (prepared now if this is its first use)."""
+        stmt = self._prepared.get(template)
+        if stmt is None:
+            stmt = self._prepared[template] = prepare(self.sess, self.settings, template)
+        return stmt

@@ -9,7 +9,6 @@ whether it is current.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import uuid
@@ -76,29 +75,21 @@ class PointerStore:
     def __init__(self, settings: Settings, sess: Session) -> None:
         self.settings = settings
         self.sess = sess
-        p = functools.partial(cql.prepare, sess, settings)
-        self.ins_pointer = p(cql.INSERT_POINTER, idempotent=True)
-        self.sel_pointers = p(cql.SELECT_POINTERS)
-        self.sel_watermark = p(cql.SELECT_WATERMARK)
-        self.ins_watermark = p(cql.INSERT_WATERMARK)
-        self.pin_watermark = p(cql.PIN_WATERMARK)
-        self.ins_stale = p(cql.INSERT_STALE, idempotent=True)
-        self.sel_stale = p(cql.SELECT_STALE)
-        self.sel_stale_between = p(cql.SELECT_STALE_BETWEEN)
+        self._stmt = cql.Statements(settings, sess)
         self.ping_stmt = cql.render(settings, cql.PING)
 
     # -- reads issued together by a reader (statement, values); decode the rows with the functions above --------
     def pointers_request(self, day: date) -> Request:
         """Return the read of a day's pointer rows."""
-        return self.sel_pointers, (day,)
+        return self._stmt(cql.SELECT_POINTERS), (day,)
 
     def watermark_request(self) -> Request:
         """Return the read of the watermark row."""
-        return self.sel_watermark, (WATERMARK_ROW,)
+        return self._stmt(cql.SELECT_WATERMARK), (WATERMARK_ROW,)
 
     def stale_request(self, topic: str, start: datetime, end: datetime) -> Request:
         """Return the read of the stale hours of ``[start, end)``."""
-        return self.sel_stale_between, (topic, start, end)
+        return self._stmt(cql.SELECT_STALE_BETWEEN), (topic, start, end)
 
     # -- pointers -------------------------------------------------------------------------------------------------
     def runs(self, day: date) -> dict[datetime, uuid.UUID]:
@@ -114,7 +105,7 @@ class PointerStore:
             return {}
         results = execute_concurrent_with_args(
             self.sess,
-            self.sel_pointers,
+            self._stmt(cql.SELECT_POINTERS),
             params,
             concurrency=self.settings.cassandra.read_concurrency,
             raise_on_first_error=True,
@@ -132,7 +123,7 @@ class PointerStore:
         """
         now = datetime.now(UTC)
         params = [(day_key(h), h, run_id, now, indexed) for h, run_id, indexed in swaps]
-        write_many(self.settings, self.sess, self.ins_pointer, params, lambda p: (p[0],))
+        write_many(self.settings, self.sess, self._stmt(cql.INSERT_POINTER), params, lambda p: (p[0],))
 
     def completed(self, hour: datetime, cache: dict[date, dict[datetime, uuid.UUID]]) -> bool:
         """Tell whether the hour has a current run (pointers read once per day into ``cache``)."""
@@ -171,13 +162,15 @@ class PointerStore:
     def write_watermark(self, low: datetime, mark: datetime) -> None:
         """Set the span ``[low, mark)`` of contiguous completed hours (the pin stays)."""
         self.sess.execute(
-            self.ins_watermark, (WATERMARK_ROW, low, mark, datetime.now(UTC)), execution_profile=WRITE_PROFILE
+            self._stmt(cql.INSERT_WATERMARK),
+            (WATERMARK_ROW, low, mark, datetime.now(UTC)),
+            execution_profile=WRITE_PROFILE,
         )
 
     def pin(self, boundary: datetime | None) -> None:
         """Pin (or with None unpin) the boundary serving uses."""
         self.sess.execute(
-            self.pin_watermark, (boundary, datetime.now(UTC), WATERMARK_ROW), execution_profile=WRITE_PROFILE
+            self._stmt(cql.PIN_WATERMARK), (boundary, datetime.now(UTC), WATERMARK_ROW), execution_profile=WRITE_PROFILE
         )
 
     def ping(self, timeout: float) -> None:
@@ -187,9 +180,15 @@ class PointerStore:
     # -- stale hours ----------------------------------------------------------------------------------------------
     def stale(self, topic: str) -> dict[datetime, int]:
         """Return every hour noticed stale, with the records the index held then (compare with its pointer)."""
-        return decode_stale(self.sess.execute(self.sel_stale, (topic,), execution_profile=READ_PROFILE))
+        return decode_stale(self.sess.execute(self._stmt(cql.SELECT_STALE), (topic,), execution_profile=READ_PROFILE))
 
     def mark_stale(self, topic: str, hours: Mapping[datetime, int]) -> None:
         """Record hours whose indexed records exceed what their current run read (hour -> records indexed)."""
         now = datetime.now(UTC)
-        write_many(self.settings, self.sess, self.ins_stale, [(topic, h, n, now) for h, n in hours.items()], None)
+        write_many(
+            self.settings,
+            self.sess,
+            self._stmt(cql.INSERT_STALE),
+            [(topic, h, n, now) for h, n in hours.items()],
+            None,
+        )

@@ -6,7 +6,6 @@ micro-batch) writes the same row, which keeps an at-least-once sink exactly-once
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -40,11 +39,7 @@ class SpeedRows:
     def __init__(self, settings: Settings, sess: Session) -> None:
         self.settings = settings
         self.sess = sess
-        p = functools.partial(cql.prepare, sess, settings)
-        self.upsert_row = p(cql.UPSERT_SPEED, idempotent=True)
-        self.upsert_progress = p(cql.UPSERT_PROGRESS, idempotent=True)
-        self.sel_progress = p(cql.SELECT_PROGRESS)
-        self.sel_minutes = p(cql.SELECT_SPEED_MINUTES)
+        self._stmt = cql.Statements(settings, sess)
 
     def write(self, rows: Iterable[Any], batch_id: int, ttl_seconds: int) -> tuple[int, datetime | None]:
         """Upsert whole bucket rows (Spark rows of the view's columns); raise on the first failed write.
@@ -78,7 +73,7 @@ class SpeedRows:
                 newest = max_ts
         execute_concurrent_with_args(
             self.sess,
-            self.upsert_row,
+            self._stmt(cql.UPSERT_SPEED),
             params,
             concurrency=self.settings.cassandra.write_concurrency,
             raise_on_first_error=True,
@@ -91,14 +86,14 @@ class SpeedRows:
     ) -> None:
         """Record a micro-batch: the newest event time written so far, the batch and its rows."""
         self.sess.execute(
-            self.upsert_progress,
+            self._stmt(cql.UPSERT_PROGRESS),
             (query, newest, watermark, batch_id, rows, datetime.now(UTC)),
             execution_profile=WRITE_PROFILE,
         )
 
     def progress_request(self, query: str) -> Request:
         """Return the read of a query's freshness (``newest_event_ts, updated_at``)."""
-        return self.sel_progress, (query,)
+        return self._stmt(cql.SELECT_PROGRESS), (query,)
 
     def newest_event(self, query: str) -> datetime | None:
         """Return the newest event time the query has written (None: nothing yet)."""
@@ -119,6 +114,8 @@ class SpeedRows:
     def hour_minutes(self, slice_: str, hour: datetime) -> dict[datetime, Any]:
         """Return the slice's minute rows (``bucket_start, events, users_hll``) of an hour, by bucket."""
         rows = self.sess.execute(
-            self.sel_minutes, (slice_, day_key(hour), hour, hour + HOUR), execution_profile=READ_PROFILE
+            self._stmt(cql.SELECT_SPEED_MINUTES),
+            (slice_, day_key(hour), hour, hour + HOUR),
+            execution_profile=READ_PROFILE,
         )
         return {utc(r.bucket_start): r for r in rows}  # type: ignore[misc]
