@@ -76,7 +76,7 @@ class PointerStore:
         self.settings = settings
         self.sess = sess
         self._stmt = cql.Statements(settings, sess)
-        self.ping_stmt = cql.render(settings, cql.PING)
+        self._ping = cql.render(settings, cql.PING)
 
     # -- reads issued together by a reader (statement, values); decode the rows with the functions above --------
     def pointers_request(self, day: date) -> Request:
@@ -94,7 +94,8 @@ class PointerStore:
     # -- pointers -------------------------------------------------------------------------------------------------
     def runs(self, day: date) -> dict[datetime, uuid.UUID]:
         """Return the current run of each completed hour of a day."""
-        return {h: p.run_id for h, p in self.pointers_indexed([day]).items()}
+        rows = self.sess.execute(*self.pointers_request(day), execution_profile=READ_PROFILE)
+        return {h: p.run_id for h, p in decode_pointers(rows).items()}
 
     def pointers_indexed(self, days: Iterable[date]) -> dict[datetime, Pointer]:
         """Return the pointer of every completed hour of the days (one read per day, concurrently)."""
@@ -175,7 +176,7 @@ class PointerStore:
 
     def ping(self, timeout: float) -> None:
         """Read one row of the watermark table (readiness); raise the driver's error when Cassandra cannot."""
-        self.sess.execute(self.ping_stmt, execution_profile=READ_PROFILE, timeout=timeout)
+        self.sess.execute(self._ping, execution_profile=READ_PROFILE, timeout=timeout)
 
     # -- stale hours ----------------------------------------------------------------------------------------------
     def stale(self, topic: str) -> dict[datetime, int]:
