@@ -23,8 +23,7 @@ from typing import Any
 
 import click
 
-from batch_layer import index, job, offsets
-from batch_layer.store import BatchStore
+from batch_layer import index, job
 from infra import migrations, stack, topics
 from infra.airflow.client import AirflowClient
 from infra.airflow.config import AirflowConfig
@@ -32,8 +31,10 @@ from infra.cassandra import session
 from infra.services.pipeline import ApiService
 from infra.settings import Settings
 from serving.store import ViewReader
+from views.buckets import HOUR, MINUTE, closed_until, floor, utc
+from views.store.batch import BatchRows
+from views.store.pointers import PointerStore
 
-HOUR = timedelta(hours=1)
 BACKFILL_DAG_ID = "trends_backfill"
 # Planted bursts: item rank : factor : minutes before the end of the history : duration (minutes).
 BURSTS = ((40, 15.0, 25, 20), (90, 12.0, 25, 20), (150, 10.0, 25, 20))
@@ -48,11 +49,6 @@ def _trends(*args: str) -> list[str]:
     return [str(Path(sys.executable).parent / "trends"), *args]
 
 
-def _floor(ts: datetime, unit: timedelta) -> datetime:
-    epoch = datetime(1970, 1, 1, tzinfo=UTC)
-    return epoch + (ts - epoch) // unit * unit
-
-
 def _history(
     settings: Settings, state_file: Path, hours: int, event_rate: float, after: datetime | None
 ) -> dict[str, Any]:
@@ -61,7 +57,7 @@ def _history(
     It starts ``hours`` whole hours back, or where an earlier demo's history ended if that is later.
     """
     now = datetime.now(UTC)
-    start, end = _floor(now, HOUR) - hours * HOUR, _floor(now, timedelta(minutes=1))
+    start, end = floor(now, HOUR) - hours * HOUR, floor(now, MINUTE)
     if after is not None:  # continue the earlier slice, with room for the bursts before the end
         start = min(max(start, after), end - 2 * RECENT)
     span_min = (end - start).total_seconds() / 60
@@ -78,7 +74,7 @@ def _history(
     if subprocess.run(cmd, check=False, env=_env(settings)).returncode != 0:  # noqa: S603 - our own CLI
         msg = "producing the demo workload failed (see above)"
         raise click.ClickException(msg)
-    first = _floor(start, HOUR) - HOUR if after is not None else start  # redo the hour a previous slice ended in
+    first = floor(start, HOUR) - HOUR if after is not None else start  # redo the hour a previous slice ended in
     state = {
         "start": start.isoformat(),
         "end": end.isoformat(),
@@ -113,7 +109,7 @@ def _wait_speed(settings: Settings, until: datetime, timeout_s: float = 600) -> 
     with session(settings) as sess:
         reader = ViewReader(settings, sess)
         while time.monotonic() < deadline:
-            newest = reader.fresh().coverage(until - HOUR, until, "*").speed_newest_event
+            newest = reader.request_reader().coverage(until - HOUR, until, "*").speed_newest_event
             if newest is not None and newest >= until:
                 return newest
             time.sleep(2)
@@ -126,16 +122,16 @@ def _backfill(settings: Settings, first: datetime) -> list[datetime]:
     result = index.run_index(settings)
     horizon = index.horizon(settings)
     click.echo(f"trends batch index: {result.line()}; {horizon.describe()}")
-    if horizon.closed_at is None:
+    last_end = closed_until(horizon.closed_at, settings)
+    if last_end is None:
         return []
-    last_end = _floor(horizon.closed_at - offsets.grace(settings), HOUR)
     starts = [first + i * HOUR for i in range(int((last_end - first) / HOUR))]
     if not starts:
         click.echo("no closed hour yet")
         return []
     with session(settings) as sess:
-        store = BatchStore(settings, sess)
-        done = {h for d in {s.date() for s in starts} for h in store.pointers(d)}
+        pointers = PointerStore(settings, sess)
+        done = {h for d in {s.date() for s in starts} for h in pointers.runs(d)}
     todo = [s for s in starts if s not in done]
     if not todo:
         click.echo(f"batch view already holds {len(starts)} closed hour(s) {starts[0]:%H:%M} .. {last_end:%H:%M}")
@@ -162,13 +158,8 @@ def _backfill(settings: Settings, first: datetime) -> list[datetime]:
 
 def _hour_events(settings: Settings, hour: datetime) -> int:
     with session(settings) as sess:
-        store = BatchStore(settings, sess)
-        run = store.pointers(hour.date()).get(hour)
-        return sum(
-            r.events
-            for r in sess.execute(store.sel_hours, ("*", hour.date()))
-            if r.run_id == run and r.hour.replace(tzinfo=UTC) == hour
-        )
+        runs = PointerStore(settings, sess).runs(hour.date())
+        return sum(r.events for r in BatchRows(settings, sess).day_hours("*", hour.date(), runs) if utc(r.hour) == hour)
 
 
 def _absorb_late(settings: Settings, hour: datetime) -> None:
@@ -258,12 +249,12 @@ def demo(settings: Settings, fresh: bool, hours: int, event_rate: float, live_ra
             env=_env(settings), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
     try:
-        newest = _wait_speed(settings, datetime.fromisoformat(state["end"]) - timedelta(minutes=1))
+        newest = _wait_speed(settings, datetime.fromisoformat(state["end"]) - MINUTE)
         click.echo(f"speed view caught up: newest event {newest:%Y-%m-%d %H:%M:%S} UTC")
 
         _step("batch layer: Airflow backfill of the closed hours")
         first = datetime.fromisoformat(state.get("first_hour", state["start"]))
-        hours_done = _backfill(settings, _floor(first, HOUR))
+        hours_done = _backfill(settings, floor(first, HOUR))
         click.echo(f"batch view serves {len(hours_done)} closed hour(s)")
         if hours_done:
             _step("late data: the index finds it, the hour turns stale, a recompute absorbs it")

@@ -88,8 +88,9 @@ def status(settings: Settings, hours: int) -> None:
     """Show the batch watermark, the pin, the index horizon, stale hours and the latest runs below the watermark."""
     from batch_layer.index import horizon
     from batch_layer.job import stale_hours
-    from batch_layer.store import HOUR, BatchStore
-    from infra.cassandra import READ_PROFILE, session, table
+    from batch_layer.store import BatchStore
+    from infra.cassandra import session
+    from views.buckets import HOUR
 
     click.echo(horizon(settings).describe())
     stale = stale_hours(settings)
@@ -101,17 +102,13 @@ def status(settings: Settings, hours: int) -> None:
         click.echo("stale hours: none")
     with session(settings) as sess:
         store = BatchStore(settings, sess)
-        low, mark, pinned = store.watermark()
+        low, mark, pinned = store.pointers.watermark()
         click.echo(f"batch watermark: [{low}, {mark})  pinned: {pinned or '-'}")
         if mark is None:
             return
-        runs = sess.prepare(
-            f"SELECT run_id, status, rows_read, rows_kept, rows_deduped, rows_late, offsets, code_version "
-            f"FROM {table(settings, 'batch_runs')} WHERE hour = ? LIMIT 3"
-        )
         for i in range(1, hours + 1):
             hour = mark - i * HOUR
-            for r in sess.execute(runs, (hour,), execution_profile=READ_PROFILE):
+            for r in store.latest_runs(hour, 3):
                 click.echo(
                     f"  {hour:%Y-%m-%dT%H:%MZ} {r.status:9} read {r.rows_read} kept {r.rows_kept} "
                     f"dedup {r.rows_deduped} late {r.rows_late} offsets {r.offsets} code {r.code_version}"
@@ -124,12 +121,12 @@ def status(settings: Settings, hours: int) -> None:
 @click.pass_obj
 def pin(settings: Settings, at: datetime | None, clear: bool) -> None:
     """Pin the boundary serving uses (e.g. while a bad batch run is redone), or clear the pin."""
-    from batch_layer.store import BatchStore
     from infra.cassandra import session
+    from views.store.pointers import PointerStore
 
     if clear == (at is not None):
         msg = "give exactly one of --at or --clear"
         raise click.UsageError(msg)
     with session(settings) as sess:
-        BatchStore(settings, sess).pin(None if clear else at)
+        PointerStore(settings, sess).pin(None if clear else at)
     click.echo("pin cleared" if clear else f"boundary pinned at {at}")

@@ -24,18 +24,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from batch_layer.store import utc
 from infra.cassandra import READ_PROFILE, session, table, write_many
 from infra.errors import TrendsError
 from infra.settings import Settings
+from views.buckets import HOUR, utc
+from views.store.pointers import Pointer, PointerStore
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
 
 logger = logging.getLogger(__name__)
 
-HOUR_MS = 3_600_000
-HOUR = timedelta(hours=1)
+HOUR_MS = int(HOUR / timedelta(milliseconds=1))  # the hour bucket in epoch milliseconds (the indexer works in ms)
 
 
 def ms_to_dt(ms: int) -> datetime:
@@ -205,9 +205,8 @@ class IndexStore:
     def __init__(self, settings: Settings, sess: Session) -> None:
         self.settings = settings
         self.sess = sess
-        t = {n: table(settings, n) for n in (
-            "batch_index_spans", "batch_index_hours", "batch_index_state", "batch_stale", "batch_intervals",
-        )}  # fmt: skip
+        self.views = PointerStore(settings, sess)  # the batch view's pointers and stale hours
+        t = {n: table(settings, n) for n in ("batch_index_spans", "batch_index_hours", "batch_index_state")}
         p = sess.prepare
         self.ins_span = p(
             f"INSERT INTO {t['batch_index_spans']} (topic, day, hour, partition, first_offset, last_offset, records, "
@@ -230,10 +229,7 @@ class IndexStore:
             f"SELECT partition, next_offset, max_ts, last_record_at, open_spans, skipped FROM {t['batch_index_state']} "
             "WHERE topic = ?"
         )
-        self.ins_stale = p(f"INSERT INTO {t['batch_stale']} (topic, hour, records, noticed_at) VALUES (?, ?, ?, ?)")
-        self.sel_stale = p(f"SELECT hour, records FROM {t['batch_stale']} WHERE topic = ?")
-        self.sel_pointers = p(f"SELECT hour, run_id, indexed FROM {t['batch_intervals']} WHERE day = ?")
-        for stmt in (self.ins_span, self.ins_hour, self.ins_state, self.ins_stale):
+        for stmt in (self.ins_span, self.ins_hour, self.ins_state):
             stmt.is_idempotent = True
 
     # -- bulk helpers -----------------------------------------------------------------------------------------
@@ -292,29 +288,19 @@ class IndexStore:
                 out[utc(r.hour)] = (int(r.records), int(r.late or 0))  # type: ignore[index]
         return out
 
-    def pointers(self, days: Iterable[date]) -> dict[datetime, tuple[Any, int | None]]:
-        """Return the current run and the indexed records it read, per completed hour of the days."""
-        days = list(days)
-        out: dict[datetime, tuple[Any, int | None]] = {}
-        for rows in self._read(self.sel_pointers, [(d,) for d in days]):
-            for r in rows:
-                out[utc(r.hour)] = (r.run_id, r.indexed)  # type: ignore[index]
-        return out
-
     def stale(self, topic: str) -> dict[datetime, tuple[int, int]]:
         """Return hour -> (records indexed now, records its current run read) for every stale hour."""
-        noticed = {utc(r.hour): int(r.records) for r in self.sess.execute(self.sel_stale, (topic,))}
+        noticed = self.views.stale(topic)
         if not noticed:
             return {}
-        pointers = self.pointers({h.date() for h in noticed if h is not None})
-        totals = self.hour_totals(topic, {h.date() for h in noticed if h is not None})
+        pointers = self.views.pointers_indexed({h.date() for h in noticed})
+        totals = self.hour_totals(topic, {h.date() for h in noticed})
         out = {}
         for hour in noticed:
-            assert hour is not None  # noqa: S101 - clustering key
             run = pointers.get(hour)
             now = totals.get(hour, (noticed[hour], 0))[0]
-            if run is not None and run[1] is not None and now > run[1]:
-                out[hour] = (now, int(run[1]))
+            if run is not None and run.indexed is not None and now > run.indexed:
+                out[hour] = (now, run.indexed)
         return dict(sorted(out.items()))
 
     # -- writes -----------------------------------------------------------------------------------------------
@@ -339,13 +325,13 @@ class IndexStore:
 
     def mark_stale(self, topic: str, totals: dict[datetime, tuple[int, int]]) -> int:
         """Record the hours whose indexed records exceed what their current run read; return how many."""
-        pointers = self.pointers({h.date() for h in totals})
-        stale = [
-            (topic, h, records, datetime.now(UTC))
+        pointers: dict[datetime, Pointer] = self.views.pointers_indexed({h.date() for h in totals})
+        stale = {
+            h: records
             for h, (records, _late) in totals.items()
-            if h in pointers and pointers[h][1] is not None and records > int(pointers[h][1])  # type: ignore[arg-type]
-        ]
-        self._write(self.ins_stale, stale)
+            if h in pointers and pointers[h].indexed is not None and records > int(pointers[h].indexed)  # type: ignore[arg-type]
+        }
+        self.views.mark_stale(topic, stale)
         return len(stale)
 
     def write_states(self, topic: str, states: Iterable[PartitionState]) -> None:

@@ -26,10 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 from batch_layer import index, offsets
 from batch_layer.index import IndexStore
-from batch_layer.store import HOUR, BatchStore, ViewRow, new_run_id
+from batch_layer.store import BatchStore, new_run_id
 from infra.cassandra import session
 from infra.errors import TrendsError
 from infra.settings import Settings
+from views.buckets import HOUR
+from views.store.pointers import PointerStore
+from views.store.rows import ViewRow
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Observation, SparkSession
@@ -339,15 +342,15 @@ def load(store: BatchStore, plan: offsets.Plan, done: Computed | None, *, force:
     """Write a pass's versions, swap every hour's pointer, roll the days up and write each hour's lineage."""
     hours = [h.hour for h in plan.hours]
     days = sorted({h.date() for h in hours})
-    before = {d: store.pointers(d) for d in days}
+    before = {d: store.pointers.runs(d) for d in days}
     runs = {h: new_run_id() for h in hours}
     store.runs_started(
         [(hp.hour, runs[hp.hour], hp.hour + HOUR, plan.topic, hp.to_json(), force, code) for hp in plan.hours]
     )
     try:
         if done is not None:
-            store.write_versions(runs, done.minutes, done.hours)
-        store.swap_many([(hp.hour, runs[hp.hour], hp.records) for hp in plan.hours])
+            store.rows.write_versions(runs, done.minutes, done.hours)
+        store.pointers.swap([(hp.hour, runs[hp.hour], hp.records) for hp in plan.hours])
         for day in days:
             pointers = {**before[day], **{h: runs[h] for h in hours if h.date() == day}}
             if done is not None and day in done.days:
@@ -406,7 +409,7 @@ def run(
     if index_first:
         index.run_index(settings)
     if not force:
-        offsets.check_closed(index.horizon(settings), hours[-1] + HOUR, offsets.grace(settings))
+        offsets.check_closed(index.horizon(settings), hours[-1] + HOUR, settings)
     t0 = time.monotonic()
     results: list[RunResult] = []
     with session(settings) as sess:
@@ -443,7 +446,7 @@ def run(
                     with contextlib.suppress(BaseException):
                         pending.result()
                 runner.close()
-        _low, mark = store.advance_watermark(hours[0])
+        _low, mark = store.pointers.advance(hours[0])
     for r in results:
         r.watermark = mark
     return results
@@ -503,7 +506,7 @@ class _Passes:
 def advance(settings: Settings, hint: datetime) -> tuple[datetime | None, datetime | None]:
     """Advance the batch watermark over contiguous completed hours (``hint``: an hour just completed)."""
     with session(settings) as sess:
-        return BatchStore(settings, sess).advance_watermark(hint)
+        return PointerStore(settings, sess).advance(hint)
 
 
 def stale_hours(settings: Settings) -> dict[datetime, tuple[int, int]]:
@@ -517,15 +520,15 @@ def missing_hours(settings: Settings, below: datetime, limit: int) -> list[datet
     if limit <= 0:
         return []
     with session(settings) as sess:
-        store = BatchStore(settings, sess)
-        _low, mark, _pinned = store.watermark()
+        pointers = PointerStore(settings, sess)
+        _low, mark, _pinned = pointers.watermark()
         if mark is None or mark >= below:
             return []
         out: list[datetime] = []
         hour = mark
         cache: dict[date, dict[datetime, uuid.UUID]] = {}
         while hour < below and len(out) < limit:
-            if not store.completed(hour, cache):
+            if not pointers.completed(hour, cache):
                 out.append(hour)
             hour += HOUR
         return out
@@ -548,13 +551,13 @@ def backfill_chunks(settings: Settings, start: datetime, end: datetime, *, only_
 
     hours = list(hours_between(start, end))
     index.run_index(settings)
-    offsets.check_closed(index.horizon(settings), hours[-1] + HOUR, offsets.grace(settings))
+    offsets.check_closed(index.horizon(settings), hours[-1] + HOUR, settings)
     topic = settings.kafka.events_topic
     with session(settings) as sess:
-        idx, store = IndexStore(settings, sess), BatchStore(settings, sess)
+        idx, pointers = IndexStore(settings, sess), PointerStore(settings, sess)
         days = sorted({h.date() for h in hours})
         if only_missing:
-            done = {h for d in days for h in store.pointers(d)}
+            done = {h for d in days for h in pointers.runs(d)}
             hours = [h for h in hours if h not in done]
         totals = idx.hour_totals(topic, days)
     records = {h: totals.get(h, (0, 0))[0] for h in hours}

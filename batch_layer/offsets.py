@@ -7,7 +7,8 @@ are unioned). Records of other hours inside the ranges are dropped by the job, b
 Two refusals, never a silent partial result:
 
 * **not closed** — the hours' end is closed when every *active* partition's newest record time (as the index
-  saw it) has passed ``end + grace``; idle partitions do not hold it back (:func:`batch_layer.index.horizon_of`).
+  saw it) has passed ``end + grace`` (the one closed-hour rule, :func:`views.buckets.is_closed`); idle partitions
+  do not hold it back (:func:`batch_layer.index.horizon_of`).
 * **data lost** — a range begins before the oldest offset retention kept: records the hours need are gone.
 """
 
@@ -18,12 +19,13 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from batch_layer.index import Horizon, IndexStore, Span
 from infra.errors import TrendsError
 from infra.settings import KafkaSettings, Settings
+from views import buckets
 
 logger = logging.getLogger(__name__)
 
@@ -200,24 +202,20 @@ def plan(settings: Settings, store: IndexStore, hours: Sequence[datetime], topic
     return Plan(topic, hour_plans, tuple(ranges))
 
 
-def grace(settings: Settings) -> timedelta:
-    """Return how far past an interval's end every active partition must be before it is closed."""
-    return max(timedelta(seconds=settings.batch.grace_s), timedelta(seconds=settings.batch.lateness_s))
-
-
-def check_closed(h: Horizon, end: datetime, grace_: timedelta) -> None:
-    """Raise :class:`IntervalNotClosedError` unless the horizon has passed ``end + grace``."""
-    if h.closed_at is None or h.closed_at < end + grace_:
+def check_closed(h: Horizon, end: datetime, settings: Settings) -> None:
+    """Raise :class:`IntervalNotClosedError` unless the interval ending at ``end`` is closed at the horizon."""
+    if not buckets.is_closed(h.closed_at, end, settings):
+        due = end + buckets.closing_grace(settings)
         msg = (
             f"the interval ending {end.isoformat()} is not closed: {h.describe()}, and it must pass "
-            f"{(end + grace_).isoformat()} (end + grace). Wait, or use --force."
+            f"{due.isoformat()} (end + grace). Wait, or use --force."
         )
         raise IntervalNotClosedError(msg)
 
 
-def is_closed(h: Horizon, end: datetime, grace_: timedelta) -> bool:
-    """Tell whether the horizon has passed ``end + grace``."""
-    return h.closed_at is not None and h.closed_at >= end + grace_
+def is_closed(h: Horizon, end: datetime, settings: Settings) -> bool:
+    """Tell whether the interval ending at ``end`` is closed at the horizon (:func:`buckets.is_closed`)."""
+    return buckets.is_closed(h.closed_at, end, settings)
 
 
 def describe_ranges(ranges: Sequence[Range]) -> dict[str, Any]:

@@ -14,10 +14,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from batch_layer.store import HOUR, BatchStore, utc
-from infra.cassandra import READ_PROFILE, WRITE_PROFILE, session, table
+from infra.cassandra import WRITE_PROFILE, session, table
 from infra.settings import Settings
 from views import sketches
+from views.store.batch import BatchRows
+from views.store.pointers import PointerStore
+from views.store.speed import SpeedRows
 
 logger = logging.getLogger(__name__)
 
@@ -54,30 +56,16 @@ def reconcile(settings: Settings, hour: datetime, max_examples: int = 10) -> Rec
     """
     hour = hour.astimezone(UTC)
     with session(settings) as sess:
-        store = BatchStore(settings, sess)
-        run_id = store.pointers(hour.date()).get(hour)
+        run_id = PointerStore(settings, sess).runs(hour.date()).get(hour)
         if run_id is None:
             msg = f"no completed batch run for {hour.isoformat()}"
             raise LookupError(msg)
-        slices = [r.slice for r in sess.execute(store.sel_day_slices, (hour.date(),), execution_profile=READ_PROFILE)]
-        batch_q = sess.prepare(
-            f"SELECT bucket_start, events, users_hll FROM {table(settings, 'batch_minutes')} "
-            "WHERE slice = ? AND hour = ? AND run_id = ?"
-        )
-        speed_q = sess.prepare(
-            f"SELECT bucket_start, events, users_hll FROM {table(settings, 'speed_view')} "
-            "WHERE slice = ? AND day = ? AND bucket_start >= ? AND bucket_start < ?"
-        )
+        batch_rows, speed_rows = BatchRows(settings, sess), SpeedRows(settings, sess)
+        slices = batch_rows.day_slices(hour.date())
         rec = Reconciliation(hour, str(run_id))
         for sl in ["*", *(s for s in slices if s != "*")]:
-            batch = {
-                utc(r.bucket_start): r
-                for r in sess.execute(batch_q, (sl, hour, run_id), execution_profile=READ_PROFILE)
-            }
-            speed = {
-                utc(r.bucket_start): r
-                for r in sess.execute(speed_q, (sl, hour.date(), hour, hour + HOUR), execution_profile=READ_PROFILE)
-            }
+            batch = batch_rows.run_minutes(sl, hour, run_id)
+            speed = speed_rows.hour_minutes(sl, hour)
             _compare(rec, sl, batch, speed, max_examples)
         sess.execute(
             sess.prepare(

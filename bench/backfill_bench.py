@@ -37,10 +37,12 @@ from batch_layer.index import IndexStore, Span
 from batch_layer.store import BatchStore
 from infra import migrations, stack, topics
 from infra.airflow.client import AirflowClient
-from infra.cassandra import session, table
+from infra.cassandra import session
 from infra.settings import Settings
 from ingestion.generator import GeneratorConfig, SyntheticStream
+from views.buckets import month_key
 from views.event import Event
+from views.store.batch import BatchRows
 
 REPO = Path(__file__).resolve().parent.parent
 CLI_GOAL_S, AIRFLOW_GOAL_S, INDEX_GOAL = 120.0, 300.0, 0.5
@@ -117,13 +119,11 @@ def check(settings: Settings, produced_per_day: dict[Any, int]) -> str:
     with session(settings) as sess:
         store = BatchStore(settings, sess)
         days = [(YEAR_START + timedelta(days=i)).date() for i in range((YEAR_END - YEAR_START).days)]
-        hours = sum(len(store.pointers(d)) for d in days)
+        hours = sum(len(store.pointers.runs(d)) for d in days)
         got: dict[Any, int] = {}
-        for month in sorted({d.strftime("%Y-%m") for d in days}):
-            for r in sess.execute(
-                f"SELECT day, events FROM {table(settings, 'batch_days')} WHERE slice = '*' AND month = %s", (month,)
-            ):
-                got[r.day.date() if hasattr(r.day, "date") else r.day] = r.events
+        rows = BatchRows(settings, sess)
+        for month in sorted({month_key(d) for d in days}):
+            got.update({day: r.events for day, r in rows.month_days("*", month).items()})
     exact = all(got.get(d, 0) == produced_per_day.get(d, 0) for d in days)
     return f"{hours} of {24 * len(days)} hours with a current run; daily counts {'EXACT' if exact else 'WRONG'}"
 

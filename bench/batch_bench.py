@@ -40,11 +40,14 @@ from speed_bench import event_json
 
 from batch_layer import index, job, offsets
 from batch_layer.index import IndexStore
-from batch_layer.store import HOUR, BatchStore
+from batch_layer.store import BatchStore
 from infra import migrations, topics
 from infra.cassandra import session
 from infra.settings import Settings
 from views.aggregation import GLOBAL_SLICE
+from views.buckets import HOUR, utc
+from views.store.batch import BatchRows
+from views.store.pointers import PointerStore
 
 GOAL = 0.5
 PARSE_ONLY = "read Kafka + parse (alone)"
@@ -127,18 +130,10 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 def hourly_count(settings: Settings, hour: datetime) -> tuple[int | None, int]:
     """Return the current batch hour row's count of the global slice, and the sum of its minute rows."""
     with session(settings) as sess:
-        store = BatchStore(settings, sess)
-        current = store.pointers(hour.date()).get(hour)
-        hours = [
-            r.events
-            for r in sess.execute(store.sel_hours, (GLOBAL_SLICE, hour.date()))
-            if r.hour.replace(tzinfo=UTC) == hour and r.run_id == current
-        ]
-        minutes = sess.execute(
-            f"SELECT events FROM {settings.cassandra.keyspace}.batch_minutes WHERE slice = %s AND hour = %s "
-            "AND run_id = %s",
-            (GLOBAL_SLICE, hour, current),
-        )
+        runs = PointerStore(settings, sess).runs(hour.date())
+        rows = BatchRows(settings, sess)
+        hours = [r.events for r in rows.day_hours(GLOBAL_SLICE, hour.date(), runs) if utc(r.hour) == hour]
+        minutes = rows.run_minutes(GLOBAL_SLICE, hour, runs.get(hour)).values()
         return (hours[0] if len(hours) == 1 else None), sum(r.events for r in minutes)
 
 
@@ -152,7 +147,7 @@ def stages(spark: Any, settings: Settings, hour: datetime) -> list[tuple[str, fl
         return value
 
     step("index catch-up (nothing new)", lambda: index.run_index(settings))
-    step("closed check", lambda: offsets.check_closed(index.horizon(settings), hour + HOUR, offsets.grace(settings)))
+    step("closed check", lambda: offsets.check_closed(index.horizon(settings), hour + HOUR, settings))
     plan = step("plan from the index", lambda: plan_of(settings, hour))
     from pyspark.sql import functions as F
 

@@ -36,11 +36,13 @@ import httpx
 
 from batch_layer.store import BatchStore
 from infra import migrations
-from infra.cassandra import session, table
+from infra.cassandra import session
 from infra.settings import Settings
 from serving import queries
-from serving.merge import DAY, HOUR, MINUTE, floor
 from serving.store import ViewReader
+from views.buckets import DAY, HOUR, MINUTE, floor
+from views.store.rows import ViewRow
+from views.store.speed import SpeedRows
 
 WARMUP = 20
 ITEMS = [f"#item{i}" for i in range(500)]
@@ -60,8 +62,6 @@ def minute_sketches(rng: random.Random, events: int) -> tuple[bytes, bytes, byte
 
 def fill(settings: Settings, end: datetime, days: int, per_minute: int) -> datetime:
     """Write ``days`` of minute buckets ending at ``end``; return the batch watermark."""
-    from cassandra.concurrent import execute_concurrent_with_args
-
     from views.sketches import merge_all
 
     rng = random.Random(5)
@@ -74,38 +74,25 @@ def fill(settings: Settings, end: datetime, days: int, per_minute: int) -> datet
         t += MINUTE
     print(f"built {len(minutes):,} minute sketches")
     with session(settings) as sess:
-        store = BatchStore(settings, sess)
-        speed = sess.prepare(
-            f"INSERT INTO {table(settings, 'speed_view')} (slice, day, bucket_start, events, users_hll, values_kll, "
-            "items_fi, min_ts, max_ts, batch_id) VALUES ('*', ?, ?, ?, ?, ?, ?, ?, ?, 0)"
-        )
-        rows = [(m.date(), m, per_minute, h, k, f, m, m + MINUTE - timedelta(milliseconds=1)) for m, h, k, f in minutes]
-        execute_concurrent_with_args(sess, speed, rows, concurrency=64)
+        store, speed = BatchStore(settings, sess), SpeedRows(settings, sess)
+        last_ms = MINUTE - timedelta(milliseconds=1)
+        speed.write([ViewRow("*", m, per_minute, h, k, f, m, m + last_ms) for m, h, k, f in minutes], 0, 0)
         by_hour: dict[datetime, list[tuple[datetime, bytes, bytes, bytes]]] = {}
         for m in minutes:
             by_hour.setdefault(floor(m[0], HOUR), []).append(m)
-        from batch_layer.store import ViewRow
-
         for hour, ms in sorted(by_hour.items()):
             if hour >= watermark:
                 continue
             run = uuid.uuid1()
             minute_rows = [ViewRow("*", m, per_minute, h, k, f, m, m) for m, h, k, f in ms]
             hh, hk, hf = merge_all((h, k, f) for _m, h, k, f in ms)
-            store.write_version(
-                hour, run, minute_rows, [ViewRow("*", hour, per_minute * len(ms), hh, hk, hf, hour, hour)]
-            )
-            store.swap(hour, run)
+            hour_row = ViewRow("*", hour, per_minute * len(ms), hh, hk, hf, hour, hour)
+            store.rows.write_versions({hour: run}, {hour: minute_rows}, {hour: [hour_row]})
+            store.pointers.swap([(hour, run, None)])
         for d in range(days + 1):
             store.remerge_day((start + d * DAY).date())
-        sess.execute(
-            f"INSERT INTO {table(settings, 'batch_watermark')} (name, low, watermark) VALUES ('batch', %s, %s)",
-            (floor(start, HOUR) + HOUR, watermark),
-        )
-        sess.execute(
-            f"INSERT INTO {table(settings, 'speed_progress')} (query, newest_event_ts) VALUES (%s, %s)",
-            (settings.speed.query_name, end - timedelta(seconds=1)),
-        )
+        store.pointers.write_watermark(floor(start, HOUR) + HOUR, watermark)
+        speed.write_progress(settings.speed.query_name, end - timedelta(seconds=1), None, 0, 0)
     return watermark
 
 
@@ -118,7 +105,9 @@ def bench(settings: Settings, end: datetime, window: timedelta, runs: int) -> tu
     with session(settings) as sess:
         prepared = ViewReader(settings, sess)
         for i in range(runs + WARMUP):
-            reader = prepared.fresh()  # as the API: statements prepared once per process, pointers read per request
+            reader = (
+                prepared.request_reader()
+            )  # as the API: statements prepared once per process, pointers read per request
             t0 = time.perf_counter()
             windows = [(end - window, end), (end - 2 * window, end - window)]
             recent, base = queries.load_many(reader, windows, "*", fields=queries.NEEDS["trending"])
@@ -130,7 +119,7 @@ def bench(settings: Settings, end: datetime, window: timedelta, runs: int) -> tu
                 plan(a, b, cov.boundary, cov.batch_hours, cov.current_days, cov.speed_fresh_until)
                 for a, b in ((end - window, end), (end - 2 * window, end - window))
             ]
-            bare_reader = prepared.fresh()
+            bare_reader = prepared.request_reader()
             bare_reader.cache = None  # the bare reads go to Cassandra every time
             t2 = time.perf_counter()
             for sp in spans:
@@ -228,7 +217,6 @@ def big_sketches(rng: random.Random, events: int, items: int) -> tuple[bytes, by
 def rss_bench(base: Settings, clients: int, rounds: int) -> None:
     """Peak RSS of ``trends serve`` under the most expensive request it allows, ``clients`` at a time."""
     import psutil
-    from cassandra.concurrent import execute_concurrent_with_args
 
     keyspace = f"bench_rss_{uuid.uuid4().hex[:6]}"
     settings = base.model_copy(update={"cassandra": base.cassandra.model_copy(update={"keyspace": keyspace})})
@@ -243,19 +231,11 @@ def rss_bench(base: Settings, clients: int, rounds: int) -> None:
         end = floor(datetime.now(UTC), MINUTE)
         start = end - rows * MINUTE
         with session(settings) as sess:
-            insert = sess.prepare(
-                f"INSERT INTO {table(settings, 'speed_view')} (slice, day, bucket_start, events, users_hll, "
-                "values_kll, items_fi, min_ts, max_ts, batch_id) VALUES ('*', ?, ?, 3000, ?, ?, ?, ?, ?, 0)"
-            )
-            args = []
-            for i in range(-extra, rows):
-                m = start + i * MINUTE
-                args.append((m.date(), m, *variants[i % len(variants)], m, m + MINUTE - timedelta(milliseconds=1)))
-            execute_concurrent_with_args(sess, insert, args, concurrency=16)
-            sess.execute(
-                f"INSERT INTO {table(settings, 'speed_progress')} (query, newest_event_ts) VALUES (%s, %s)",
-                (settings.speed.query_name, end - timedelta(seconds=1)),
-            )
+            speed = SpeedRows(settings, sess)
+            last_ms = MINUTE - timedelta(milliseconds=1)
+            minutes = [(start + i * MINUTE, variants[i % len(variants)]) for i in range(-extra, rows)]
+            speed.write([ViewRow("*", m, 3000, *sketches, m, m + last_ms) for m, sketches in minutes], 0, 0)
+            speed.write_progress(settings.speed.query_name, end - timedelta(seconds=1), None, 0, 0)
         print(
             f"rss: {rows:,} speed minutes ({rows / 1440:.1f} days) of {row_bytes / 1024:.1f} KB sketches each = "
             f"{rows * row_bytes / 2**20:.0f} MiB, under serving.max_read_mb {settings.serving.max_read_mb:g}"

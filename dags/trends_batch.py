@@ -92,7 +92,7 @@ def trends_batch() -> None:
         assert data_interval_end is not None
         index.run_index(settings)
         horizon = index.horizon(settings)
-        return PokeReturnValue(is_done=offsets.is_closed(horizon, data_interval_end, offsets.grace(settings)))
+        return PokeReturnValue(is_done=offsets.is_closed(horizon, data_interval_end, settings))
 
     @task
     def plan(data_interval_start: datetime | None = None) -> str:

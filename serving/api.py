@@ -2,7 +2,7 @@
 
 ``create_app(settings)`` builds a FastAPI app that holds one Cassandra session for its lifetime (connected lazily
 and reconnected, at most every ``serving.cassandra_retry_s``, while Cassandra is unreachable) and gives each request
-a fresh :class:`~serving.store.ViewReader` over it. Every query endpoint answers with the provenance, the gaps and
+a :class:`~serving.store.ViewReader` of its own over it. Every query endpoint answers with the provenance, the gaps and
 the error bounds of :mod:`serving.queries`. Refusals are 4xx with a message naming the parameter or the setting; an
 unreachable or failing Cassandra is a 503 with ``Retry-After`` and a generic reason (the details go to the log),
 never a 500. More concurrent queries than ``serving.max_concurrent_requests`` are refused with a 429.
@@ -33,11 +33,12 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel
 
-from infra.cassandra import READ_PROFILE, make_cluster, table
+from infra.cassandra import make_cluster
 from infra.settings import Settings
 from serving import params, queries
-from serving.merge import MINUTE, Resolution, floor
+from serving.merge import Resolution
 from serving.store import ReadBudget, ReadBudgetExceededError, RowCache, ViewReader
+from views.buckets import MINUTE, floor
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +121,7 @@ class Backend:
         """
         with self._lock:
             reader = self._reader or self._connect()
-            return reader.fresh()
+            return reader.request_reader()
 
     def _connect(self) -> ViewReader:
         now = time.monotonic()
@@ -146,11 +147,7 @@ class Backend:
         """
         reader = self.reader()
         try:
-            reader.sess.execute(
-                f"SELECT name FROM {table(self.settings, 'batch_watermark')} LIMIT 1",
-                execution_profile=READ_PROFILE,
-                timeout=3.0,
-            )
+            reader.ping(timeout=3.0)
         except _driver_errors() as exc:
             raise CassandraUnavailableError(_reason(exc)) from exc
 

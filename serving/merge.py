@@ -18,12 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime
 from typing import Literal
 
-MINUTE = timedelta(minutes=1)
-HOUR = timedelta(hours=1)
-DAY = timedelta(days=1)
+from views.buckets import DAY, HOUR, MINUTE, floor
 
 Layer = Literal["batch", "speed", "gap"]
 Resolution = Literal["day", "hour", "minute"]
@@ -45,13 +43,6 @@ class Span:
         while m < self.end:
             yield m
             m += MINUTE
-
-
-def floor(ts: datetime, unit: timedelta) -> datetime:
-    """Return ``ts`` truncated to a multiple of ``unit`` (minute, hour or day) in UTC."""
-    ts = ts.astimezone(UTC)
-    epoch = datetime(1970, 1, 1, tzinfo=UTC)
-    return epoch + ((ts - epoch) // unit) * unit
 
 
 def plan(

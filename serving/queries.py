@@ -22,9 +22,10 @@ from typing import Any
 
 import datasketches as ds
 
-from serving.merge import DAY, HOUR, MINUTE, Resolution, Span, floor, plan
+from serving.merge import Resolution, Span, plan
 from serving.store import SKETCH_FIELDS, Bucket, Coverage, ReadBudget, ViewReader
 from views import sketches
+from views.buckets import DAY, HOUR, MINUTE, floor
 
 logger = logging.getLogger(__name__)
 

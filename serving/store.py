@@ -13,7 +13,6 @@ change with every micro-batch and are always read.
 from __future__ import annotations
 
 import copy
-import functools
 import logging
 import threading
 from collections import OrderedDict
@@ -22,17 +21,22 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from typing import TYPE_CHECKING, Any
 
-from batch_layer.store import fingerprint_of, utc
-from infra.cassandra import READ_PROFILE, table
+from infra.cassandra import READ_PROFILE
 from infra.settings import Settings
-from serving.merge import DAY, HOUR, Layer, Resolution, Span, floor
+from serving.merge import Layer, Resolution, Span
+from views.buckets import DAY, HOUR, MINUTE, as_date, days_between, floor, month_key, utc
+from views.store import cql
+from views.store.batch import BatchRows
+from views.store.pointers import PointerStore, decode_pointers, decode_stale, decode_watermark, fingerprint_of
+from views.store.rows import Request
+from views.store.speed import SpeedRows
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
 
 logger = logging.getLogger(__name__)
 
-SKETCH_FIELDS = ("users_hll", "values_kll", "items_fi")
+SKETCH_FIELDS = cql.SKETCH_FIELDS
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,7 @@ class Coverage:
         """Return the end of the minute of the newest event the speed layer has written."""
         if self.speed_newest_event is None:
             return None
-        return floor(self.speed_newest_event, timedelta(minutes=1)) + timedelta(minutes=1)
+        return floor(self.speed_newest_event, MINUTE) + MINUTE
 
 
 ROW_OVERHEAD_BYTES = 200  # a cached row's object and key, besides its sketch bytes
@@ -135,39 +139,16 @@ def rows_cacheable(settings: Settings) -> bool:
     return settings.serving.cache_mb > 0 and (quorum or single)
 
 
-def _as_date(value: Any) -> date:
-    """Return a CQL ``date`` as a ``datetime.date`` (the driver's ``cassandra.util.Date`` never equals one)."""
-    return value if isinstance(value, date) else value.date()
-
-
-def _days(start: datetime, end: datetime) -> list[date]:
-    d, out = floor(start, DAY), []
-    while d < end:
-        out.append(d.date())
-        d += DAY
-    return out
-
-
 class ViewReader:
     """Prepared reads of the speed and batch views."""
 
     def __init__(self, settings: Settings, sess: Session) -> None:
         self.settings = settings
         self.sess = sess
-        p = sess.prepare
-        self.q_watermark = p(f"SELECT low, watermark, pinned FROM {table(settings, 'batch_watermark')} WHERE name = ?")
-        self.q_pointers = p(f"SELECT hour, run_id, indexed FROM {table(settings, 'batch_intervals')} WHERE day = ?")
-        self.q_all_stale = p(f"SELECT hour, records FROM {table(settings, 'batch_stale')} WHERE topic = ?")
-        self.q_stale = p(
-            f"SELECT hour, records FROM {table(settings, 'batch_stale')} WHERE topic = ? AND hour >= ? AND hour < ?"
-        )
-        self.q_progress = p(
-            f"SELECT newest_event_ts, updated_at FROM {table(settings, 'speed_progress')} WHERE query = ?"
-        )
+        self.pointer_store = PointerStore(settings, sess)
+        self.batch_rows = BatchRows(settings, sess)
+        self.speed_rows = SpeedRows(settings, sess)
         self._rows: dict[frozenset[str], dict[str, Any]] = {}
-        self.q_day_rollups = p(
-            f"SELECT day, hour_runs FROM {table(settings, 'batch_days')} WHERE slice = ? AND month = ?"
-        )
         self._pointers: dict[date, dict[datetime, Any]] = {}
         self._indexed: dict[datetime, int | None] = {}
         self.cache = RowCache(settings.serving.cache_mb * 1024 * 1024) if rows_cacheable(settings) else None
@@ -176,30 +157,10 @@ class ViewReader:
         """Return the row reads selecting only ``fields`` of the sketches (prepared once per field set)."""
         stmts = self._rows.get(fields)
         if stmts is None:
-            cols = ", ".join(["events", *(f for f in SKETCH_FIELDS if f in fields)])
-            p, t = self.sess.prepare, functools.partial(table, self.settings)
-            stmts = {
-                "days": p(
-                    f"SELECT day, hour_runs, {cols} FROM {t('batch_days')} "
-                    "WHERE slice = ? AND month = ? AND day >= ? AND day < ?"
-                ),
-                "hours": p(
-                    f"SELECT hour, run_id, {cols} FROM {t('batch_hours')} "
-                    "WHERE slice = ? AND day = ? AND hour >= ? AND hour < ?"
-                ),
-                "minutes": p(
-                    f"SELECT bucket_start, {cols} FROM {t('batch_minutes')} "
-                    "WHERE slice = ? AND hour = ? AND run_id = ? AND bucket_start >= ? AND bucket_start < ?"
-                ),
-                "speed": p(
-                    f"SELECT bucket_start, {cols} FROM {t('speed_view')} "
-                    "WHERE slice = ? AND day = ? AND bucket_start >= ? AND bucket_start < ?"
-                ),
-            }
-            self._rows[fields] = stmts
+            stmts = self._rows[fields] = cql.prepare_reads(self.sess, self.settings, fields)
         return stmts
 
-    def fresh(self) -> ViewReader:
+    def request_reader(self) -> ViewReader:
         """Return a reader sharing this one's session and prepared statements, with an empty pointer cache.
 
         A long-lived process (the API) takes one per request: batch reruns move the pointers, and requests served
@@ -210,10 +171,11 @@ class ViewReader:
         other._indexed = {}
         return other
 
-    def _exec(self, stmt: Any, params: tuple[Any, ...]) -> Iterable[Any]:
-        return self.sess.execute(stmt, params, execution_profile=READ_PROFILE)  # type: ignore[no-any-return]
+    def ping(self, timeout: float) -> None:
+        """Read one row of the watermark table (readiness); raise the driver's error when Cassandra cannot."""
+        self.pointer_store.ping(timeout)
 
-    def _exec_many(self, requests: list[tuple[Any, tuple[Any, ...]]]) -> list[list[Any]]:
+    def _exec_many(self, requests: list[Request]) -> list[list[Any]]:
         """Run reads concurrently (one round trip of latency instead of one per read); results in order."""
         futures = [self.sess.execute_async(stmt, params, execution_profile=READ_PROFILE) for stmt, params in requests]
         return [list(f.result()) for f in futures]
@@ -225,23 +187,24 @@ class ViewReader:
 
     def _load_pointers(self, days: list[date]) -> None:
         missing = [d for d in days if d not in self._pointers]
-        for day, rows in zip(missing, self._exec_many([(self.q_pointers, (d,)) for d in missing]), strict=True):
+        requests = [self.pointer_store.pointers_request(d) for d in missing]
+        for day, rows in zip(missing, self._exec_many(requests), strict=True):
             self._keep_pointers(day, rows)
 
     def _keep_pointers(self, day: date, rows: list[Any]) -> None:
-        self._pointers[day] = {utc(r.hour): r.run_id for r in rows}  # type: ignore[misc]
-        self._indexed.update({utc(r.hour): r.indexed for r in rows})  # type: ignore[misc]
+        pointers = decode_pointers(rows)
+        self._pointers[day] = {h: p.run_id for h, p in pointers.items()}
+        self._indexed.update({h: p.indexed for h, p in pointers.items()})
 
     def stale_hours(self, limit: int = 1000) -> dict[datetime, int]:
         """Return every batch hour whose indexed records grew after its current run, with how many arrived since."""
-        rows = list(self._exec(self.q_all_stale, (self.settings.kafka.events_topic,)))
-        self._load_pointers(sorted({r.hour.date() for r in rows}))
+        noticed = self.pointer_store.stale(self.settings.kafka.events_topic)
+        self._load_pointers(sorted({h.date() for h in noticed}))
         out = {}
-        for r in rows:
-            hour = utc(r.hour)
-            read = self._indexed.get(hour) if hour is not None else None
-            if hour is not None and read is not None and r.records > read:
-                out[hour] = int(r.records - read)
+        for hour, records in noticed.items():
+            read = self._indexed.get(hour)
+            if read is not None and records > read:
+                out[hour] = records - read
         return dict(sorted(out.items())[:limit])
 
     def coverage(self, start: datetime, end: datetime, slice_: str) -> Coverage:
@@ -250,18 +213,18 @@ class ViewReader:
         All of it in one round of concurrent reads: the watermark, the speed progress, the hour pointers of the
         window's days (those not cached yet) and the daily rollups' fingerprints of its months.
         """
-        days = _days(start, end)
+        days = days_between(start, end)
         missing = [d for d in days if d not in self._pointers]
         months: dict[str, list[date]] = {}
         for day in days:
-            months.setdefault(day.strftime("%Y-%m"), []).append(day)
+            months.setdefault(month_key(day), []).append(day)
         rows = self._exec_many(
             [
-                (self.q_watermark, ("batch",)),
-                (self.q_progress, (self.settings.speed.query_name,)),
-                (self.q_stale, (self.settings.kafka.events_topic, floor(start, HOUR), end)),
-                *((self.q_pointers, (d,)) for d in missing),
-                *((self.q_day_rollups, (slice_, m)) for m in months),
+                self.pointer_store.watermark_request(),
+                self.speed_rows.progress_request(self.settings.speed.query_name),
+                self.pointer_store.stale_request(self.settings.kafka.events_topic, floor(start, HOUR), end),
+                *(self.pointer_store.pointers_request(d) for d in missing),
+                *(self.batch_rows.fingerprints_request(slice_, m) for m in months),
             ]
         )
         mark_rows, prog_rows, stale_rows, rest = rows[0], rows[1], rows[2], rows[3:]
@@ -271,25 +234,24 @@ class ViewReader:
         for month_days, rollups in zip(months.values(), rest[len(missing) :], strict=True):
             wanted = set(month_days)
             for r in rollups:
-                day = _as_date(r.day)
+                day = as_date(r.day)
                 if day in wanted and r.hour_runs == fingerprint_of(self._pointers[day]):
                     current.add(day)
         hours: set[datetime] = set()
         for day in days:
             hours |= set(self._pointers[day])
-        row = mark_rows[0] if mark_rows else None
-        low, mark, pinned = (utc(row.low), utc(row.watermark), utc(row.pinned)) if row else (None, None, None)
+        mark = decode_watermark(mark_rows[0] if mark_rows else None)
         prog = prog_rows[0] if prog_rows else None
         stale = {}
-        for r in stale_rows:  # an hour is stale while the index holds more of its records than its run read
-            hour, read = utc(r.hour), self._indexed.get(utc(r.hour))  # type: ignore[arg-type]
-            if hour is not None and hour in hours and read is not None and r.records > read:
-                stale[hour] = int(r.records - read)
+        for hour, records in decode_stale(stale_rows).items():  # stale while the index holds more than its run read
+            read = self._indexed.get(hour)
+            if hour in hours and read is not None and records > read:
+                stale[hour] = records - read
         return Coverage(
             stale=stale,
-            boundary=pinned or mark,
-            pinned=pinned is not None,
-            batch_low=low,
+            boundary=mark.boundary,
+            pinned=mark.pinned is not None,
+            batch_low=mark.low,
             batch_hours=hours,
             current_days=current,
             speed_newest_event=utc(prog.newest_event_ts) if prog else None,
@@ -319,7 +281,7 @@ class ViewReader:
 
         :arg budget: charged with every row yielded; it raises once the request has read too much.
         """
-        reads = _Reads(self, slice_, frozenset(fields))
+        reads = _ReadSchedule(self, slice_, frozenset(fields))
         hour_spans: dict[date, list[Span]] = {}
         for span in spans:
             if span.layer == "gap":
@@ -402,8 +364,8 @@ class _Unit:
     rows: int  # most rows its first page holds
 
 
-class _Reads:
-    """The reads of one :meth:`ViewReader.stream`: a unit per read (or cache hit), consumed in time order."""
+class _ReadSchedule:
+    """The reads of one :meth:`ViewReader.stream`, scheduled: a unit per read (or cache hit), run in time order."""
 
     def __init__(self, reader: ViewReader, slice_: str, fields: frozenset[str]) -> None:
         self.reader = reader
@@ -444,10 +406,10 @@ class _Reads:
         def emit(rows: Iterable[Any]) -> Iterator[Bucket]:
             return (bucket(utc(r.bucket_start), "minute", "speed", r) for r in rows)
 
-        for day in _days(span.start, span.end):
+        for day in days_between(span.start, span.end):
             first = max(span.start, datetime.combine(day, time(), UTC))
-            last = min(span.end, datetime.combine(day, time(), UTC) + timedelta(days=1))
-            minutes = int((last - first) / timedelta(minutes=1))
+            last = min(span.end, datetime.combine(day, time(), UTC) + DAY)
+            minutes = int((last - first) / MINUTE)
             self._add(first, "speed", (self.slice, day, span.start, span.end), emit, minutes)
 
     def day(self, span: Span) -> None:
@@ -467,7 +429,7 @@ class _Reads:
                 self._remember(key, got)
             return got
 
-        self._add(span.start, "days", (self.slice, day.strftime("%Y-%m"), day, day + timedelta(days=1)), emit, 1)
+        self._add(span.start, "days", (self.slice, month_key(day), day, day + timedelta(days=1)), emit, 1)
 
     def minutes(self, span: Span) -> None:
         """Serve batch minutes from the current run's whole hour (cached under that run)."""
@@ -486,7 +448,7 @@ class _Reads:
 
         whole = self.reader.cache is not None  # without a cache, read only the span
         lo, hi = (hour, hour + HOUR) if whole else (span.start, span.end)
-        self._add(span.start, "minutes", (self.slice, hour, run, lo, hi), emit, int((hi - lo) / timedelta(minutes=1)))
+        self._add(span.start, "minutes", (self.slice, hour, run, lo, hi), emit, int((hi - lo) / MINUTE))
 
     def hours(self, day: date, spans: list[Span]) -> None:
         """Serve whole hours of a day: cached ones from the cache, the others with one range read (<= 24 rows)."""

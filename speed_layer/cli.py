@@ -63,10 +63,11 @@ def run(
 @click.pass_obj
 def status(settings: Settings) -> None:
     """Show the speed view's freshness: newest event time written, watermark, last batch."""
-    from infra.cassandra import READ_PROFILE, session, table
+    from infra.cassandra import session
+    from views.store.speed import SpeedRows
 
     with session(settings) as sess:
-        rows = list(sess.execute(f"SELECT * FROM {table(settings, 'speed_progress')}", execution_profile=READ_PROFILE))
+        rows = SpeedRows(settings, sess).progress()
     if not rows:
         click.echo("the speed layer has not written anything yet")
         return

@@ -13,36 +13,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from infra.cassandra import WRITE_PROFILE, make_cluster, table
+from infra.cassandra import make_cluster
 from infra.settings import Settings
+from views.store.speed import SpeedRows
 
 if TYPE_CHECKING:
-    from cassandra.cluster import Cluster, Session
-    from cassandra.query import PreparedStatement
+    from cassandra.cluster import Cluster
     from pyspark.sql import DataFrame
 
 logger = logging.getLogger(__name__)
 
-UPSERT_VIEW = (
-    "INSERT INTO {table} (slice, day, bucket_start, events, users_hll, values_kll, items_fi, min_ts, max_ts, batch_id)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?"
-)
-UPSERT_PROGRESS = (
-    "INSERT INTO {table} (query, newest_event_ts, watermark, last_batch_id, last_batch_rows, updated_at)"
-    " VALUES (?, ?, ?, ?, ?, ?)"
-)
-SELECT_PROGRESS = "SELECT newest_event_ts FROM {table} WHERE query = ?"
 CHUNK_ROWS = 2000
-
-
-def _utc(ts: datetime | None) -> datetime | None:
-    if ts is None:
-        return None
-    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
 
 
 @dataclass
@@ -66,36 +51,27 @@ class SpeedViewSink:
     query: str
     ttl_seconds: int
     _cluster: Cluster | None = field(default=None, init=False, repr=False)
-    _session: Session | None = field(default=None, init=False, repr=False)
-    _upsert: PreparedStatement | None = field(default=None, init=False, repr=False)
-    _progress: PreparedStatement | None = field(default=None, init=False, repr=False)
+    _rows: SpeedRows | None = field(default=None, init=False, repr=False)
     newest_event_ts: datetime | None = field(default=None, init=False)
     watermark: datetime | None = field(default=None, init=False)
 
-    def _connect(self) -> Session:
-        if self._session is None:
+    def _connect(self) -> SpeedRows:
+        if self._rows is None:
             self._cluster = make_cluster(self.settings)
-            sess = self._cluster.connect()
-            self._upsert = sess.prepare(UPSERT_VIEW.format(table=table(self.settings, "speed_view")))
-            self._upsert.is_idempotent = True
-            self._progress = sess.prepare(UPSERT_PROGRESS.format(table=table(self.settings, "speed_progress")))
-            self._progress.is_idempotent = True
-            row = sess.execute(
-                sess.prepare(SELECT_PROGRESS.format(table=table(self.settings, "speed_progress"))), (self.query,)
-            ).one()
-            self.newest_event_ts = _utc(row.newest_event_ts) if row else None
-            self._session = sess
-        return self._session
+            rows = SpeedRows(self.settings, self._cluster.connect())
+            self.newest_event_ts = rows.newest_event(self.query)
+            self._rows = rows
+        return self._rows
 
     def close(self) -> None:
         """Shut the driver's connections down."""
         if self._cluster is not None:
             self._cluster.shutdown()
-        self._cluster = self._session = None
+        self._cluster, self._rows = None, None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         """Write one micro-batch (Spark calls this on the driver)."""
-        # One job for the whole batch (toLocalIterator runs one per partition and costs ~20% more per batch). The
+        # One job for the whole batch (toLocalIterator runs one per partition, which costs more per batch). The
         # rows are the changed buckets, at most (distinct minutes x slices) of one micro-batch's events, and
         # toLocalIterator would hold a whole partition in the driver too; maxOffsetsPerTrigger bounds both.
         result = self.write_rows(batch.collect(), batch_id)
@@ -103,50 +79,17 @@ class SpeedViewSink:
 
     def write_rows(self, rows: Iterable[Any], batch_id: int) -> BatchResult:
         """Upsert view rows in chunks with bounded concurrency; raise on the first failed write."""
-        from cassandra.concurrent import execute_concurrent_with_args  # noqa: PLC0415
-
-        sess = self._connect()
+        store = self._connect()
         written = 0
         newest = None
         for chunk in _chunks(rows, CHUNK_ROWS):
-            params = []
-            for r in chunk:
-                bucket = _utc(r.bucket_start)
-                assert bucket is not None  # noqa: S101 - the window start is never null
-                params.append(
-                    (
-                        r.slice,
-                        bucket.date(),
-                        bucket,
-                        r.events,
-                        bytes(r.users_hll),
-                        bytes(r.values_kll),
-                        bytes(r.items_fi),
-                        _utc(r.min_ts),
-                        _utc(r.max_ts),
-                        batch_id,
-                        self.ttl_seconds,
-                    )
-                )
-                max_ts = _utc(r.max_ts)
-                if max_ts is not None and (newest is None or max_ts > newest):
-                    newest = max_ts
-            execute_concurrent_with_args(
-                sess,
-                self._upsert,
-                params,
-                concurrency=self.settings.cassandra.write_concurrency,
-                raise_on_first_error=True,
-                execution_profile=WRITE_PROFILE,
-            )
-            written += len(params)
+            count, chunk_newest = store.write(chunk, batch_id, self.ttl_seconds)
+            written += count
+            if chunk_newest is not None and (newest is None or chunk_newest > newest):
+                newest = chunk_newest
         if newest is not None and (self.newest_event_ts is None or newest > self.newest_event_ts):
             self.newest_event_ts = newest
-        sess.execute(
-            self._progress,
-            (self.query, self.newest_event_ts, self.watermark, batch_id, written, datetime.now(UTC)),
-            execution_profile=WRITE_PROFILE,
-        )
+        store.write_progress(self.query, self.newest_event_ts, self.watermark, batch_id, written)
         return BatchResult(batch_id, written, newest)
 
 

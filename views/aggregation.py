@@ -25,8 +25,9 @@ from typing import Literal
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-BUCKET = "1 minute"
-BUCKET_SECONDS = 60
+from views.buckets import MINUTE
+
+BUCKET = f"{int(MINUTE.total_seconds())} seconds"  # the minute bucket (views.buckets) as a Spark window duration
 GLOBAL_SLICE = "*"
 HLL_LG_K = 12
 DEFAULT_TOP_K_ITEMS = 1024

@@ -25,7 +25,9 @@ from infra.process import tail
 from infra.settings import Settings
 from tests.helpers import free_port
 from tests.services.test_batch_history import Truth, history_config, produce_history
+from views.buckets import month_key
 from views.event import Event
+from views.store.batch import BatchRows
 
 pytestmark = pytest.mark.spark
 
@@ -125,9 +127,9 @@ def test_scheduler_driven_backfill_and_reprocess(dag_env: tuple[Settings, Airflo
     def check() -> list[Any]:
         with session(settings) as sess:
             store = BatchStore(settings, sess)
-            low, mark, _ = store.watermark()
+            low, mark, _ = store.pointers.watermark()
             assert (low, mark) == (H0, H0 + 3 * HOUR)
-            pointers = store.pointers(H0.date())
+            pointers = store.pointers.runs(H0.date())
             for h, n in enumerate(sizes):
                 hour = H0 + h * HOUR
                 rows = sess.execute(
@@ -169,14 +171,9 @@ def test_scheduler_driven_backfill_and_reprocess(dag_env: tuple[Settings, Airflo
     with session(settings) as sess:
         store = BatchStore(settings, sess)
         days = [(HISTORY + i * DAY).date() for i in range(HISTORY_DAYS)]
-        assert all(len(store.pointers(d)) == 24 for d in days)  # every hour, the empty ones included
-        rows = {
-            r.day.date() if hasattr(r.day, "date") else r.day: r.events
-            for m in {d.strftime("%Y-%m") for d in days}
-            for r in sess.execute(
-                f"SELECT day, events FROM {table(settings, 'batch_days')} WHERE slice = '*' AND month = %s", (m,)
-            )
-        }
+        assert all(len(store.pointers.runs(d)) == 24 for d in days)  # every hour, the empty ones included
+        batch_rows = BatchRows(settings, sess)
+        rows = {d: r.events for m in {month_key(d) for d in days} for d, r in batch_rows.month_days("*", m).items()}
     assert {d: rows.get(d, 0) for d in days} == {d: truth.day_count(d) for d in days}
     assert sum(truth.count.values()) > 1000 and sum(1 for d in days if not truth.day_count(d)) >= 5
 
@@ -216,7 +213,7 @@ def test_hourly_runs_compute_empty_missing_and_stale_hours(
         out = {}
         for h in sizes:
             hour = h0 + h * HOUR
-            run = store.pointers(hour.date()).get(hour)
+            run = store.pointers.runs(hour.date()).get(hour)
             rows = sess.execute(
                 f"SELECT run_id, events FROM {table(settings, 'batch_hours')} WHERE slice = '*' AND day = %s "
                 "AND hour = %s",
@@ -230,7 +227,7 @@ def test_hourly_runs_compute_empty_missing_and_stale_hours(
         dag_test(h0)
         with session(settings) as sess:
             store = BatchStore(settings, sess)
-            assert store.watermark()[:2] == (h0, h0 + HOUR)
+            assert store.pointers.watermark()[:2] == (h0, h0 + HOUR)
             assert hour_counts(sess, store) == {0: 90, 1: -1, 2: -1, 3: -1, 4: -1, 5: -1, 6: -1}
 
         # The scheduler was down for hours 1..4 (catchup=False schedules only the latest): the run of hour 5
@@ -238,7 +235,7 @@ def test_hourly_runs_compute_empty_missing_and_stale_hours(
         dag_test(h0 + 5 * HOUR)
         with session(settings) as sess:
             store = BatchStore(settings, sess)
-            assert store.watermark()[:2] == (h0, h0 + 6 * HOUR)
+            assert store.pointers.watermark()[:2] == (h0, h0 + 6 * HOUR)
             assert hour_counts(sess, store) == {**sizes, 6: -1}
 
         # Late events of hour 1 arrive; the next scheduled run finds the hour stale and recomputes it.
@@ -247,7 +244,7 @@ def test_hourly_runs_compute_empty_missing_and_stale_hours(
         dag_test(h0 + 6 * HOUR)
         with session(settings) as sess:
             store = BatchStore(settings, sess)
-            assert store.watermark()[:2] == (h0, h0 + 7 * HOUR)
+            assert store.pointers.watermark()[:2] == (h0, h0 + 7 * HOUR)
             assert hour_counts(sess, store) == {**sizes, 1: 46}
     finally:
         with session(stack_up) as sess:

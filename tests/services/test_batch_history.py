@@ -31,7 +31,9 @@ from infra.settings import Settings
 from ingestion.generator import GeneratorConfig, SyntheticStream
 from serving.api import create_app
 from views import sketches
+from views.buckets import as_date, month_key
 from views.event import Event
+from views.store.pointers import fingerprint_of
 
 pytestmark = pytest.mark.spark
 
@@ -131,20 +133,14 @@ def day_rows(settings: Settings, slice_: str = "*") -> dict[date, Any]:
     with session(settings) as sess:
         store = BatchStore(settings, sess)
         out = {}
-        for month in sorted({(START + i * DAY).strftime("%Y-%m") for i in range(DAYS)}):
+        for month in sorted({month_key((START + i * DAY).date()) for i in range(DAYS)}):
             for r in sess.execute(
                 f"SELECT * FROM {table(settings, 'batch_days')} WHERE slice = %s AND month = %s", (slice_, month)
             ):
-                day = r.day.date() if hasattr(r.day, "date") else r.day
-                if r.hour_runs == job_fingerprint(store, day):
+                day = as_date(r.day)
+                if r.hour_runs == fingerprint_of(store.pointers.runs(day)):
                     out[day] = r
         return out
-
-
-def job_fingerprint(store: BatchStore, day: date) -> str:
-    from batch_layer.store import fingerprint_of
-
-    return fingerprint_of(store.pointers(day))
 
 
 def test_history_replayed_behind_live_events_is_computed_exactly_hour_by_hour(
@@ -174,10 +170,10 @@ def test_history_replayed_behind_live_events_is_computed_exactly_hour_by_hour(
     assert sum(truth.dups.values()) > 20
     with session(settings) as sess:
         store = BatchStore(settings, sess)
-        low, mark, _ = store.watermark()
+        low, mark, _ = store.pointers.watermark()
         assert (low, mark) == (START, START + DAYS * DAY)  # the watermark passed every empty night and day
         for d in range(DAYS):
-            assert len(store.pointers(START.date() + timedelta(days=d))) == 24
+            assert len(store.pointers.runs(START.date() + timedelta(days=d))) == 24
 
     # Per day: counts exact; users, quantiles and top items within their bounds.
     rows = day_rows(settings)

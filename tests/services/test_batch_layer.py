@@ -45,7 +45,7 @@ class BatchEnv:
 
     def hour_rows(self, hour: datetime, slice_: str = "*") -> Any:
         with session(self.settings) as sess:
-            current = BatchStore(self.settings, sess).pointers(hour.date()).get(hour)
+            current = BatchStore(self.settings, sess).pointers.runs(hour.date()).get(hour)
             rows = sess.execute(
                 f"SELECT run_id, events, users_hll FROM {table(self.settings, 'batch_hours')} "
                 "WHERE slice = %s AND day = %s AND hour = %s",
@@ -119,7 +119,7 @@ def test_recompute_hours_with_lineage_watermark_and_idempotent_rerun(batch_env: 
         assert run.rows_indexed == run.rows_read == n + len(range(0, n, 50))
 
     with session(env.settings) as sess:
-        low, mark, pinned = BatchStore(env.settings, sess).watermark()
+        low, mark, pinned = BatchStore(env.settings, sess).pointers.watermark()
         day = sess.execute(
             f"SELECT events, hours FROM {table(env.settings, 'batch_days')} "
             "WHERE slice = '*' AND month = %s AND day = %s",

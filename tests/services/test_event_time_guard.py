@@ -85,7 +85,7 @@ def test_a_far_future_record_neither_stalls_the_speed_layer_nor_closes_hours(
     horizon = index.horizon(settings)
     assert horizon.closed_at is not None and horizon.closed_at <= datetime.now(UTC)
     this_hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
-    assert not offsets.is_closed(horizon, this_hour + HOUR, offsets.grace(settings))
+    assert not offsets.is_closed(horizon, this_hour + HOUR, settings)
     results = job.run(settings, hours=[this_hour - HOUR, this_hour], force=True, spark=spark)
     assert sum(r.counts["kept"] for r in results) == 500
     assert sum(r.counts["outside"] for r in results) == 1

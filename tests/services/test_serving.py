@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import Producer
 
 from batch_layer import job
-from batch_layer.store import BatchStore, ViewRow
+from batch_layer.store import BatchStore
 from infra import migrations
 from infra.cassandra import session
 from infra.settings import Settings
@@ -23,6 +23,7 @@ from serving.store import ViewReader
 from tests.helpers import speed_drain
 from views.event import Event
 from views.sketches import merge_all
+from views.store.rows import ViewRow
 
 pytestmark = pytest.mark.spark
 
@@ -117,7 +118,7 @@ def test_gaps_are_reported_not_skipped(served: tuple[Settings, list[Event]]) -> 
 def test_a_pinned_boundary_moves_the_split(served: tuple[Settings, list[Event]]) -> None:
     settings, events = served
     with session(settings) as sess:
-        BatchStore(settings, sess).pin(H0 + HOUR)
+        BatchStore(settings, sess).pointers.pin(H0 + HOUR)
     try:
         w = answer(settings, H0, H0 + 3 * HOUR)
         assert w.provenance.boundary == H0 + HOUR and w.provenance.boundary_pinned
@@ -125,7 +126,7 @@ def test_a_pinned_boundary_moves_the_split(served: tuple[Settings, list[Event]])
         assert queries.summary(w).events == len(exact(events, H0, H0 + 3 * HOUR))
     finally:
         with session(settings) as sess:
-            BatchStore(settings, sess).pin(None)
+            BatchStore(settings, sess).pointers.pin(None)
 
 
 def test_planted_burst_ranks_first_and_series_match(served: tuple[Settings, list[Event]]) -> None:
@@ -155,9 +156,9 @@ def test_cached_batch_rows_follow_the_pointer(served: tuple[Settings, list[Event
     with session(settings) as sess:
         reader = ViewReader(settings, sess)
         assert reader.cache is not None
-        cold = queries.summary(queries.load(reader.fresh(), start, end, "*"))
+        cold = queries.summary(queries.load(reader.request_reader(), start, end, "*"))
         misses = reader.cache.misses
-        warm = queries.summary(queries.load(reader.fresh(), start, end, "*"))
+        warm = queries.summary(queries.load(reader.request_reader(), start, end, "*"))
         assert reader.cache.misses == misses and reader.cache.hits > 0  # every batch row came from the cache
         assert (warm.events, warm.users, warm.top_items) == (cold.events, cold.users, cold.top_items)
         # KLL compaction is randomized: warm and cold quantiles are each within the rank error of the exact ranks
@@ -169,20 +170,20 @@ def test_cached_batch_rows_follow_the_pointer(served: tuple[Settings, list[Event
                 assert lo - answer.quantile_rank_error <= float(rank) <= hi + answer.quantile_rank_error
 
         # A new version of H0 with every minute counted twice becomes current: the warm reader serves it at once.
-        minutes = queries.load(reader.fresh(), H0, H0 + HOUR, "*", coarsest="minute").buckets
+        minutes = queries.load(reader.request_reader(), H0, H0 + HOUR, "*", coarsest="minute").buckets
         doubled = [ViewRow("*", b.start, 2 * b.events, b.users_hll, b.values_kll, b.items_fi, b.start, b.start)
                    for b in minutes]  # fmt: skip
         merged = merge_all((b.users_hll, b.values_kll, b.items_fi) for b in minutes)
         hour_row = ViewRow("*", H0, sum(r.events for r in doubled), *merged, H0, H0)
         store = BatchStore(settings, sess)
         run = uuid.uuid1()
-        store.write_version(H0, run, doubled, [hour_row])
-        store.swap(H0, run)
-        after = queries.summary(queries.load(reader.fresh(), start, end, "*"))
+        store.rows.write_versions({H0: run}, {H0: doubled}, {H0: [hour_row]})
+        store.pointers.swap([(H0, run, None)])
+        after = queries.summary(queries.load(reader.request_reader(), start, end, "*"))
         assert after.events == cold.events + len(exact(events, start, H0 + HOUR))
 
         job.run(settings, H0, H0 + HOUR, spark=spark)  # the batch layer's rerun restores the hour: served at once
-        restored = queries.summary(queries.load(reader.fresh(), start, end, "*"))
+        restored = queries.summary(queries.load(reader.request_reader(), start, end, "*"))
         assert restored.events == cold.events == len(exact(events, start, end))
 
 
@@ -217,19 +218,12 @@ def test_whole_days_are_served_by_the_daily_rollups(stack_up: Settings) -> None:
                 fi.update(f"#h{h % 3}")
                 sketches = (bytes(hll.serialize_compact()), bytes(kll.serialize()), bytes(fi.serialize()))
                 run = uuid.uuid1()
-                store.write_version(
-                    hour,
-                    run,
-                    [ViewRow("*", hour, 1, *sketches, hour, hour)],
-                    [ViewRow("*", hour, 1, *sketches, hour, hour)],
-                )
-                store.swap(hour, run)
+                row = ViewRow("*", hour, 1, *sketches, hour, hour)
+                store.rows.write_versions({hour: run}, {hour: [row]}, {hour: [row]})
+                store.pointers.swap([(hour, run, None)])
             for d in (day0, day0 + 24 * HOUR):
                 store.remerge_day(d.date())
-            sess.execute(
-                f"INSERT INTO {keyspace}.batch_watermark (name, low, watermark) VALUES ('batch', %s, %s)",
-                (day0, day0 + 48 * HOUR),
-            )
+            store.pointers.write_watermark(day0, day0 + 48 * HOUR)
         w = answer(settings, day0 + 12 * HOUR, day0 + 48 * HOUR)
         spans = [(p["layer"], p["resolution"], p["start"], p["end"]) for p in w.provenance.spans]
         assert spans[:-1] == [("batch", "hour", day0 + h * HOUR, day0 + (h + 1) * HOUR) for h in range(12, 24)]

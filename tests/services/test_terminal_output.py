@@ -15,12 +15,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from click.testing import CliRunner
 
-from batch_layer.store import BatchStore, ViewRow
+from batch_layer.store import BatchStore
 from infra import migrations
 from infra.cassandra import session
 from infra.security import CONTROL_CHARS
 from infra.settings import Settings
 from serving.cli import query
+from views.store.rows import ViewRow
 
 HOUR = datetime(2025, 6, 1, 10, tzinfo=UTC)
 EVIL = {
@@ -51,12 +52,9 @@ def evil_view(stack_up: Settings) -> Iterator[Settings]:
             run = uuid.uuid1()
             total = sum(EVIL.values())
             row = ViewRow("*", HOUR, total, *sketches, HOUR, HOUR)
-            store.write_version(HOUR, run, [row], [row])
-            store.swap(HOUR, run)
-            sess.execute(
-                f"INSERT INTO {keyspace}.batch_watermark (name, low, watermark) VALUES ('batch', %s, %s)",
-                (HOUR - timedelta(hours=2), HOUR + timedelta(hours=1)),
-            )
+            store.rows.write_versions({HOUR: run}, {HOUR: [row]}, {HOUR: [row]})
+            store.pointers.swap([(HOUR, run, None)])
+            store.pointers.write_watermark(HOUR - timedelta(hours=2), HOUR + timedelta(hours=1))
         yield settings
     finally:
         with session(stack_up) as sess:

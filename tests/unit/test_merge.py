@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.merge import DAY, HOUR, MINUTE, floor, plan
+from serving.merge import plan
+from views.buckets import DAY, HOUR, MINUTE, floor
 
 T0 = datetime(2026, 5, 1, tzinfo=UTC)
 HOURS = 24 * 4  # four days of possible coverage

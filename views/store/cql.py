@@ -1,0 +1,143 @@
+"""Every statement on the views' tables, in one place (the tables are created by ``infra/cql/0002-0004``).
+
+``{name}`` in a template is the table ``name`` of the configured keyspace; :func:`prepare` fills it in. The
+batch view is versioned: minute and hour rows carry the ``run_id`` of the run that wrote them, and the pointer
+table ``batch_intervals`` names the current run of each hour. ``batch_watermark`` holds one row, the batch
+layer's contiguous span of completed hours and the operator's pin; ``batch_stale`` the hours whose indexed
+records grew after their current run read them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from infra.cassandra import table
+
+if TYPE_CHECKING:
+    from cassandra.cluster import Session
+    from cassandra.query import PreparedStatement
+
+    from infra.settings import Settings
+
+VIEW_TABLES = (
+    "speed_view", "speed_progress", "batch_minutes", "batch_hours", "batch_days", "batch_day_slices",
+    "batch_intervals", "batch_watermark", "batch_stale",
+)  # fmt: skip
+SKETCH_FIELDS = ("users_hll", "values_kll", "items_fi")
+
+# -- batch rows (written under a run id, visible once the pointer names the run) ----------------------------------
+INSERT_MINUTE = (
+    "INSERT INTO {batch_minutes} (slice, hour, run_id, bucket_start, events, users_hll, values_kll, items_fi, "
+    "min_ts, max_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+INSERT_HOUR = (
+    "INSERT INTO {batch_hours} (slice, day, hour, run_id, events, users_hll, values_kll, items_fi, min_ts, max_ts) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+INSERT_DAY = (
+    "INSERT INTO {batch_days} (slice, month, day, hour_runs, hours, events, users_hll, values_kll, items_fi, "
+    "min_ts, max_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+INSERT_DAY_SLICE = "INSERT INTO {batch_day_slices} (day, slice) VALUES (?, ?)"
+SELECT_DAY_SLICES = "SELECT slice FROM {batch_day_slices} WHERE day = ?"
+SELECT_DAY_HOURS = (
+    "SELECT hour, run_id, events, users_hll, values_kll, items_fi, min_ts, max_ts FROM {batch_hours} "
+    "WHERE slice = ? AND day = ?"
+)
+SELECT_RUN_MINUTES = (
+    "SELECT bucket_start, events, users_hll FROM {batch_minutes} WHERE slice = ? AND hour = ? AND run_id = ?"
+)
+SELECT_MONTH_DAYS = "SELECT day, hour_runs, hours, events FROM {batch_days} WHERE slice = ? AND month = ?"
+DELETE_MINUTES = "DELETE FROM {batch_minutes} WHERE slice = ? AND hour = ? AND run_id = ?"
+DELETE_HOUR = "DELETE FROM {batch_hours} WHERE slice = ? AND day = ? AND hour = ? AND run_id = ?"
+
+# -- the pointer, watermark and staleness tables ------------------------------------------------------------------
+INSERT_POINTER = "INSERT INTO {batch_intervals} (day, hour, run_id, completed_at, indexed) VALUES (?, ?, ?, ?, ?)"
+SELECT_POINTERS = "SELECT hour, run_id, indexed FROM {batch_intervals} WHERE day = ?"
+SELECT_WATERMARK = "SELECT low, watermark, pinned FROM {batch_watermark} WHERE name = ?"
+INSERT_WATERMARK = "INSERT INTO {batch_watermark} (name, low, watermark, updated_at) VALUES (?, ?, ?, ?)"
+PIN_WATERMARK = "UPDATE {batch_watermark} SET pinned = ?, updated_at = ? WHERE name = ?"
+PING = "SELECT name FROM {batch_watermark} LIMIT 1"
+INSERT_STALE = "INSERT INTO {batch_stale} (topic, hour, records, noticed_at) VALUES (?, ?, ?, ?)"
+SELECT_STALE = "SELECT hour, records FROM {batch_stale} WHERE topic = ?"
+SELECT_STALE_BETWEEN = "SELECT hour, records FROM {batch_stale} WHERE topic = ? AND hour >= ? AND hour < ?"
+
+# -- the speed view (upserts of whole bucket states) and its freshness ----------------------------------------------
+UPSERT_SPEED = (
+    "INSERT INTO {speed_view} (slice, day, bucket_start, events, users_hll, values_kll, items_fi, min_ts, max_ts, "
+    "batch_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?"
+)
+SELECT_SPEED_MINUTES = (
+    "SELECT bucket_start, events, users_hll FROM {speed_view} "
+    "WHERE slice = ? AND day = ? AND bucket_start >= ? AND bucket_start < ?"
+)
+UPSERT_PROGRESS = (
+    "INSERT INTO {speed_progress} (query, newest_event_ts, watermark, last_batch_id, last_batch_rows, updated_at) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
+SELECT_PROGRESS = "SELECT newest_event_ts, updated_at FROM {speed_progress} WHERE query = ?"
+SELECT_ALL_PROGRESS = (
+    "SELECT query, newest_event_ts, watermark, last_batch_id, last_batch_rows, updated_at FROM {speed_progress}"
+)
+
+# -- the rows a query reads, with only the sketch columns it needs ({cols}: events and some of SKETCH_FIELDS) -------
+READ_DAYS = "SELECT day, hour_runs, {cols} FROM {batch_days} WHERE slice = ? AND month = ? AND day >= ? AND day < ?"
+READ_HOURS = "SELECT hour, run_id, {cols} FROM {batch_hours} WHERE slice = ? AND day = ? AND hour >= ? AND hour < ?"
+READ_MINUTES = (
+    "SELECT bucket_start, {cols} FROM {batch_minutes} "
+    "WHERE slice = ? AND hour = ? AND run_id = ? AND bucket_start >= ? AND bucket_start < ?"
+)
+READ_SPEED = (
+    "SELECT bucket_start, {cols} FROM {speed_view} "
+    "WHERE slice = ? AND day = ? AND bucket_start >= ? AND bucket_start < ?"
+)
+SELECT_MONTH_FINGERPRINTS = "SELECT day, hour_runs FROM {batch_days} WHERE slice = ? AND month = ?"
+
+# Upserts of whole rows: writing one again writes the same row, so the driver may retry them.
+IDEMPOTENT = frozenset((
+    INSERT_MINUTE, INSERT_HOUR, INSERT_DAY, INSERT_DAY_SLICE, INSERT_POINTER, INSERT_STALE,
+    UPSERT_SPEED, UPSERT_PROGRESS,
+))  # fmt: skip
+
+
+def render(settings: Settings, template: str, **fields: str) -> str:
+    """Return a template with its table names (and any other ``fields``) filled in."""
+    return template.format(**{name: table(settings, name) for name in VIEW_TABLES}, **fields)
+
+
+def prepare(sess: Session, settings: Settings, template: str, **fields: str) -> Any:
+    """Prepare a template on the session (marked idempotent when it is one of :data:`IDEMPOTENT`)."""
+    stmt: PreparedStatement = sess.prepare(render(settings, template, **fields))
+    if template in IDEMPOTENT:
+        stmt.is_idempotent = True
+    return stmt
+
+
+def prepare_reads(sess: Session, settings: Settings, fields: frozenset[str]) -> dict[str, Any]:
+    """Return the row reads of a query needing only the sketches in ``fields``: days, hours, minutes and speed."""
+    cols = ", ".join(["events", *(f for f in SKETCH_FIELDS if f in fields)])
+    return {
+        name: prepare(sess, settings, template, cols=cols)
+        for name, template in (
+            ("days", READ_DAYS),
+            ("hours", READ_HOURS),
+            ("minutes", READ_MINUTES),
+            ("speed", READ_SPEED),
+        )
+    }
+
+
+class Statements:
+    """The statements of one session, each prepared on its first use and kept (a reader never prepares a write)."""
+
+    def __init__(self, settings: Settings, sess: Session) -> None:
+        self.settings = settings
+        self.sess = sess
+        self._prepared: dict[str, Any] = {}
+
+    def __call__(self, template: str) -> Any:
+        """Return the prepared statement of a template (prepared now if this is its first use)."""
+        stmt = self._prepared.get(template)
+        if stmt is None:
+            stmt = self._prepared[template] = prepare(self.sess, self.settings, template)
+        return stmt

@@ -1,0 +1,195 @@
+"""The batch view's pointers (the current run of each hour), its watermark row and its stale hours.
+
+A run's rows are invisible until :meth:`PointerStore.swap` names the run in the hour's pointer row: a single-row
+write, so a reader sees the old run or the new one, whole. The watermark row holds ``[low, watermark)``, the
+contiguous completed hours, and the operator's pin; serving answers from the batch view below the pin, else
+below the watermark. A daily rollup records the :func:`fingerprint_of` its day's pointers, so a reader can tell
+whether it is current.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, date, datetime
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from infra.cassandra import READ_PROFILE, WRITE_PROFILE, write_many
+from infra.settings import Settings
+from views.buckets import HOUR, day_key, utc
+from views.store import cql
+from views.store.rows import Request
+
+if TYPE_CHECKING:
+    from cassandra.cluster import Session
+
+WATERMARK_ROW = "batch"  # the key of the one row of batch_watermark
+
+
+class Pointer(NamedTuple):
+    """The current run of an hour, and how many indexed records of the hour it read (None: not recorded)."""
+
+    run_id: uuid.UUID
+    indexed: int | None
+
+
+class Watermark(NamedTuple):
+    """The batch view's span of contiguous completed hours ``[low, mark)`` and the operator's pin."""
+
+    low: datetime | None = None
+    mark: datetime | None = None
+    pinned: datetime | None = None
+
+    @property
+    def boundary(self) -> datetime | None:
+        """Return where serving switches from the batch view to the speed view (the pin wins)."""
+        return self.pinned or self.mark
+
+
+def fingerprint_of(pointers: Mapping[datetime, uuid.UUID]) -> str:
+    """Return a stable digest of which run is current for each hour."""
+    canonical = json.dumps(sorted((h.isoformat(), str(r)) for h, r in pointers.items()))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
+def decode_pointers(rows: Iterable[Any]) -> dict[datetime, Pointer]:
+    """Return pointer rows (``hour, run_id, indexed``) by their hour."""
+    return {utc(r.hour): Pointer(r.run_id, r.indexed) for r in rows}  # type: ignore[misc]
+
+
+def decode_watermark(row: Any) -> Watermark:
+    """Return the watermark row (or None: no batch run has completed yet)."""
+    return Watermark() if row is None else Watermark(utc(row.low), utc(row.watermark), utc(row.pinned))
+
+
+def decode_stale(rows: Iterable[Any]) -> dict[datetime, int]:
+    """Return stale rows as hour -> the records the index held when it noticed the hour."""
+    return {utc(r.hour): int(r.records) for r in rows}  # type: ignore[misc]
+
+
+class PointerStore:
+    """Prepared statements over the pointer, watermark and staleness tables of one session."""
+
+    def __init__(self, settings: Settings, sess: Session) -> None:
+        self.settings = settings
+        self.sess = sess
+        self._stmt = cql.Statements(settings, sess)
+        self._ping = cql.render(settings, cql.PING)
+
+    # -- reads issued together by a reader (statement, values); decode the rows with the functions above --------
+    def pointers_request(self, day: date) -> Request:
+        """Return the read of a day's pointer rows."""
+        return self._stmt(cql.SELECT_POINTERS), (day,)
+
+    def watermark_request(self) -> Request:
+        """Return the read of the watermark row."""
+        return self._stmt(cql.SELECT_WATERMARK), (WATERMARK_ROW,)
+
+    def stale_request(self, topic: str, start: datetime, end: datetime) -> Request:
+        """Return the read of the stale hours of ``[start, end)``."""
+        return self._stmt(cql.SELECT_STALE_BETWEEN), (topic, start, end)
+
+    # -- pointers -------------------------------------------------------------------------------------------------
+    def runs(self, day: date) -> dict[datetime, uuid.UUID]:
+        """Return the current run of each completed hour of a day."""
+        rows = self.sess.execute(*self.pointers_request(day), execution_profile=READ_PROFILE)
+        return {h: p.run_id for h, p in decode_pointers(rows).items()}
+
+    def pointers_indexed(self, days: Iterable[date]) -> dict[datetime, Pointer]:
+        """Return the pointer of every completed hour of the days (one read per day, concurrently)."""
+        from cassandra.concurrent import execute_concurrent_with_args  # noqa: PLC0415
+
+        params = [(d,) for d in days]
+        if not params:
+            return {}
+        results = execute_concurrent_with_args(
+            self.sess,
+            self._stmt(cql.SELECT_POINTERS),
+            params,
+            concurrency=self.settings.cassandra.read_concurrency,
+            raise_on_first_error=True,
+            execution_profile=READ_PROFILE,
+        )
+        out: dict[datetime, Pointer] = {}
+        for r in results:
+            out.update(decode_pointers(r.result_or_exc))
+        return out
+
+    def swap(self, swaps: Sequence[tuple[datetime, uuid.UUID, int | None]]) -> None:
+        """Make each run the current version of its hour (one row per hour: atomic for readers).
+
+        :arg swaps: (hour, run id, the hour's indexed records the run read) each.
+        """
+        now = datetime.now(UTC)
+        params = [(day_key(h), h, run_id, now, indexed) for h, run_id, indexed in swaps]
+        write_many(self.settings, self.sess, self._stmt(cql.INSERT_POINTER), params, lambda p: (p[0],))
+
+    def completed(self, hour: datetime, cache: dict[date, dict[datetime, uuid.UUID]]) -> bool:
+        """Tell whether the hour has a current run (pointers read once per day into ``cache``)."""
+        day = day_key(hour)
+        if day not in cache:
+            cache[day] = self.runs(day)
+        return hour in cache[day]
+
+    # -- watermark ------------------------------------------------------------------------------------------------
+    def watermark(self) -> Watermark:
+        """Return the watermark row."""
+        return decode_watermark(self.sess.execute(*self.watermark_request(), execution_profile=READ_PROFILE).one())
+
+    def advance(self, hint: datetime, max_steps: int = 24 * 400) -> tuple[datetime | None, datetime | None]:
+        """Extend [low, watermark) over contiguous completed hours, starting from ``hint`` if there is none yet.
+
+        :returns: the new (low, watermark).
+        """
+        current = self.watermark()
+        low, mark = current.low, current.mark
+        cache: dict[date, dict[datetime, uuid.UUID]] = {}
+        if mark is None or low is None:
+            if not self.completed(hint, cache):
+                return None, None
+            low, mark = hint, hint + HOUR
+        steps = 0
+        while steps < max_steps and self.completed(mark, cache):
+            mark += HOUR
+            steps += 1
+        while steps < 2 * max_steps and self.completed(low - HOUR, cache):
+            low -= HOUR
+            steps += 1
+        self.write_watermark(low, mark)
+        return low, mark
+
+    def write_watermark(self, low: datetime, mark: datetime) -> None:
+        """Set the span ``[low, mark)`` of contiguous completed hours (the pin stays)."""
+        self.sess.execute(
+            self._stmt(cql.INSERT_WATERMARK),
+            (WATERMARK_ROW, low, mark, datetime.now(UTC)),
+            execution_profile=WRITE_PROFILE,
+        )
+
+    def pin(self, boundary: datetime | None) -> None:
+        """Pin (or with None unpin) the boundary serving uses."""
+        self.sess.execute(
+            self._stmt(cql.PIN_WATERMARK), (boundary, datetime.now(UTC), WATERMARK_ROW), execution_profile=WRITE_PROFILE
+        )
+
+    def ping(self, timeout: float) -> None:
+        """Read one row of the watermark table (readiness); raise the driver's error when Cassandra cannot."""
+        self.sess.execute(self._ping, execution_profile=READ_PROFILE, timeout=timeout)
+
+    # -- stale hours ----------------------------------------------------------------------------------------------
+    def stale(self, topic: str) -> dict[datetime, int]:
+        """Return every hour noticed stale, with the records the index held then (compare with its pointer)."""
+        return decode_stale(self.sess.execute(self._stmt(cql.SELECT_STALE), (topic,), execution_profile=READ_PROFILE))
+
+    def mark_stale(self, topic: str, hours: Mapping[datetime, int]) -> None:
+        """Record hours whose indexed records exceed what their current run read (hour -> records indexed)."""
+        now = datetime.now(UTC)
+        write_many(
+            self.settings,
+            self.sess,
+            self._stmt(cql.INSERT_STALE),
+            [(topic, h, n, now) for h, n in hours.items()],
+            None,
+        )

@@ -1,0 +1,39 @@
+"""The row types of the views, shared by the layers that write them and the reader that merges them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from views.buckets import utc
+
+Request = tuple[Any, tuple[Any, ...]]  # a prepared statement and its values, for reads issued together
+
+
+@dataclass(frozen=True)
+class ViewRow:
+    """One bucket of one slice, as computed by Spark."""
+
+    slice: str
+    bucket_start: datetime
+    events: int
+    users_hll: bytes
+    values_kll: bytes
+    items_fi: bytes
+    min_ts: datetime | None
+    max_ts: datetime | None
+
+    @classmethod
+    def from_spark(cls, row: Any) -> ViewRow:
+        """Convert a collected Spark row of :data:`views.aggregation.VIEW_COLUMNS`, in that order.
+
+        Positional access: a year of sparse history is hundreds of thousands of rows, and ``Row.__getattr__``
+        searches the field names on every access.
+        """
+        bucket_start, slice_, events, users_hll, values_kll, items_fi, min_ts, max_ts = row
+        bucket = utc(bucket_start)
+        assert bucket is not None  # noqa: S101 - grouping key, never null
+        return cls(
+            slice_, bucket, int(events), bytes(users_hll), bytes(values_kll), bytes(items_fi), utc(min_ts), utc(max_ts)
+        )
