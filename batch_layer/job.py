@@ -351,12 +351,18 @@ def load(store: BatchStore, plan: offsets.Plan, done: Computed | None, *, force:
         if done is not None:
             store.rows.write_versions(runs, done.minutes, done.hours)
         store.pointers.swap([(hp.hour, runs[hp.hour], hp.records) for hp in plan.hours])
+        # Days whose 24 hours are all in the pass have their rollups computed: written together, in one go.
+        computed = {d for d in days if done is not None and d in done.days}
+        if done is not None and computed:
+            current = {d: dict(before[d]) for d in computed}
+            slices: dict[date, Counter[str]] = {d: Counter() for d in computed}
+            for h in hours:
+                if h.date() in computed:
+                    current[h.date()][h] = runs[h]
+                    slices[h.date()].update(r.slice for r in done.hours.get(h, ()))
+            store.write_days([(d, current[d], done.days[d], slices[d]) for d in sorted(computed)])
         for day in days:
-            pointers = {**before[day], **{h: runs[h] for h in hours if h.date() == day}}
-            if done is not None and day in done.days:
-                per_slice = Counter(r.slice for h, rows in done.hours.items() if h.date() == day for r in rows)
-                store.write_day(day, pointers, done.days[day], per_slice)
-            else:
+            if day not in computed:
                 store.remerge_day(day)
     except BaseException as exc:
         error = f"{type(exc).__name__}: {exc}"[:2000]

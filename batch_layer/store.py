@@ -62,15 +62,15 @@ class BatchStore:
             stmt.is_idempotent = True
 
     # -- a run's rows -----------------------------------------------------------------------------------------
-    def write_day(
-        self, day: date, pointers: dict[datetime, uuid.UUID], rows: Sequence[ViewRow], hours: dict[str, int]
+    def write_days(
+        self, rollups: Sequence[tuple[date, dict[datetime, uuid.UUID], Sequence[ViewRow], dict[str, int]]]
     ) -> int:
-        """Write a day's rollup computed with its hours.
+        """Write the rollups of days computed with their hours, all together.
 
-        :arg pointers: the day's current runs after the swaps (fingerprinted into the row).
-        :arg hours: per slice, how many of the day's hours have a row.
+        :arg rollups: per day, its current runs after the swaps (fingerprinted into the rows), its rows, and per
+            slice how many of its hours have a row.
         """
-        return self.rows.write_days(day, fingerprint_of(pointers), rows, hours)
+        return self.rows.write_days((day, fingerprint_of(runs), rows, hours) for day, runs, rows, hours in rollups)
 
     def remerge_day(self, day: date) -> int:
         """Rebuild the day's rollup of every slice from the current hour rows; return the slices written."""
@@ -94,7 +94,7 @@ class BatchStore:
                 )
             )
             hours[sl] = len(rows)
-        return self.rows.write_days(day, fingerprint_of(current), merged, hours)
+        return self.rows.write_days([(day, fingerprint_of(current), merged, hours)])
 
     def delete_superseded(self, hour: datetime, keep: int) -> int:
         """Delete the rows of runs of the hour older than the ``keep`` newest completed ones; return runs deleted."""

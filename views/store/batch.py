@@ -60,20 +60,20 @@ class BatchRows:
         self._write(self._stmt(cql.INSERT_DAY_SLICE), day_slices, by=1)
         return len(minute_params) + len(hour_params)
 
-    def write_days(self, day: date, fingerprint: str, rows: Sequence[ViewRow], hours: Mapping[str, int]) -> int:
-        """Write a day's rollup of each slice, marked with the fingerprint of the day's pointers it merged.
+    def write_days(self, rollups: Iterable[tuple[date, str, Sequence[ViewRow], Mapping[str, int]]]) -> int:
+        """Write daily rollups of each slice, all days together; return the rows written.
 
-        :arg hours: per slice, how many of the day's hours have a row.
+        :arg rollups: per day, the fingerprint of the day's pointers it merged, its rows, and per slice how many of
+            the day's hours have a row.
         """
-        self._write(
-            self._stmt(cql.INSERT_DAY),
-            [
-                (r.slice, month_key(day), day, fingerprint, hours.get(r.slice, 0), r.events, r.users_hll,
-                 r.values_kll, r.items_fi, r.min_ts, r.max_ts)
-                for r in rows
-            ],
-        )  # fmt: skip
-        return len(rows)
+        params = [
+            (r.slice, month_key(day), day, fingerprint, hours.get(r.slice, 0), r.events, r.users_hll, r.values_kll,
+             r.items_fi, r.min_ts, r.max_ts)
+            for day, fingerprint, rows, hours in rollups
+            for r in rows
+        ]  # fmt: skip
+        self._write(self._stmt(cql.INSERT_DAY), params)
+        return len(params)
 
     def delete_runs(self, hour: datetime, run_ids: Sequence[uuid.UUID]) -> None:
         """Delete the minute and hour rows the runs wrote for the hour, in every slice of its day."""

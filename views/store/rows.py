@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from views.buckets import utc
 
 Request = tuple[Any, tuple[Any, ...]]  # a prepared statement and its values, for reads issued together
 
 
-@dataclass(frozen=True)
-class ViewRow:
-    """One bucket of one slice, as computed by Spark."""
+class ViewRow(NamedTuple):
+    """One bucket of one slice, as computed by Spark (a named tuple: a year's pass makes ~160k of them)."""
 
     slice: str
     bucket_start: datetime
