@@ -168,6 +168,28 @@ def chunks(
     return out
 
 
+def taper(passes: list[list[datetime]], fraction: float = 0.25) -> list[list[datetime]]:
+    """Split a short first pass off the first one and a short last pass off the last one (whole days).
+
+    A pass's writes run beside the next pass's Spark, except for the first pass's Spark and the last pass's writes,
+    which nothing overlaps: short ones there shorten the whole run. A pass of one day stays as it is.
+    """
+
+    def split(hours: list[datetime], head: bool) -> list[list[datetime]]:
+        days = sorted({h.date() for h in hours})
+        if len(days) < 2:
+            return [hours]
+        n = max(1, round(len(days) * fraction))
+        cut = set(days[:n] if head else days[-n:])
+        part, rest = [h for h in hours if h.date() in cut], [h for h in hours if h.date() not in cut]
+        return [part, rest] if head else [rest, part]
+
+    if not passes:
+        return []
+    out = [*split(passes[0], head=True), *passes[1:]]
+    return [*out[:-1], *split(out[-1], head=False)]
+
+
 def extract(spark: SparkSession, settings: Settings, plan: offsets.Plan) -> DataFrame:
     """Read exactly the plan's offset ranges (one Kafka read per range of a partition, unioned); fail if any is gone."""
     frames = [
@@ -422,7 +444,7 @@ def run(
         idx, store = IndexStore(settings, sess), BatchStore(settings, sess)
         totals = idx.hour_totals(topic, {h.date() for h in hours})
         records = {h: totals.get(h, (0, 0))[0] for h in hours}
-        passes = chunks(hours, records, settings.batch.chunk_events, settings.batch.chunk_hours)
+        passes = taper(chunks(hours, records, settings.batch.chunk_events, settings.batch.chunk_hours))
         runner = _Passes(settings, idx, store, force=force, spark=spark)
         # Pass i's Cassandra writes run while Spark computes pass i + 1 (the driver and the JVM take turns).
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-load") as loader:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from batch_layer.index import HOUR_MS, PartitionIndexer, PartitionState, Span, dt_to_ms, horizon_of
-from batch_layer.job import chunks
+from batch_layer.job import chunks, taper
 from batch_layer.offsets import HourPlan, Plan, Range, coalesce
 
 H = datetime(2025, 6, 1, 10, tzinfo=UTC)
@@ -97,3 +97,16 @@ def test_chunks_bound_hours_and_events_keep_days_whole_and_never_split_an_hour()
     assert [len(c) for c in chunks(days, {}, max_events=1, max_hours=50)] == [48, 48, 24]
     busy = {days[30]: 10, days[80]: 10}
     assert [len(c) for c in chunks(days, busy, max_events=15, max_hours=1000)] == [72, 48]
+
+
+def test_taper_splits_short_whole_day_passes_off_both_ends() -> None:
+    days = [H.replace(hour=0) + timedelta(hours=i) for i in range(24 * 12)]
+    passes = chunks(days, {}, max_events=10**9, max_hours=24 * 4)  # 3 passes of 4 days
+    tapered = taper(passes)
+    assert [len(p) // 24 for p in tapered] == [1, 3, 4, 3, 1]
+    assert [h for p in tapered for h in p] == days  # nothing lost, nothing twice, in order
+    assert all(len({h.date() for h in p}) * 24 == len(p) for p in tapered)  # whole days
+    one_day = [H.replace(hour=0) + timedelta(hours=i) for i in range(5)]
+    assert taper([one_day]) == [one_day]
+    assert [len(p) // 24 for p in taper([days[:48]])] == [1, 1]
+    assert taper([]) == []
