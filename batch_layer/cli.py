@@ -35,14 +35,22 @@ def _echo_results(results: list[Any]) -> None:
 @click.option("--end", type=UTC_TIME, help="End (exclusive), a whole hour.")
 @click.option("--stale", is_flag=True, help="Recompute the hours that received records after their current run.")
 @click.option("--force", is_flag=True, help="Compute even if the interval is not closed yet.")
+@click.option(
+    "--accept-loss",
+    is_flag=True,
+    help="Compute incomplete hours (records removed before indexing may belong to them); the lineage records the "
+    "accepted loss and the hours are no longer incomplete.",
+)
 @click.pass_obj
-def run(settings: Settings, start: datetime | None, end: datetime | None, stale: bool, force: bool) -> None:
+def run(
+    settings: Settings, start: datetime | None, end: datetime | None, stale: bool, force: bool, accept_loss: bool
+) -> None:
     """Recompute every hour of [START, END) (or the stale hours) and advance the batch watermark.
 
     Brings the event-time index up to date first, then computes the hours in Spark passes of up to
     batch.chunk_hours hours / batch.chunk_events events, printing a progress line per pass. A rerun replaces an
-    hour's version atomically for readers. Refuses a range that is not closed (unless --force) and one whose
-    offsets Kafka no longer holds.
+    hour's version atomically for readers. Refuses a range that is not closed (unless --force), one whose
+    offsets Kafka no longer holds, and one with incomplete hours (unless --accept-loss).
     """
     from batch_layer.job import hours_between, stale_hours
     from batch_layer.job import run as run_batch
@@ -60,11 +68,11 @@ def run(settings: Settings, start: datetime | None, end: datetime | None, stale:
             click.echo("no stale hours")
             return
         click.echo(f"{len(hours)} stale hours: {', '.join(f'{h:%Y-%m-%dT%HZ}' for h in hours[:10])}")
-        results = run_batch(settings, hours=hours, force=True, progress=progress)
+        results = run_batch(settings, hours=hours, force=True, progress=progress, accept_loss=accept_loss)
     else:
         assert start is not None and end is not None  # noqa: S101 - checked above
         list(hours_between(start, end))  # validate before starting anything
-        results = run_batch(settings, start, end, force=force, progress=progress)
+        results = run_batch(settings, start, end, force=force, progress=progress, accept_loss=accept_loss)
     _echo_results(results)
 
 
@@ -77,20 +85,28 @@ def index(settings: Settings) -> None:
     def progress(r: Any) -> None:
         click.echo(r.line(), err=True)
 
-    click.echo(run_index(settings, progress=progress).line())
+    result = run_index(settings, progress=progress)
+    click.echo(result.line())
     click.echo(horizon(settings).describe())
+    if result.losses:
+        click.echo("incomplete hours follow from these losses: see `trends batch status`", err=True)
 
 
 @batch.command()
 @click.option("--hours", default=6, show_default=True, help="How many recent watermark hours to list runs of.")
 @click.pass_obj
 def status(settings: Settings, hours: int) -> None:
-    """Show the batch watermark, the pin, the index horizon, stale hours and the latest runs below the watermark."""
+    """Show the index horizon, losses, incomplete and stale hours, the watermark, the pin and what it moves.
+
+    Then the latest runs and the last reconciliation of the hours below the watermark.
+    """
     from batch_layer.index import horizon
     from batch_layer.job import stale_hours
     from batch_layer.store import BatchStore
     from infra.cassandra import session
     from views.buckets import HOUR
+    from views.store.checks import Checks
+    from views.store.pointers import pinned_hours
 
     click.echo(horizon(settings).describe())
     stale = stale_hours(settings)
@@ -102,17 +118,57 @@ def status(settings: Settings, hours: int) -> None:
         click.echo("stale hours: none")
     with session(settings) as sess:
         store = BatchStore(settings, sess)
-        low, mark, pinned = store.pointers.watermark()
+        current = store.pointers.watermark()
+        low, mark, pinned = current
+        _echo_losses(settings, store, low, mark)
         click.echo(f"batch watermark: [{low}, {mark})  pinned: {pinned or '-'}")
+        moved = pinned_hours(current)
+        if moved:
+            click.echo(
+                f"  the pin serves {len(moved)} hour(s) [{moved[0]:%Y-%m-%dT%H:%MZ}, {mark:%Y-%m-%dT%H:%MZ}) "
+                "from the speed view instead of the batch view"
+            )
         if mark is None:
             return
+        checks = Checks(settings, sess)
         for i in range(1, hours + 1):
             hour = mark - i * HOUR
             for r in store.latest_runs(hour, 3):
+                accepted = f" accepted loss {r.accepted_loss}" if r.accepted_loss else ""
                 click.echo(
                     f"  {hour:%Y-%m-%dT%H:%MZ} {r.status:9} read {r.rows_read} kept {r.rows_kept} "
-                    f"dedup {r.rows_deduped} late {r.rows_late} offsets {r.offsets} code {r.code_version}"
+                    f"dedup {r.rows_deduped} late {r.rows_late} offsets {r.offsets} code {r.code_version}{accepted}"
                 )
+            check = checks.of_hour(hour)
+            if check is not None:
+                verdict = "within bounds" if check.ok else f"BEYOND BOUNDS by {check.beyond_bound}"
+                click.echo(
+                    f"  {hour:%Y-%m-%dT%H:%MZ} reconciled {check.checked_at:%Y-%m-%dT%H:%M:%SZ}: {verdict} "
+                    f"({check.details.get('line', '')})"
+                )
+
+
+def _echo_losses(settings: Settings, store: Any, low: datetime | None, mark: datetime | None) -> None:
+    """Print the losses and the incomplete hours of the batch view's span (and up to the last loss's bound)."""
+    losses = store.losses.losses(settings.kafka.events_topic)
+    if not losses:
+        click.echo("losses: none (no records were removed before they were indexed)")
+        return
+    click.echo(f"losses ({len(losses)}; records removed before they were indexed):")
+    for loss in losses:
+        click.echo(f"  {loss.describe()}; its hours before {loss.hours_end:%Y-%m-%dT%H:%MZ} are incomplete")
+    from views.buckets import DAY
+
+    end = max(x.hours_end for x in losses)
+    start = min(low or end, end - DAY)  # nothing bounds lost records from below: the batch view's span, or a day
+    incomplete = store.losses.incomplete(settings.kafka.events_topic, start, max(end, mark or end), losses)
+    shown = ", ".join(f"{h:%Y-%m-%dT%HZ}" for h in list(incomplete)[:24])
+    more = f" … ({len(incomplete)} in all)" if len(incomplete) > 24 else ""
+    click.echo(
+        f"incomplete hours in [{start:%Y-%m-%dT%HZ}, {end:%Y-%m-%dT%HZ}) (and every earlier hour not accepted): "
+        f"{shown or 'none'}{more}; `trends batch run --start … --end … --accept-loss` computes them and accepts "
+        "the loss"
+    )
 
 
 @batch.command()
@@ -120,13 +176,25 @@ def status(settings: Settings, hours: int) -> None:
 @click.option("--clear", is_flag=True, help="Remove the pin: serving follows the watermark again.")
 @click.pass_obj
 def pin(settings: Settings, at: datetime | None, clear: bool) -> None:
-    """Pin the boundary serving uses (e.g. while a bad batch run is redone), or clear the pin."""
+    """Pin the boundary serving uses (e.g. while a bad batch run is redone), or clear the pin.
+
+    The pin must be a whole hour at or below the batch watermark: [pin, watermark) is then served from the speed
+    view (keep speed.view_ttl_s longer than the pin lasts); above the watermark it would make holes.
+    """
     from infra.cassandra import session
-    from views.store.pointers import PointerStore
+    from views.store.pointers import PinError, PointerStore, pinned_hours
 
     if clear == (at is not None):
         msg = "give exactly one of --at or --clear"
         raise click.UsageError(msg)
     with session(settings) as sess:
-        PointerStore(settings, sess).pin(None if clear else at)
-    click.echo("pin cleared" if clear else f"boundary pinned at {at}")
+        pointers = PointerStore(settings, sess)
+        try:
+            pointers.pin(None if clear else at)
+        except PinError as exc:
+            raise click.UsageError(str(exc)) from exc
+        moved = pinned_hours(pointers.watermark())
+    if clear:
+        click.echo("pin cleared")
+    else:
+        click.echo(f"boundary pinned at {at}: {len(moved)} hour(s) up to the watermark are served from the speed view")

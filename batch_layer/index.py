@@ -28,6 +28,7 @@ from infra.cassandra import READ_PROFILE, session, table, write_many
 from infra.errors import TrendsError
 from infra.settings import Settings
 from views.buckets import HOUR, utc
+from views.store.losses import Loss, LossStore, loss_bound
 from views.store.pointers import Pointer, PointerStore
 
 if TYPE_CHECKING:
@@ -76,7 +77,8 @@ class PartitionState:
     max_ts_ms: int | None = None
     last_record_at: datetime | None = None
     open: dict[int, _Open] = field(default_factory=dict)  # hour (epoch ms) -> span a later record may extend
-    skipped: int = 0  # records without a usable timestamp, or removed by retention before they were indexed
+    untimed: int = 0  # records without a usable timestamp (not indexed into any hour)
+    lost: int = 0  # records removed (retention, DeleteRecords) before they were indexed (see views.store.losses)
 
     @property
     def max_ts(self) -> datetime | None:
@@ -108,7 +110,7 @@ class PartitionIndexer:
         st = self.state
         st.next_offset = offset + 1
         if ts_ms < 0:
-            st.skipped += 1
+            st.untimed += 1
             return
         hour = ts_ms - ts_ms % HOUR_MS
         late = 1 if st.max_ts_ms is not None and st.max_ts_ms >= hour + HOUR_MS else 0
@@ -189,13 +191,20 @@ class IndexResult:
     stale_hours: int = 0
     seconds: float = 0.0
     flushes: int = 0
+    losses: list[Loss] = field(default_factory=list)  # gaps noticed by this pass (recorded in batch_losses)
 
     def line(self) -> str:
         """Return a one-line summary."""
         rate = self.records / self.seconds if self.seconds > 0 else 0.0
+        lost = (
+            f"; {sum(x.records for x in self.losses)} records LOST before indexing: "
+            + "; ".join(x.describe() for x in self.losses)
+            if self.losses
+            else ""
+        )
         return (
             f"indexed {self.records} new records of {self.partitions} partitions in {self.seconds:.1f} s "
-            f"({rate:,.0f}/s): {self.hours_touched} hours touched, {self.stale_hours} now stale"
+            f"({rate:,.0f}/s): {self.hours_touched} hours touched, {self.stale_hours} now stale{lost}"
         )
 
 
@@ -206,6 +215,7 @@ class IndexStore:
         self.settings = settings
         self.sess = sess
         self.views = PointerStore(settings, sess)  # the batch view's pointers and stale hours
+        self.losses = LossStore(settings, sess)  # records removed before they were indexed
         t = {n: table(settings, n) for n in ("batch_index_spans", "batch_index_hours", "batch_index_state")}
         p = sess.prepare
         self.ins_span = p(
@@ -223,11 +233,11 @@ class IndexStore:
         self.sel_hours = p(f"SELECT hour, records, late FROM {t['batch_index_hours']} WHERE topic = ? AND day = ?")
         self.ins_state = p(
             f"INSERT INTO {t['batch_index_state']} (topic, partition, next_offset, max_ts, last_record_at, open_spans, "
-            "skipped, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            "skipped, lost, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
         self.sel_state = p(
-            f"SELECT partition, next_offset, max_ts, last_record_at, open_spans, skipped FROM {t['batch_index_state']} "
-            "WHERE topic = ?"
+            f"SELECT partition, next_offset, max_ts, last_record_at, open_spans, skipped, lost "
+            f"FROM {t['batch_index_state']} WHERE topic = ?"
         )
         for stmt in (self.ins_span, self.ins_hour, self.ins_state):
             stmt.is_idempotent = True
@@ -265,6 +275,7 @@ class IndexStore:
                 utc(r.last_record_at),
                 PartitionState.parse_open(r.open_spans),
                 int(r.skipped or 0),
+                int(r.lost or 0),
             )
         return out
 
@@ -340,7 +351,7 @@ class IndexStore:
         self._write(
             self.ins_state,
             [
-                (topic, s.partition, s.next_offset, s.max_ts, s.last_record_at, s.open_json(), s.skipped, now)
+                (topic, s.partition, s.next_offset, s.max_ts, s.last_record_at, s.open_json(), s.untimed, s.lost, now)
                 for s in states
             ],
         )
@@ -356,6 +367,9 @@ def _consumer(settings: Settings) -> Any:
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "enable.partition.eof": True,
+            # Offsets removed under a running pass are an error, never a silent jump to the end (librdkafka's
+            # default, "largest", would skip everything between): the next pass records them as a loss.
+            "auto.offset.reset": "error",
             # Big fetches: the indexer reads whole partitions; librdkafka's defaults halve its throughput here.
             "fetch.max.bytes": 64 * 1024 * 1024,
             "max.partition.fetch.bytes": 16 * 1024 * 1024,
@@ -363,6 +377,70 @@ def _consumer(settings: Settings) -> Any:
             "log_level": 3,
         }
     )
+
+
+class OffsetsRemovedError(TrendsError):
+    """Retention removed offsets a running pass was about to read (the next pass records them as lost)."""
+
+
+def topic_retention_ms(settings: Settings, topic: str) -> int | None:
+    """Return the topic's ``retention.ms`` (-1: none), or None when the config cannot be read."""
+    from confluent_kafka import KafkaException  # noqa: PLC0415
+    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType  # noqa: PLC0415
+
+    admin = AdminClient({**settings.kafka.client_config(), "log_level": 3})
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    try:
+        configs = admin.describe_configs([resource], request_timeout=30)[resource].result(timeout=30)
+    except KafkaException as exc:
+        logger.warning("cannot read retention.ms of %s (%s): the loss bound falls back to now", topic, exc)
+        return None
+    entry = configs.get("retention.ms")
+    return None if entry is None or entry.value is None else int(entry.value)
+
+
+def first_timestamps(settings: Settings, topic: str, starts: dict[int, tuple[int, int]]) -> dict[int, int | None]:
+    """Return the timestamp (ms) of the first timestamped record of ``[low, high)`` per partition (None: none).
+
+    A small consumer of its own: it runs only when a loss was noticed, to bound the lost records by the ones kept.
+    """
+    from confluent_kafka import Consumer, KafkaError, TopicPartition  # noqa: PLC0415
+
+    out: dict[int, int | None] = dict.fromkeys(starts)
+    pending = {p for p, (low, high) in starts.items() if low < high}
+    if not pending:
+        return out
+    consumer = Consumer(
+        {
+            **settings.kafka.client_config(),
+            "group.id": "trends-batch-indexer",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "error",
+            "log_level": 3,
+        }
+    )
+    deadline = time.monotonic() + settings.batch.index_stall_s
+    try:
+        consumer.assign([TopicPartition(topic, p, starts[p][0]) for p in sorted(pending)])
+        while pending and time.monotonic() < deadline:
+            for m in consumer.consume(num_messages=100, timeout=1.0):
+                p = m.partition()
+                if p not in pending:
+                    continue
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(p)
+                    continue
+                if m.timestamp()[1] >= 0:
+                    out[p] = m.timestamp()[1]
+                    pending.discard(p)
+                elif (m.offset() or 0) >= starts[p][1] - 1:
+                    pending.discard(p)
+    finally:
+        consumer.close()
+    return out
 
 
 def _partitions(consumer: Any, topic: str) -> list[int]:
@@ -386,15 +464,17 @@ class _Pass:
         self.result = IndexResult()
         self.touched: set[int] = set()  # every hour this pass touched
 
-    def start(self, partitions: list[int]) -> None:
-        """Resume every partition from its checkpoint, up to the end it has now."""
+    def start(self, partitions: list[int], now: Callable[[], datetime]) -> None:
+        """Resume every partition from its checkpoint, up to the end it has now; record offsets removed meanwhile."""
         from confluent_kafka import TopicPartition  # noqa: PLC0415
 
         states = self.store.states(self.topic)
         assign = []
+        gaps: dict[int, tuple[int, int]] = {}
+        marks: dict[int, tuple[int, int]] = {}
         for p in partitions:
             st = states.get(p) or PartitionState(p)
-            low, high = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=30)
+            low, high = marks[p] = self.consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=30)
             if st.next_offset > high:
                 msg = (
                     f"partition {p} of {self.topic} ends at offset {high} but {st.next_offset} was indexed already: "
@@ -402,16 +482,39 @@ class _Pass:
                 )
                 raise TrendsError(msg)
             if st.next_offset < low:
-                logger.warning("partition %s: offsets %s..%s were removed before being indexed", p, st.next_offset, low)
-                st.skipped += low - st.next_offset
-                st.next_offset = low
+                gaps[p] = (low, high)
             self.indexers[p] = PartitionIndexer(st, self.cfg.index_span_gap)
+        if gaps:
+            self.record_losses(gaps, now())
+        for p in partitions:
+            st, high = self.indexers[p].state, marks[p][1]
             if st.next_offset < high:
                 self.ends[p] = high
                 assign.append(TopicPartition(self.topic, p, st.next_offset))
         self.result.partitions = len(partitions)
         if assign:
             self.consumer.assign(assign)
+
+    def record_losses(self, gaps: dict[int, tuple[int, int]], noticed: datetime) -> None:
+        """Record each gap ``[next offset, low)`` as a loss with its time bound, before any checkpoint passes it."""
+        settings = self.store.settings
+        retention = topic_retention_ms(settings, self.topic)
+        firsts = first_timestamps(settings, self.topic, gaps)
+        losses = []
+        for p, (low, _high) in sorted(gaps.items()):
+            st = self.indexers[p].state
+            survivor = None if firsts[p] is None else ms_to_dt(firsts[p])  # type: ignore[arg-type]
+            loss = Loss(
+                self.topic, p, st.next_offset, low - 1, low - st.next_offset, noticed,
+                loss_bound(noticed, retention, survivor), retention, survivor,
+            )  # fmt: skip
+            losses.append(loss)
+            st.lost += loss.records
+            st.next_offset = low
+        self.store.losses.record(losses)
+        for loss in losses:
+            logger.error("records removed before they were indexed: %s", loss.describe())
+        self.result.losses += losses
 
     def consume(self, now: Callable[[], datetime], progress: Callable[[IndexResult], None] | None) -> None:
         """Read until every partition reached its end, checkpointing every ``index_flush_records`` records."""
@@ -444,6 +547,9 @@ class _Pass:
             err = m.error()
             p = m.partition()
             if err is not None:
+                if err.code() == KafkaError._AUTO_OFFSET_RESET:
+                    msg = f"partition {p} of {self.topic}: offsets were removed while they were read ({err})"
+                    raise OffsetsRemovedError(msg)
                 if err.code() != KafkaError._PARTITION_EOF:
                     msg = f"reading {self.topic}: {err}"
                     raise TrendsError(msg)
@@ -490,21 +596,46 @@ def run_index(
     progress: Callable[[IndexResult], None] | None = None,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> IndexResult:
-    """Index the topic's records from the checkpoint up to the end the partitions had when the pass started."""
+    """Index the topic's records from the checkpoint up to the end the partitions had when the pass started.
+
+    Records removed before they were indexed are recorded as losses (:mod:`views.store.losses`); when retention
+    removes offsets under a running pass, what was read is checkpointed and a new pass records the gap.
+    """
     topic = topic or settings.kafka.events_topic
     t0 = time.monotonic()
-    consumer = _consumer(settings)
-    try:
-        partitions = _partitions(consumer, topic)
-        with session(settings) as sess:
-            one = _Pass(settings, IndexStore(settings, sess), consumer, topic)
-            one.start(partitions)
-            one.consume(now, progress)
-    finally:
-        consumer.close()
-    one.result.seconds = time.monotonic() - t0
-    logger.info("%s", one.result.line())
-    return one.result
+    total = IndexResult()
+    for attempt in range(1, 4):
+        consumer = _consumer(settings)
+        try:
+            partitions = _partitions(consumer, topic)
+            with session(settings) as sess:
+                one = _Pass(settings, IndexStore(settings, sess), consumer, topic)
+                one.start(partitions, now)
+                try:
+                    one.consume(now, progress)
+                except OffsetsRemovedError as exc:
+                    if attempt == 3:
+                        raise
+                    logger.warning("%s; checkpointing and indexing again", exc)
+                    one.flush(now())
+                    continue
+                finally:
+                    _add(total, one.result)
+        finally:
+            consumer.close()
+        break
+    total.seconds = time.monotonic() - t0
+    logger.info("%s", total.line())
+    return total
+
+
+def _add(total: IndexResult, one: IndexResult) -> None:
+    total.records += one.records
+    total.partitions = one.partitions
+    total.hours_touched += one.hours_touched
+    total.stale_hours += one.stale_hours
+    total.flushes += one.flushes
+    total.losses += one.losses
 
 
 def horizon(settings: Settings, topic: str | None = None, now: datetime | None = None) -> Horizon:

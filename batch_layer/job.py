@@ -31,6 +31,7 @@ from infra.cassandra import session
 from infra.errors import TrendsError
 from infra.settings import Settings
 from views.buckets import HOUR
+from views.store.losses import Loss, LossStore, losses_json
 from views.store.pointers import PointerStore
 from views.store.rows import ViewRow
 
@@ -360,14 +361,28 @@ def _counts(hp: offsets.HourPlan, done: Computed | None) -> dict[str, int]:
     return c
 
 
-def load(store: BatchStore, plan: offsets.Plan, done: Computed | None, *, force: bool, code: str) -> list[RunResult]:
-    """Write a pass's versions, swap every hour's pointer, roll the days up and write each hour's lineage."""
+def load(
+    store: BatchStore,
+    plan: offsets.Plan,
+    done: Computed | None,
+    *,
+    force: bool,
+    code: str,
+    accepted: dict[datetime, list[Loss]] | None = None,
+) -> list[RunResult]:
+    """Write a pass's versions, swap every hour's pointer, roll the days up and write each hour's lineage.
+
+    :arg accepted: per hour, the losses the operator accepted for it: recorded in its lineage and, once the hour
+        completed, marked accepted (the hour is no longer incomplete).
+    """
+    accepted = accepted or {}
     hours = [h.hour for h in plan.hours]
     days = sorted({h.date() for h in hours})
     before = {d: store.pointers.runs(d) for d in days}
     runs = {h: new_run_id() for h in hours}
     store.runs_started(
-        [(hp.hour, runs[hp.hour], hp.hour + HOUR, plan.topic, hp.to_json(), force, code) for hp in plan.hours]
+        [(hp.hour, runs[hp.hour], hp.hour + HOUR, plan.topic, hp.to_json(), force, code) for hp in plan.hours],
+        {h: losses_json(ls) for h, ls in accepted.items() if h in runs},
     )
     try:
         if done is not None:
@@ -392,6 +407,8 @@ def load(store: BatchStore, plan: offsets.Plan, done: Computed | None, *, force:
         raise
     results = [RunResult(hp.hour, str(runs[hp.hour]), hp.to_json(), _counts(hp, done)) for hp in plan.hours]
     store.runs_finished([(r.hour, runs[r.hour], "completed", r.counts, None) for r in results])
+    if accepted:
+        store.losses.accept([(loss, h, runs[h]) for h in hours for loss in accepted.get(h, ())])
     for hour in hours:
         if hour in before[hour.date()]:
             store.delete_superseded(hour, store.settings.batch.keep_versions)
@@ -424,10 +441,14 @@ def run(
     spark: SparkSession | None = None,
     progress: Callable[[Progress], None] | None = None,
     index_first: bool = True,
+    accept_loss: bool = False,
 ) -> list[RunResult]:
     """Recompute hours (``[start, end)`` or the given ones) in chunked Spark passes, then advance the watermark.
 
+    :arg accept_loss: compute hours that records lost before indexing may belong to, recording the accepted loss
+        in their lineage (which makes them whole again).
     :raises offsets.IntervalNotClosedError: when the last hour may still receive events (unless ``force``).
+    :raises offsets.LossNotAcceptedError: when some hour is incomplete (unless ``accept_loss``); nothing is run.
     :raises offsets.DataLossError: when Kafka no longer holds a chunk's offsets (earlier chunks stay done).
     """
     hours = _hours_of(start, end, hours)
@@ -442,10 +463,11 @@ def run(
     results: list[RunResult] = []
     with session(settings) as sess:
         idx, store = IndexStore(settings, sess), BatchStore(settings, sess)
+        incomplete = _accepted_or_refused(store.losses, topic, hours, accept_loss)
         totals = idx.hour_totals(topic, {h.date() for h in hours})
         records = {h: totals.get(h, (0, 0))[0] for h in hours}
         passes = taper(chunks(hours, records, settings.batch.chunk_events, settings.batch.chunk_hours))
-        runner = _Passes(settings, idx, store, force=force, spark=spark)
+        runner = _Passes(settings, idx, store, force=force, spark=spark, accepted=incomplete)
         # Pass i's Cassandra writes run while Spark computes pass i + 1 (the driver and the JVM take turns).
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-load") as loader:
             pending: Future[list[RunResult]] | None = None
@@ -480,12 +502,45 @@ def run(
     return results
 
 
+def incomplete_of(losses: LossStore, topic: str, hours: Sequence[datetime]) -> dict[datetime, list[Loss]]:
+    """Return the hours (of ``hours``) that a loss not accepted for them may touch, with the losses."""
+    if not hours:
+        return {}
+    wanted = set(hours)
+    found = losses.incomplete(topic, min(hours), max(hours) + HOUR)
+    return {h: ls for h, ls in found.items() if h in wanted}
+
+
+def _accepted_or_refused(
+    losses: LossStore, topic: str, hours: Sequence[datetime], accept_loss: bool
+) -> dict[datetime, list[Loss]]:
+    """Return the incomplete hours the run accepts the loss of; refuse them when it does not."""
+    incomplete = incomplete_of(losses, topic, hours)
+    if not accept_loss:
+        offsets.refuse_loss(topic, incomplete)
+    elif incomplete:
+        logger.warning("accepting the loss for %s incomplete hour(s): %s", len(incomplete), _named(incomplete))
+    return incomplete
+
+
+def _named(incomplete: dict[datetime, list[Loss]]) -> str:
+    return "; ".join(x.describe() for x in {x.key: x for ls in incomplete.values() for x in ls}.values())
+
+
 class _Passes:
     """The passes of one :func:`run`: Spark's side (in the caller's thread) and Cassandra's (in the loader's)."""
 
     def __init__(
-        self, settings: Settings, idx: IndexStore, store: BatchStore, *, force: bool, spark: SparkSession | None
+        self,
+        settings: Settings,
+        idx: IndexStore,
+        store: BatchStore,
+        *,
+        force: bool,
+        spark: SparkSession | None,
+        accepted: dict[datetime, list[Loss]] | None = None,
     ) -> None:
+        self.accepted = accepted or {}
         self.settings = settings
         self.idx = idx
         self.store = store
@@ -515,7 +570,7 @@ class _Passes:
     def load(self, plan: offsets.Plan, done: Computed | None) -> list[RunResult]:
         """Write a pass (versions, swaps, rollups, lineage) and notice hours that grew meanwhile."""
         c0 = time.monotonic()
-        out = load(self.store, plan, done, force=self.force, code=self.code)
+        out = load(self.store, plan, done, force=self.force, code=self.code, accepted=self.accepted)
         recheck_stale(self.settings, self.idx, plan)
         seconds = time.monotonic() - c0
         for r in out:
@@ -563,17 +618,37 @@ def missing_hours(settings: Settings, below: datetime, limit: int) -> list[datet
 
 
 def plan_hourly(settings: Settings, hour: datetime) -> list[datetime]:
-    """Return the hours an hourly DAG run computes: its own, missing closed hours below it, and stale ones."""
+    """Return the hours an hourly DAG run computes: its own, missing closed hours below it, and stale ones.
+
+    Missing and stale hours that are incomplete (records lost before indexing may belong to them) are left out and
+    logged: healing them would complete them as if whole; they wait for an operator's ``--accept-loss``.
+
+    :raises offsets.LossNotAcceptedError: when the run's own hour is incomplete (the run turns red).
+    """
     limit = settings.batch.heal_max_hours
+    topic = settings.kafka.events_topic
     missing = missing_hours(settings, hour, limit)
     stale = [h for h in stale_hours(settings) if h < hour][:limit]
-    return sorted({hour, *missing, *stale})
+    heal = sorted({*missing, *stale} - {hour})
+    with session(settings) as sess:
+        incomplete = incomplete_of(LossStore(settings, sess), topic, [*heal, hour])
+    if hour in incomplete:
+        offsets.refuse_loss(topic, {hour: incomplete[hour]}, "`trends batch run --accept-loss`")
+    if incomplete:
+        logger.warning(
+            "not healing %s incomplete hour(s) (%s .. %s): %s; `trends batch run --accept-loss` computes them",
+            len(incomplete), min(incomplete).isoformat(), max(incomplete).isoformat(), _named(incomplete),
+        )  # fmt: skip
+    return sorted({hour, *(h for h in heal if h not in incomplete)})
 
 
-def backfill_chunks(settings: Settings, start: datetime, end: datetime, *, only_missing: bool = False) -> list[str]:
+def backfill_chunks(
+    settings: Settings, start: datetime, end: datetime, *, only_missing: bool = False, accept_loss: bool = False
+) -> list[str]:
     """Index the topic, refuse an open range, and return the chunks of ``[start, end)`` (JSON lists of hours).
 
     :raises offsets.IntervalNotClosedError: when the range's end is not closed yet.
+    :raises offsets.LossNotAcceptedError: when some hour is incomplete and ``accept_loss`` is not given.
     """
     import json  # noqa: PLC0415
 
@@ -587,6 +662,8 @@ def backfill_chunks(settings: Settings, start: datetime, end: datetime, *, only_
         if only_missing:
             done = {h for d in days for h in pointers.runs(d)}
             hours = [h for h in hours if h not in done]
+        if not accept_loss:
+            offsets.refuse_loss(topic, incomplete_of(LossStore(settings, sess), topic, hours), "accept_loss")
         totals = idx.hour_totals(topic, days)
     records = {h: totals.get(h, (0, 0))[0] for h in hours}
     passes = chunks(hours, records, settings.batch.chunk_events, settings.batch.chunk_hours)

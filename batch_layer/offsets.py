@@ -4,12 +4,14 @@ A plan reads exactly the indexed spans of its hours, merged per partition into r
 takes one range per partition per read, so the k-th ranges of all partitions form the k-th read, and the reads
 are unioned). Records of other hours inside the ranges are dropped by the job, by the hour their timestamp names.
 
-Two refusals, never a silent partial result:
+Three refusals, never a silent partial result:
 
 * **not closed** — the hours' end is closed when every *active* partition's newest record time (as the index
   saw it) has passed ``end + grace`` (the one closed-hour rule, :func:`views.buckets.is_closed`); idle partitions
   do not hold it back (:func:`batch_layer.index.horizon_of`).
 * **data lost** — a range begins before the oldest offset retention kept: records the hours need are gone.
+* **incomplete** — records removed before the index read them may belong to the hours
+  (:mod:`views.store.losses`), unless the operator accepts the loss.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from batch_layer.index import Horizon, IndexStore, Span
 from infra.errors import TrendsError
 from infra.settings import KafkaSettings, Settings
 from views import buckets
+from views.store.losses import Loss
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +41,25 @@ class IntervalNotClosedError(TrendsError):
 
 class DataLossError(TrendsError):
     """Kafka no longer holds all the offsets the interval needs."""
+
+
+class LossNotAcceptedError(TrendsError):
+    """Records that may belong to the hours were removed before they were indexed, and nobody accepted the loss."""
+
+
+def refuse_loss(topic: str, incomplete: dict[datetime, list[Loss]], flag: str = "--accept-loss") -> None:
+    """Raise :class:`LossNotAcceptedError` naming the losses and the flag, when some hour is incomplete."""
+    if not incomplete:
+        return
+    hours = sorted(incomplete)
+    losses = {x.key: x for ls in incomplete.values() for x in ls}
+    named = "; ".join(x.describe() for _, x in sorted(losses.items()))
+    msg = (
+        f"{len(hours)} hour(s) from {hours[0].isoformat()} to {hours[-1].isoformat()} are incomplete: records of "
+        f"{topic} were removed before they were indexed and may belong to them ({named}). Computing them would "
+        f"complete them as if whole. Recompute with {flag} to accept the loss (the lineage records it)."
+    )
+    raise LossNotAcceptedError(msg)
 
 
 @dataclass(frozen=True)

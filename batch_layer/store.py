@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, date, datetime, time
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +20,7 @@ from infra.settings import Settings
 from views import sketches
 from views.buckets import day_key, utc
 from views.store.batch import BatchRows
+from views.store.losses import LossStore
 from views.store.pointers import PointerStore, fingerprint_of
 from views.store.rows import ViewRow
 
@@ -42,11 +43,12 @@ class BatchStore:
         self.sess = sess
         self.rows = BatchRows(settings, sess)
         self.pointers = PointerStore(settings, sess)
+        self.losses = LossStore(settings, sess)
         runs = table(settings, "batch_runs")
         prep = sess.prepare
         self.ins_run = prep(
             f"INSERT INTO {runs} (hour, run_id, interval_end, status, topic, offsets, forced, code_version, "
-            "started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            "started_at, accepted_loss) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
         self.upd_run = prep(
             f"UPDATE {runs} SET status = ?, rows_read = ?, rows_unparseable = ?, rows_outside = ?, "
@@ -55,8 +57,8 @@ class BatchStore:
         )
         self.sel_runs = prep(f"SELECT run_id, status FROM {runs} WHERE hour = ?")
         self.sel_latest_runs = prep(
-            f"SELECT run_id, status, rows_read, rows_kept, rows_deduped, rows_late, offsets, code_version "
-            f"FROM {runs} WHERE hour = ? LIMIT ?"
+            f"SELECT run_id, status, rows_read, rows_kept, rows_deduped, rows_late, offsets, code_version, "
+            f"accepted_loss FROM {runs} WHERE hour = ? LIMIT ?"
         )
         for stmt in (self.ins_run, self.upd_run):
             stmt.is_idempotent = True
@@ -115,14 +117,27 @@ class BatchStore:
         """Record a run as running, with the offsets it reads."""
         self.runs_started([(hour, run_id, end, topic, offsets, forced, code)])
 
-    def runs_started(self, runs: Sequence[tuple[datetime, uuid.UUID, datetime, str, str, bool, str]]) -> None:
-        """Record runs as running: (hour, run_id, end, topic, offset spans, forced, code version) each."""
+    def runs_started(
+        self,
+        runs: Sequence[tuple[datetime, uuid.UUID, datetime, str, str, bool, str]],
+        accepted: Mapping[datetime, str] | None = None,
+    ) -> None:
+        """Record runs as running: (hour, run_id, end, topic, offset spans, forced, code version) each.
+
+        :arg accepted: per hour, the losses (JSON) the run accepts (None: none; only those hours may be incomplete).
+        """
+        from cassandra.query import UNSET_VALUE  # noqa: PLC0415 - no null cell (a tombstone) for runs accepting none
+
         now = datetime.now(UTC)
+        accepted = accepted or {}
         write_many(
             self.settings,
             self.sess,
             self.ins_run,
-            [(h, rid, end, "running", t, o, f, c, now) for h, rid, end, t, o, f, c in runs],
+            [
+                (h, rid, end, "running", t, o, f, c, now, accepted.get(h, UNSET_VALUE))
+                for h, rid, end, t, o, f, c in runs
+            ],
         )
 
     def run_finished(

@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hours", type=json.loads, help="JSON list of ISO hours (the hourly DAG's plan)")
     parser.add_argument("--force", action="store_true")
     parser.add_argument("--no-index", action="store_true", help="the DAG indexed just before")
+    parser.add_argument("--accept-loss", action="store_true", help="accept records lost before indexing")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     hours = [datetime.fromisoformat(h) for h in args.hours] if args.hours is not None else None
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> None:
         hours=hours,
         force=args.force,
         index_first=not args.no_index,
+        accept_loss=args.accept_loss,
         progress=lambda p: print(p.line(), flush=True),
     )
     for result in results if len(results) <= 48 else results[-1:]:

@@ -7,11 +7,14 @@ backfills replace instead of adding.
 * ``trends_batch`` (hourly, ``[data_interval_start, data_interval_end)``): index the topic and wait until the hour
   is closed, plan (the hour, up to ``batch.heal_max_hours`` closed hours below it without a current run — left by
   an outage, ``catchup=False`` schedules only the latest — and as many stale hours), recompute them in one
-  spark-submit, verify the hour against the speed view, advance the watermark.
+  spark-submit, verify the hour against the speed view (the task fails when they differ beyond their bounds),
+  advance the watermark. An incomplete hour (records lost before indexing may belong to it) is refused, never
+  healed: ``trends batch run --accept-loss`` computes it.
 * ``trends_backfill`` (triggered with a range): index, split ``[start, end)`` into chunks
   (``batch.chunk_hours`` / ``batch.chunk_events``), one mapped spark-submit per chunk, ``batch.backfill_parallelism``
   at a time, then advance the watermark. Trigger it from the UI's form, with ``airflow dags trigger
-  trends_backfill --conf '{"start": "...", "end": "..."}'`` or ``POST /api/v2/dags/trends_backfill/dagRuns``.
+  trends_backfill --conf '{"start": "...", "end": "..."}'`` or ``POST /api/v2/dags/trends_backfill/dagRuns``;
+  ``"accept_loss": true`` accepts records lost before indexing for the range's incomplete hours.
 """
 
 from __future__ import annotations
@@ -96,14 +99,25 @@ def trends_batch() -> None:
 
     @task
     def plan(data_interval_start: datetime | None = None) -> str:
-        """Return the hours to compute (JSON): this one, missing closed hours below it, stale hours."""
+        """Return the hours to compute (JSON): this one, missing closed hours below it, stale hours.
+
+        Fails without retries when this hour is incomplete (records lost before indexing may belong to it): an
+        operator accepts the loss with ``trends batch run --accept-loss``, then clears this run.
+        """
         import json
 
+        from airflow.sdk.exceptions import AirflowFailException
+
         from batch_layer.job import plan_hourly
+        from batch_layer.offsets import LossNotAcceptedError
         from infra.settings import Settings
 
         assert data_interval_start is not None
-        return json.dumps([h.isoformat() for h in plan_hourly(Settings(), data_interval_start)])
+        try:
+            hours = plan_hourly(Settings(), data_interval_start)
+        except LossNotAcceptedError as exc:
+            raise AirflowFailException(str(exc)) from exc
+        return json.dumps([h.isoformat() for h in hours])
 
     # --force: the sensor decided the hour is closed; --no-index: it has just indexed
     recompute = SparkSubmitOperator(
@@ -116,12 +130,21 @@ def trends_batch() -> None:
 
     @task
     def verify(data_interval_start: datetime | None = None) -> str:
-        """Compare the batch view with the speed view for the hour and store the report."""
-        from batch_layer.reconcile import reconcile
+        """Compare the batch view with the speed view for the hour, store the verdict, fail beyond the bounds.
+
+        A difference beyond the bounds is not transient: the task fails without retries (the run turns red) and
+        ``trends batch status`` shows the hour's last reconciliation; a Cassandra error still retries.
+        """
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from batch_layer.reconcile import BeyondBoundsError, verify
         from infra.settings import Settings
 
         assert data_interval_start is not None
-        return reconcile(Settings(), data_interval_start).line()
+        try:
+            return verify(Settings(), data_interval_start).line()
+        except BeyondBoundsError as exc:
+            raise AirflowFailException(str(exc)) from exc
 
     @task
     def advance_watermark(data_interval_start: datetime | None = None) -> str:
@@ -156,6 +179,12 @@ trends_batch()
             "2025-01-02T00:00:00+00:00", type="string", format="date-time", description="End (exclusive), a whole hour."
         ),
         "only_missing": Param(False, type="boolean", description="Skip hours that already have a current run."),
+        "accept_loss": Param(
+            False,
+            type="boolean",
+            description="Compute hours that records lost before indexing may belong to (the lineage records the "
+            "accepted loss); without it such a range is refused.",
+        ),
     },
     doc_md=__doc__,
 )
@@ -164,17 +193,25 @@ def trends_backfill() -> None:
 
     @task
     def chunks(params: dict[str, Any] | None = None) -> list[list[str]]:
-        """Index the topic, refuse an open range, and return the spark-submit arguments of each chunk."""
+        """Index the topic, refuse an open or incomplete range, and return the spark-submit arguments of each chunk."""
+        from airflow.sdk.exceptions import AirflowFailException
+
         from batch_layer import job
+        from batch_layer.offsets import LossNotAcceptedError
         from infra.settings import Settings
 
         assert params is not None
         settings = Settings()
         start, end = datetime.fromisoformat(params["start"]), datetime.fromisoformat(params["end"])
-        return [
-            ["--hours", chunk, "--force", "--no-index"]
-            for chunk in job.backfill_chunks(settings, start, end, only_missing=bool(params.get("only_missing")))
-        ]
+        accept = bool(params.get("accept_loss"))
+        try:
+            planned = job.backfill_chunks(
+                settings, start, end, only_missing=bool(params.get("only_missing")), accept_loss=accept
+            )
+        except LossNotAcceptedError as exc:
+            raise AirflowFailException(str(exc)) from exc
+        extra = ["--accept-loss"] if accept else []
+        return [["--hours", chunk, "--force", "--no-index", *extra] for chunk in planned]
 
     recompute = SparkSubmitOperator.partial(
         **_submit(

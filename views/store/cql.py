@@ -141,3 +141,63 @@ class Statements:
         if stmt is None:
             stmt = self._prepared[template] = prepare(self.sess, self.settings, template)
         return stmt
+
+
+# -- losses, incomplete hours and verify (infra/cql/0006): what the batch view's hours may lack, and what verify found
+# Not view tables (they qualify the batch view's hours), so they are filled in by :func:`prepare_status`.
+STATUS_TABLES = ("batch_losses", "batch_loss_accepted", "batch_reconciliation", "batch_reconciliation_last")
+LAST_RECONCILIATION_ROW = "batch"  # the key of the one row of batch_reconciliation_last
+
+INSERT_LOSS = (
+    "INSERT INTO {batch_losses} (topic, partition, first_offset, last_offset, records, noticed_at, older_than, "
+    "retention_ms, oldest_surviving) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+SELECT_LOSSES = (
+    "SELECT partition, first_offset, last_offset, records, noticed_at, older_than, retention_ms, oldest_surviving "
+    "FROM {batch_losses} WHERE topic = ?"
+)
+INSERT_LOSS_ACCEPTED = (
+    "INSERT INTO {batch_loss_accepted} (topic, partition, first_offset, hour, run_id, accepted_at) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
+SELECT_LOSS_ACCEPTED = (
+    "SELECT hour FROM {batch_loss_accepted} WHERE topic = ? AND partition = ? AND first_offset = ? "
+    "AND hour >= ? AND hour < ?"
+)
+INSERT_RECONCILIATION = (
+    "INSERT INTO {batch_reconciliation} (hour, run_id, buckets, buckets_missing_in_speed, buckets_missing_in_batch, "
+    "count_diffs, events_batch, events_speed, users_out_of_bounds, report, checked_at, beyond_bound, details) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+SELECT_RECONCILIATION = (
+    "SELECT hour, run_id, checked_at, beyond_bound, details, events_batch, events_speed, buckets_missing_in_speed "
+    "FROM {batch_reconciliation} WHERE hour = ? LIMIT 1"
+)
+INSERT_RECONCILIATION_LAST = (
+    "INSERT INTO {batch_reconciliation_last} (name, hour, run_id, checked_at, beyond_bound, details) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
+SELECT_RECONCILIATION_LAST = (
+    "SELECT hour, run_id, checked_at, beyond_bound, details FROM {batch_reconciliation_last} WHERE name = ?"
+)
+STATUS_IDEMPOTENT = frozenset((INSERT_LOSS, INSERT_LOSS_ACCEPTED, INSERT_RECONCILIATION, INSERT_RECONCILIATION_LAST))
+
+
+def prepare_status(sess: Session, settings: Settings, template: str) -> Any:
+    """Prepare a template over the view and status tables (marked idempotent when it is an upsert)."""
+    names = {name: table(settings, name) for name in (*VIEW_TABLES, *STATUS_TABLES)}
+    stmt: PreparedStatement = sess.prepare(template.format(**names))
+    if template in STATUS_IDEMPOTENT:
+        stmt.is_idempotent = True
+    return stmt
+
+
+class StatusStatements(Statements):
+    """:class:`Statements` that also know the status tables."""
+
+    def __call__(self, template: str) -> Any:
+        """Return the prepared statement of a template (prepared now if this is its first use)."""
+        stmt = self._prepared.get(template)
+        if stmt is None:
+            stmt = self._prepared[template] = prepare_status(self.sess, self.settings, template)
+        return stmt

@@ -17,9 +17,11 @@ from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from infra.cassandra import READ_PROFILE, WRITE_PROFILE, write_many
+from infra.errors import TrendsError
 from infra.settings import Settings
-from views.buckets import HOUR, day_key, utc
+from views.buckets import HOUR, day_key, floor, utc
 from views.store import cql
+from views.store.losses import LossStore
 from views.store.rows import Request
 
 if TYPE_CHECKING:
@@ -46,6 +48,42 @@ class Watermark(NamedTuple):
     def boundary(self) -> datetime | None:
         """Return where serving switches from the batch view to the speed view (the pin wins)."""
         return self.pinned or self.mark
+
+
+class PinError(TrendsError):
+    """A pin that would make holes: not a whole hour, above the watermark, or with no watermark yet."""
+
+
+def pin_problem(at: datetime, current: Watermark) -> str | None:
+    """Return why ``at`` cannot be pinned (None: it can).
+
+    A pin moves ``[at, watermark)`` from the batch view to the speed view; above the watermark it would serve hours
+    from the batch view that have no completed run (holes), and a pin between hours would split an hour's rows.
+    """
+    if at.tzinfo is None:
+        return f"--at {at.isoformat()} needs a time zone (e.g. 2026-05-01T10:00Z)"
+    if floor(at, HOUR) != at:
+        return f"--at {at.isoformat()} is not a whole hour: the boundary is a UTC hour"
+    if current.mark is None:
+        return "there is no batch watermark yet: nothing to pin below"
+    if at > current.mark:
+        return (
+            f"--at {at.isoformat()} is above the batch watermark {current.mark.isoformat()}: hours from the watermark "
+            "have no completed batch run, so serving them from the batch view would make holes"
+        )
+    return None
+
+
+def pinned_hours(current: Watermark) -> list[datetime]:
+    """Return the hours the pin moves from the batch view to the speed view: ``[pin, watermark)``."""
+    out: list[datetime] = []
+    if current.pinned is None or current.mark is None:
+        return out
+    hour = current.pinned
+    while hour < current.mark:
+        out.append(hour)
+        hour += HOUR
+    return out
 
 
 def fingerprint_of(pointers: Mapping[datetime, uuid.UUID]) -> str:
@@ -141,6 +179,9 @@ class PointerStore:
     def advance(self, hint: datetime, max_steps: int = 24 * 400) -> tuple[datetime | None, datetime | None]:
         """Extend [low, watermark) over contiguous completed hours, starting from ``hint`` if there is none yet.
 
+        Never over an incomplete hour (records lost before indexing may belong to it, :mod:`views.store.losses`):
+        the watermark waits there until the loss is accepted.
+
         :returns: the new (low, watermark).
         """
         current = self.watermark()
@@ -150,6 +191,7 @@ class PointerStore:
             if not self.completed(hint, cache):
                 return None, None
             low, mark = hint, hint + HOUR
+        was_low, was_mark = (low, mark) if current.mark is not None else (hint, hint)
         steps = 0
         while steps < max_steps and self.completed(mark, cache):
             mark += HOUR
@@ -157,6 +199,14 @@ class PointerStore:
         while steps < 2 * max_steps and self.completed(low - HOUR, cache):
             low -= HOUR
             steps += 1
+        losses = LossStore(self.settings, self.sess)
+        lost = losses.losses(self.settings.kafka.events_topic)
+        if lost:
+            incomplete = losses.incomplete(self.settings.kafka.events_topic, low, mark, lost)
+            mark = min((h for h in incomplete if h >= was_mark), default=mark)
+            low = max((h + HOUR for h in incomplete if h < was_low), default=low)
+            if mark <= low:
+                return current.low, current.mark
         self.write_watermark(low, mark)
         return low, mark
 
@@ -169,7 +219,14 @@ class PointerStore:
         )
 
     def pin(self, boundary: datetime | None) -> None:
-        """Pin (or with None unpin) the boundary serving uses."""
+        """Pin (or with None unpin) the boundary serving uses.
+
+        :raises PinError: when the boundary is not a whole hour at or below the watermark (:func:`pin_problem`).
+        """
+        if boundary is not None:
+            problem = pin_problem(boundary, self.watermark())
+            if problem:
+                raise PinError(problem)
         self.sess.execute(
             self._stmt(cql.PIN_WATERMARK), (boundary, datetime.now(UTC), WATERMARK_ROW), execution_profile=WRITE_PROFILE
         )
