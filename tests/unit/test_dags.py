@@ -75,7 +75,7 @@ def test_dag_folder_parses_with_the_expected_dag(tmp_path: Path) -> None:
         "recompute": ["advance_watermark"],
         "advance_watermark": [],
     }
-    assert out["backfill_params"] == ["end", "only_missing", "start"]
+    assert out["backfill_params"] == ["accept_loss", "end", "only_missing", "start"]
     assert out["backfill_schedule"] == "NullTimetable"  # triggered with a range, never scheduled
     assert out["backfill_mapped"] == "MappedOperator" and out["backfill_parallel"] == 2
     settings = Settings()
