@@ -498,6 +498,7 @@ class _Pass:
     def record_losses(self, gaps: dict[int, tuple[int, int]], noticed: datetime) -> None:
         """Record each gap ``[next offset, low)`` as a loss with its time bound, before any checkpoint passes it."""
         settings = self.store.settings
+        noticed = noticed.replace(microsecond=noticed.microsecond // 1000 * 1000)  # Cassandra keeps milliseconds
         retention = topic_retention_ms(settings, self.topic)
         firsts = first_timestamps(settings, self.topic, gaps)
         losses = []
