@@ -57,6 +57,14 @@ def test_incomplete_hours_have_no_lower_bound_and_acceptance_clears_them() -> No
     assert incomplete_hours([a], {}, H, H + 5 * HOUR) == {}  # hours after the bound are whole
 
 
+def test_airflows_pendulum_times_are_accepted() -> None:
+    import pendulum
+
+    start = pendulum.datetime(2026, 5, 1, 8, tz="UTC")
+    assert list(incomplete_hours([loss(0, H)], {}, start, start + 3 * HOUR)) == [H - 2 * HOUR, H - HOUR]
+    assert pin_problem(pendulum.datetime(2026, 5, 1, 9, tz="UTC"), Watermark(H - 24 * HOUR, H)) is None
+
+
 def test_refusal_names_the_topic_partition_offsets_and_the_flag() -> None:
     with pytest.raises(LossNotAcceptedError) as caught:
         refuse_loss("events", {H: [loss(40, H + HOUR, partition=2)]})

@@ -94,9 +94,18 @@ def loss_bound(noticed_at: datetime, retention_ms: int | None, oldest_surviving:
     return max(candidates) if candidates else noticed_at
 
 
+def plain(ts: datetime) -> datetime:
+    """Return an aware time as a plain UTC ``datetime``.
+
+    Airflow hands tasks pendulum times, whose ``//`` with a ``timedelta`` fails.
+    """
+    t = ts.astimezone(UTC)
+    return datetime(t.year, t.month, t.day, t.hour, t.minute, t.second, t.microsecond, tzinfo=UTC)
+
+
 def hours_of(start: datetime, end: datetime) -> list[datetime]:
     """Return the hours of ``[start, end)`` (start floored to its hour)."""
-    out, hour = [], floor(start, HOUR)
+    out, hour = [], floor(plain(start), HOUR)
     while hour < end:
         out.append(hour)
         hour += HOUR
@@ -170,6 +179,7 @@ class LossStore:
 
         :arg losses: the topic's losses if already read (one read fewer).
         """
+        start, end = plain(start), plain(end)
         losses = self.losses(topic) if losses is None else losses
         touching = [loss for loss in losses if start < loss.hours_end]
         accepted = {loss.key: self.accepted(loss, start, min(end, loss.hours_end)) for loss in touching}

@@ -21,7 +21,7 @@ from infra.errors import TrendsError
 from infra.settings import Settings
 from views.buckets import HOUR, day_key, floor, utc
 from views.store import cql
-from views.store.losses import LossStore
+from views.store.losses import LossStore, plain
 from views.store.rows import Request
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ def pin_problem(at: datetime, current: Watermark) -> str | None:
     """
     if at.tzinfo is None:
         return f"--at {at.isoformat()} needs a time zone (e.g. 2026-05-01T10:00Z)"
-    if floor(at, HOUR) != at:
+    if floor(plain(at), HOUR) != at:
         return f"--at {at.isoformat()} is not a whole hour: the boundary is a UTC hour"
     if current.mark is None:
         return "there is no batch watermark yet: nothing to pin below"
