@@ -12,6 +12,11 @@ after it (so interleaved hours near a boundary share spans instead of shattering
 span starts. The checkpoint per partition (next offset, newest record time, spans still open) is written after
 the spans it covers, and spans are keyed by their first offset: killed at any point, a rerun from the checkpoint
 writes the same rows again and ends with the same index. Cost: O(new records), no Spark.
+
+Offsets Kafka removed (retention, ``DeleteRecords``) before a pass read them are a **loss**: recorded with their
+offsets and the bound on their time (:mod:`views.store.losses`) before any checkpoint passes them, so the hours
+they may belong to are incomplete instead of completing as if whole. Records without a usable timestamp are
+counted apart (``untimed``). The consumer never resets silently to the end when offsets vanish under it.
 """
 
 from __future__ import annotations
