@@ -18,7 +18,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -31,6 +31,7 @@ from cassandra.connection import ConnectionException
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from pydantic import BaseModel
 
 from infra.cassandra import make_cluster
@@ -170,6 +171,24 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:500]
 
 
+class RowCacheCollector:
+    """The batch-row cache's size and its hit and miss counters, read from the cache on each scrape."""
+
+    def __init__(self) -> None:
+        self.cache: RowCache | None = None  # the backend's (None: caching is off); the /metrics route sets it
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the cache's figures (nothing while the cache is off)."""
+        cache = self.cache
+        if cache is None:
+            return
+        yield GaugeMetricFamily(
+            "trends_api_row_cache_bytes", "Bytes of batch-view rows the cache holds (serving.cache_mb).", cache.bytes
+        )
+        yield CounterMetricFamily("trends_api_row_cache_hits", "Batch-row reads answered from the cache.", cache.hits)
+        yield CounterMetricFamily("trends_api_row_cache_misses", "Batch-row reads sent to Cassandra.", cache.misses)
+
+
 @dataclass
 class Metrics:
     """Prometheus metrics of one app (own registry, so several apps can live in one process)."""
@@ -178,12 +197,14 @@ class Metrics:
     requests: Counter
     latency: Histogram
     cassandra_up: Gauge
-    cache: Gauge
+    cache: RowCacheCollector
 
     @classmethod
     def create(cls) -> "Metrics":
         """Register the API's metrics."""
         reg = CollectorRegistry()
+        cache = RowCacheCollector()
+        reg.register(cache)
         return cls(
             reg,
             Counter("trends_api_requests", "HTTP requests by route and status.", ["route", "status"], registry=reg),
@@ -195,12 +216,7 @@ class Metrics:
                 registry=reg,
             ),
             Gauge("trends_api_cassandra_up", "1 if the last Cassandra read succeeded.", registry=reg),
-            Gauge(
-                "trends_api_row_cache",
-                "Batch-row cache: bytes held, hits and misses since start (serving.cache_mb).",
-                ["what"],
-                registry=reg,
-            ),
+            cache,
         )
 
 
@@ -446,10 +462,7 @@ def ready(ctx: Context) -> dict[str, str]:
 )
 def prometheus(ctx: Context) -> Response:
     """Prometheus text: requests and latency by route, Cassandra up, the batch-row cache."""
-    cache = ctx.backend.cache
-    if cache is not None:
-        for what, value in (("bytes", cache.bytes), ("hits", cache.hits), ("misses", cache.misses)):
-            ctx.metrics.cache.labels(what).set(value)
+    ctx.metrics.cache.cache = ctx.backend.cache
     return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
