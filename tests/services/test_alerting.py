@@ -203,3 +203,63 @@ def test_the_exporter_reads_missing_pending_and_stale_hours_and_the_horizon(moni
     assert state.horizon.held_by in {0, 1} and state.horizon.idle == ()
     assert state.skipped == {0: 0, 1: 0}
     assert state.incomplete_hours is None and state.reconciliation_max_excess_ratio is None  # not read yet
+
+
+PROBE_DAG_ID = "probe_exporter"
+PROBE_DAG = '''
+"""One task that fails when its run's conf says so (no retries): a success and a failure to count."""
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from airflow.sdk import dag, task
+
+
+@dag(dag_id={dag_id!r}, schedule=None, start_date=datetime(2026, 5, 1, tzinfo=UTC), catchup=False)
+def probe_exporter():
+    @task(retries=0)
+    def work(params=None, dag_run=None):
+        if (dag_run.conf or {{}}).get("fail"):
+            raise RuntimeError("failing on purpose")
+
+    work()
+
+
+probe_exporter()
+'''
+
+
+def test_the_exporter_reads_last_successes_and_failed_tasks_from_a_real_airflow(tmp_path: Path) -> None:
+    from batch_layer.exporter import AirflowReader
+    from infra import stack
+    from infra.airflow.client import AirflowClient
+    from infra.errors import StackError
+
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / f"{PROBE_DAG_ID}.py").write_text(PROBE_DAG.format(dag_id=PROBE_DAG_ID))
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        airflow={"api_port": free_port(), "dags_folder": dags},
+        metrics={"airflow_dags": [PROBE_DAG_ID, "no_such_dag"]},
+    )
+    try:
+        stack.up(settings, ["airflow"])
+        client = AirflowClient(settings)
+        token = client.token()
+        client.wait_dag(token, PROBE_DAG_ID)
+        reader = AirflowReader(settings)
+        before = reader.read()
+        assert before.last_success == {PROBE_DAG_ID: None} and before.failed_task_instances == {PROBE_DAG_ID: 0}
+        ok_run = client.trigger(token, PROBE_DAG_ID, {})
+        client.wait_run(token, PROBE_DAG_ID, ok_run, timeout_s=300)
+        bad_run = client.trigger(token, PROBE_DAG_ID, {"fail": True})
+        with pytest.raises(StackError, match="failed"):
+            client.wait_run(token, PROBE_DAG_ID, bad_run, timeout_s=300)
+        quoted = urllib.parse.quote(ok_run, safe="")
+        ended = client.get(token, f"/api/v2/dags/{PROBE_DAG_ID}/dagRuns/{quoted}")["end_date"]
+        after = reader.read()
+        assert after.last_success == {PROBE_DAG_ID: datetime.fromisoformat(ended)}  # the success, not the failure
+        assert after.failed_task_instances == {PROBE_DAG_ID: 1}  # "no_such_dag" is skipped, not an error
+    finally:
+        stack.down(settings, ["airflow"])
