@@ -62,6 +62,7 @@ class SpeedViewSink:
     query: str
     ttl_seconds: int
     epoch_id: str | None = None  # Spark's query id; read from the batch's thread when not given
+    checkpoint: str | None = None  # the query's checkpoint: when its initial offsets were resolved is the start
     _cluster: Cluster | None = field(default=None, init=False, repr=False)
     _rows: SpeedRows | None = field(default=None, init=False, repr=False)
     _epoch: Epoch | None = field(default=None, init=False, repr=False)
@@ -89,6 +90,10 @@ class SpeedViewSink:
         """Write one micro-batch (Spark calls this on the driver)."""
         if self.epoch_id is None:
             self.epoch_id = batch.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+        if batch_id == 0 and self.checkpoint:
+            resolved = initial_offsets_written_at(batch.sparkSession, self.checkpoint)
+            if resolved is not None:
+                self.started_at = resolved
         # One job for the whole batch (toLocalIterator runs one per partition, which costs more per batch). The
         # rows are the changed buckets, at most (distinct minutes x slices) of one micro-batch's events, and
         # toLocalIterator would hold a whole partition in the driver too; maxOffsetsPerTrigger bounds both.
@@ -99,8 +104,10 @@ class SpeedViewSink:
         """Return this checkpoint's epoch, recording it on its first batch.
 
         A first batch (id 0) starts a new checkpoint: from the topic's beginning when the query starts at
-        ``earliest``, else complete only from the minute after the job started. An epoch found without a row at a
-        later batch (its row lost, or written by a version without coverage) is complete only from now on.
+        ``earliest``, else complete only from the minute after its starting offsets were resolved (when Spark
+        wrote them into the checkpoint; without a checkpoint to ask, when the sink was made). An epoch found
+        without a row at a later batch (its row lost, or written by a version without coverage) is complete only
+        from now on.
         """
         store = self._connect()
         if self._epoch is not None and self._epoch.id == self.epoch_id:
@@ -177,6 +184,22 @@ class SpeedViewSink:
                 hours.add(h)
                 h += HOUR
         return sorted(hours - self._marked)
+
+
+def initial_offsets_written_at(spark: Any, checkpoint: str) -> datetime | None:
+    """Return when Spark wrote the query's initial offsets (``sources/0/0``) into the checkpoint, on any file system.
+
+    With ``latest`` those offsets are the topic's end at that moment: a record produced earlier is never read, so
+    the epoch counts completely only from the next minute.
+    """
+    try:
+        jvm = spark.sparkContext._jvm
+        path = jvm.org.apache.hadoop.fs.Path(f"{checkpoint.rstrip('/')}/sources/0/0")
+        status = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).getFileStatus(path)
+        return datetime.fromtimestamp(status.getModificationTime() / 1000, UTC)
+    except Exception:  # no such file (another source layout): the sink's own start time stands
+        logger.warning("could not read when the initial offsets were written under %s", checkpoint, exc_info=True)
+        return None
 
 
 def _from_epoch(rows: Iterable[Any], covered_from: datetime | None) -> tuple[list[Any], int]:
