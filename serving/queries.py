@@ -206,6 +206,26 @@ def _missing_speed_rows(plans: list[list[Span]], cov: Coverage, found: set[datet
     return missing
 
 
+def pin_effect(reader: ViewReader) -> dict[str, Any] | None:
+    """Say what a pin hands to the speed view (``[pin, watermark)``) and which of those minutes it still covers.
+
+    :returns: None when there is no pin below the watermark.
+    """
+    mark = reader.pointer_store.watermark()
+    if mark.pinned is None or mark.mark is None or mark.pinned >= mark.mark:
+        return None
+    cov = reader.coverage(mark.pinned, mark.mark, "*")
+    spans = plan(mark.pinned, mark.mark, mark.pinned, set(), set(), cov.speed, "minute")
+    gaps = [s for s in spans if s.layer == "gap"]
+    return {
+        "pinned": mark.pinned,
+        "watermark": mark.mark,
+        "moved_to_speed_minutes": int((mark.mark - mark.pinned) / MINUTE),
+        "covered_minutes": sum(int((s.end - s.start) / MINUTE) for s in spans if s.layer == "speed"),
+        "gaps": [{"start": s.start, "end": s.end, "reason": s.reason} for s in gaps],
+    }
+
+
 @dataclass
 class Summary:
     """Count, distinct users, value quantiles and top items of a window, with bounds and provenance."""
