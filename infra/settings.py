@@ -336,7 +336,8 @@ class SpeedSettings(BaseModel):
     starting_offsets: str = Field(
         "earliest",
         description="Where a query without a checkpoint starts: earliest, latest or a per-partition JSON. "
-        "Ignored once a checkpoint exists.",
+        "Ignored once a checkpoint exists. Not earliest: the speed layer counts completely only from the minute "
+        "after its starting offsets were resolved, earlier minutes above the batch watermark are gaps.",
     )
     allowed_lateness_s: int = Field(
         600,
@@ -346,8 +347,9 @@ class SpeedSettings(BaseModel):
     )
     view_ttl_s: int = Field(
         14 * 24 * 3600,
-        ge=3600,
-        description="TTL of speed view rows; must exceed the batch layer's lag so every bucket stays served.",
+        ge=60,
+        description="TTL of speed view rows (and of the speed layer's coverage records); must exceed the batch "
+        "layer's lag: a minute above the batch watermark whose speed rows may have expired is answered as a gap.",
     )
     metrics_port: int = Field(
         9108, ge=0, description="Port of the /metrics endpoint of `trends speed run`, on `metrics.host` (0: none)."

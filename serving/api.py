@@ -414,12 +414,13 @@ def series(
 
 @router.get("/status")
 def status(ctx: Context) -> dict[str, Any]:
-    """Show the boundary between the layers, the pin, the speed layer's freshness and the stale batch hours."""
+    """Show the boundary between the layers, the pin, the speed layer's epochs and freshness, the stale hours."""
     now = datetime.now(UTC)
     try:
         reader = ctx.backend.reader()
         cov = reader.coverage(floor(now, MINUTE), floor(now, MINUTE) + MINUTE, "*")
         stale = reader.stale_hours()
+        pin = queries.pin_effect(reader) if cov.pinned else None
     except _driver_errors() as exc:
         raise CassandraUnavailableError(_reason(exc)) from exc
     newest = cov.speed_newest_event
@@ -431,6 +432,19 @@ def status(ctx: Context) -> dict[str, Any]:
         "speed_newest_event": newest,
         "speed_updated_at": cov.speed_updated_at,
         "speed_lag_s": None if newest is None else round((now - newest).total_seconds(), 3),
+        # the checkpoint lifetimes of the speed layer: a minute is answered by the newest epoch that counts it
+        "speed_epochs": [
+            {
+                "epoch": e.id,
+                "started_at": e.started_at,
+                "covered_from": e.covered_from,
+                "seen_until": e.seen_until,
+                "starting_offsets": e.starting_offsets,
+            }
+            for e in cov.speed.epochs
+        ],
+        # a pin below the watermark hands [pin, watermark) to the speed view: is it still covered there?
+        "pin": pin,
         "slice_dims": ctx.settings.views.slice_dims,
         "refresh_s": ctx.settings.serving.dashboard_refresh_s,
         # hours whose records grew after their batch run (late data): served as they were until recomputed

@@ -181,7 +181,9 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
     spark = get_spark(settings, "speed")
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     registry = MetricsRegistry(settings.speed.query_name)
-    sink = SpeedViewSink(settings, settings.speed.query_name, settings.speed.view_ttl_s)
+    sink = SpeedViewSink(
+        settings, settings.speed.query_name, settings.speed.view_ttl_s, checkpoint=checkpoint_location(settings)
+    )
     adapter = _ProgressListener(registry, sink, settings.data_dir / "metrics" / "speed_layer.prom")
     listener = _make_spark_listener(adapter)
     spark.streams.addListener(listener)
