@@ -198,6 +198,7 @@ class Metrics:
     latency: Histogram
     cassandra_up: Gauge
     cache: RowCacheCollector
+    gaps: Gauge
 
     @classmethod
     def create(cls) -> "Metrics":
@@ -217,6 +218,12 @@ class Metrics:
             ),
             Gauge("trends_api_cassandra_up", "1 if the last Cassandra read succeeded.", registry=reg),
             cache,
+            Gauge(
+                "trends_api_gap_minutes",
+                "Minutes of the last 24 h (slice *) that answers report as gaps, by reason (read on scrape).",
+                ["reason"],
+                registry=reg,
+            ),
         )
 
 
@@ -475,8 +482,17 @@ def ready(ctx: Context) -> dict[str, str]:
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text."}},
 )
 def prometheus(ctx: Context) -> Response:
-    """Prometheus text: requests and latency by route, Cassandra up, the batch-row cache."""
+    """Prometheus text: requests and latency by route, Cassandra up, the batch-row cache, gaps by reason."""
     ctx.metrics.cache.cache = ctx.backend.cache
+    try:
+        gaps = queries.gap_minutes(ctx.backend.reader(), datetime.now(UTC))
+    except _driver_errors() as exc:  # the scrape still answers; the gaps keep their last values
+        logger.warning("gap minutes not read: %s", _reason(exc))
+        ctx.metrics.cassandra_up.set(0)
+    else:
+        ctx.metrics.cassandra_up.set(1)
+        for reason, minutes in gaps.items():
+            ctx.metrics.gaps.labels(reason).set(minutes)
     return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
