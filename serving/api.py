@@ -486,7 +486,7 @@ def prometheus(ctx: Context) -> Response:
     ctx.metrics.cache.cache = ctx.backend.cache
     try:
         gaps = queries.gap_minutes(ctx.backend.reader(), datetime.now(UTC))
-    except _driver_errors() as exc:  # the scrape still answers; the gaps keep their last values
+    except (CassandraUnavailableError, *_driver_errors()) as exc:  # the scrape answers; gaps keep their values
         logger.warning("gap minutes not read: %s", _reason(exc))
         ctx.metrics.cassandra_up.set(0)
     else:
