@@ -306,7 +306,7 @@ def read_backfills(settings: Settings) -> dict[str, Any]:
     client = AirflowClient(settings)
     try:
         token = client.token()
-        runs = client.get(token, f"/api/v2/dags/{BACKFILL_DAG}/dagRuns?limit={BACKFILL_RUNS}&order_by=-start_date")
+        runs = client.get(token, f"/api/v2/dags/{BACKFILL_DAG}/dagRuns?limit={BACKFILL_RUNS}&order_by=-run_after")
         out = []
         for run in runs.get("dag_runs", [])[:BACKFILL_RUNS]:
             quoted = urllib.parse.quote(run["dag_run_id"], safe="")
