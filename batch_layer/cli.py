@@ -130,3 +130,8 @@ def pin(settings: Settings, at: datetime | None, clear: bool) -> None:
     with session(settings) as sess:
         PointerStore(settings, sess).pin(None if clear else at)
     click.echo("pin cleared" if clear else f"boundary pinned at {at}")
+
+
+from batch_layer.exporter import exporter  # noqa: E402 - registered last, beside the commands above
+
+batch.add_command(exporter)

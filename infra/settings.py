@@ -352,7 +352,7 @@ class SpeedSettings(BaseModel):
         "layer's lag: a minute above the batch watermark whose speed rows may have expired is answered as a gap.",
     )
     metrics_port: int = Field(
-        9108, ge=0, description="Loopback port of the /metrics endpoint of `trends speed run` (0: none)."
+        9108, ge=0, description="Port of the /metrics endpoint of `trends speed run`, on `metrics.host` (0: none)."
     )
     stop_timeout_s: float = Field(
         60.0, gt=0, description="On SIGTERM/Ctrl-C, how long to let the running micro-batch finish before stopping."
@@ -560,6 +560,63 @@ class AirflowSettings(BaseModel):
         return value
 
 
+class MetricsSettings(BaseModel):
+    """Where each process exposes Prometheus metrics, what the batch exporter reads, and the local Prometheus."""
+
+    host: str = Field(
+        "127.0.0.1",
+        description="Address the /metrics endpoints of the speed job, the ingest commands and the batch exporter bind "
+        "to (`0.0.0.0` to let a Prometheus on another host scrape them; they expose counts and times, no data).",
+    )
+    batch_exporter_port: int = Field(
+        9109, ge=1, le=65535, description="Port of `trends batch exporter`, the batch layer's /metrics endpoint."
+    )
+    ingest_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="Port of the /metrics endpoint of a long-running `trends ingest generate|file` (0: none; give "
+        "each concurrent ingest process its own port).",
+    )
+    batch_read_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        le=60,
+        description="The batch exporter reads Cassandra and Airflow when scraped; a read not done within this many "
+        "seconds is abandoned and its `_up` gauge says 0 (keep it below Prometheus's scrape timeout).",
+    )
+    batch_scan_days: int = Field(
+        31,
+        ge=1,
+        le=3660,
+        description="The batch exporter counts missing hours (closed, without a current run) over at most this many "
+        "days up to the newest closed hour: one pointer read per day and scrape.",
+    )
+    airflow_enabled: bool = Field(
+        True,
+        description="The batch exporter also asks Airflow's REST API (as `airflow.admin_user`) for the last "
+        "successful run of each DAG and recently failed task instances.",
+    )
+    airflow_dags: list[str] = Field(
+        ["trends_batch", "trends_backfill"], description="The DAGs the batch exporter reports on (JSON list)."
+    )
+    airflow_failed_window_s: int = Field(
+        24 * 3600,
+        ge=60,
+        description="Failed task instances count while they ended less than this many seconds ago (or until they "
+        "are cleared and succeed).",
+    )
+    prometheus_port: int = Field(
+        9090, ge=1, le=65535, description="Port of the local stack's Prometheus server (UI, HTTP API), on loopback."
+    )
+    scrape_interval_s: float = Field(
+        15.0, gt=0, description="How often the local Prometheus scrapes the pipeline's /metrics endpoints, seconds."
+    )
+    evaluation_interval_s: float = Field(
+        15.0, gt=0, description="How often the local Prometheus evaluates the alert rules, seconds."
+    )
+
+
 class Settings(BaseSettings):
     """Root of the settings tree."""
 
@@ -597,6 +654,7 @@ class Settings(BaseSettings):
     batch: BatchSettings = Field(default_factory=BatchSettings)
     airflow: AirflowSettings = Field(default_factory=AirflowSettings)
     serving: ServingSettings = Field(default_factory=ServingSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
     @field_validator("data_dir", "cache_dir")
     @classmethod

@@ -34,13 +34,14 @@ NO_BATCH_RUN = "no completed batch run for this hour"
 NOT_YET_SEEN = "not yet seen by the speed layer"
 STARTED_AFTER = "the speed layer started after this minute"
 SPEED_ROWS_GONE = "speed rows expired or missing"
+GAP_REASONS = (NO_BATCH_RUN, NOT_YET_SEEN, STARTED_AFTER, SPEED_ROWS_GONE)
 
 
 @dataclass(frozen=True)
 class SpeedCoverage:
     """What the speed layer says it counted: its epochs, the hours whose rows are surely kept, minutes counted.
 
-    A minute belongs to the newest epoch that counts it completely (``covered_from`` at or before it); it is served
+    A minute belongs to the newest epoch that counts it completely (``counts_from`` at or before it); it is served
     when that epoch has read past it and its hour's rows are surely kept at ``now``.
 
     :arg epochs: the query's epochs (checkpoint lifetimes).
@@ -60,7 +61,7 @@ class SpeedCoverage:
 
     def owner(self, minute: datetime) -> Epoch | None:
         """Return the newest epoch that counts ``minute`` completely (it alone writes that minute's rows)."""
-        owners = [e for e in self.epochs if e.covered_from is None or e.covered_from <= minute]
+        owners = [e for e in self.epochs if e.counts_from is not None and e.counts_from <= minute]
         return max(owners, key=lambda e: e.started_at, default=None)
 
     def status(self, minute: datetime) -> str:
@@ -165,7 +166,7 @@ def _speed_spans(start: datetime, end: datetime, speed: SpeedCoverage) -> list[S
     """Walk the window from one change of coverage to the next (an hour, an epoch's start or end)."""
     spans: list[Span] = []
     fresh = speed.fresh_until
-    cuts = sorted({t for e in speed.epochs for t in (e.covered_from, e.seen_until) if t is not None})
+    cuts = sorted({t for e in speed.epochs for t in (e.counts_from, e.seen_until) if t is not None})
     t = start
     while t < end:
         if fresh is None or t >= fresh:  # nothing read here yet: one gap to the end

@@ -22,7 +22,7 @@ from typing import Any
 
 import datasketches as ds
 
-from serving.merge import Resolution, Span, plan, punch
+from serving.merge import GAP_REASONS, Resolution, Span, plan, punch
 from serving.store import SKETCH_FIELDS, Bucket, Coverage, ReadBudget, ViewReader
 from views import sketches
 from views.buckets import DAY, HOUR, MINUTE, floor
@@ -204,6 +204,41 @@ def _missing_speed_rows(plans: list[list[Span]], cov: Coverage, found: set[datet
             if owner is not None and owner.id == epoch:
                 missing.add(minute)
     return missing
+
+
+def gap_minutes(reader: ViewReader, now: datetime, hours: int = 24) -> dict[str, int]:
+    """Return, by reason, the minutes of the last ``hours`` (to the current minute) an answer reports as gaps.
+
+    The symptom users feel: a figure over these minutes leaves them out. The current minute is excluded (nothing
+    has been seen of it yet by definition).
+    """
+    end = floor(now, MINUTE)
+    start = end - hours * HOUR
+    window = load(reader, start, end, "*", "hour", ())
+    out = dict.fromkeys(GAP_REASONS, 0)
+    for g in window.provenance.gaps:
+        out[g["reason"]] = out.get(g["reason"], 0) + int((g["end"] - g["start"]) / MINUTE)
+    return out
+
+
+def pin_effect(reader: ViewReader) -> dict[str, Any] | None:
+    """Say what a pin hands to the speed view (``[pin, watermark)``) and which of those minutes it still covers.
+
+    :returns: None when there is no pin below the watermark.
+    """
+    mark = reader.pointer_store.watermark()
+    if mark.pinned is None or mark.mark is None or mark.pinned >= mark.mark:
+        return None
+    cov = reader.coverage(mark.pinned, mark.mark, "*")
+    spans = plan(mark.pinned, mark.mark, mark.pinned, set(), set(), cov.speed, "minute")
+    gaps = [s for s in spans if s.layer == "gap"]
+    return {
+        "pinned": mark.pinned,
+        "watermark": mark.mark,
+        "moved_to_speed_minutes": int((mark.mark - mark.pinned) / MINUTE),
+        "covered_minutes": sum(int((s.end - s.start) / MINUTE) for s in spans if s.layer == "speed"),
+        "gaps": [{"start": s.start, "end": s.end, "reason": s.reason} for s in gaps],
+    }
 
 
 @dataclass

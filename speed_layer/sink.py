@@ -159,10 +159,12 @@ class SpeedViewSink:
         if newest is not None:
             newest_end = floor(newest, MINUTE) + MINUTE
             seen_until = newest_end if seen_until is None else max(seen_until, newest_end)
-        store.advance_epoch(self.query, epoch.id, seen_until, batch_id)
+        first_hour = min((h for h in (epoch.first_hour, *hours) if h is not None), default=None)
+        store.advance_epoch(self.query, epoch.id, seen_until, first_hour, batch_id)
         self._epoch = Epoch(
-            epoch.id, epoch.started_at, epoch.covered_from, seen_until, epoch.starting_offsets, batch_id
-        )
+            epoch.id, epoch.started_at, epoch.covered_from, seen_until, epoch.starting_offsets, batch_id,
+            first_hour=first_hour,
+        )  # fmt: skip
         if newest is not None and (self.newest_event_ts is None or newest > self.newest_event_ts):
             self.newest_event_ts = newest
         store.write_progress(self.query, self.newest_event_ts, self.watermark, batch_id, written)

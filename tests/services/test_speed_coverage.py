@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -117,6 +118,13 @@ class Env:
         assert r.status_code == 200, r.text
         return r.json()  # type: ignore[no-any-return]
 
+    def gap_metric(self, reason: str) -> float:
+        with TestClient(create_app(self.settings)) as client:
+            text = client.get("/metrics").text
+        found = re.search(rf'^trends_api_gap_minutes{{reason="{re.escape(reason)}"}} (\S+)$', text, re.M)
+        assert found, text
+        return float(found.group(1))
+
 
 @pytest.fixture
 def cov_env(
@@ -210,6 +218,7 @@ def test_lost_and_expired_speed_rows_are_gaps_not_zeros(cov_env: Env) -> None:
         (iso(lost[0]), iso(lost[-1] + MINUTE), SPEED_ROWS_GONE)
     ]
     assert [p["count"] for p in series["points"][3:7]] == [None] * 4
+    assert env.gap_metric(SPEED_ROWS_GONE) == 4
     out = env.cli(start, end)
     assert "events  2000 " in out and f"GAP   {lost[0]:%Y-%m-%d %H:%M}" in out and SPEED_ROWS_GONE in out
 

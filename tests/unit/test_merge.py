@@ -37,7 +37,7 @@ def live(fresh: datetime | None) -> SpeedCoverage:
     if fresh is None:
         return SpeedCoverage((), now=NOW)
     kept = {(T0 + h * HOUR, "e"): NOW + DAY for h in range(-24, HOURS + 48)}
-    return SpeedCoverage((Epoch("e", T0 - DAY, None, fresh),), kept, now=NOW)
+    return SpeedCoverage((Epoch("e", T0 - DAY, None, fresh, first_hour=T0 - DAY),), kept, now=NOW)
 
 
 def reference(start, end, boundary, batch_hours, speed):  # type: ignore[no-untyped-def]
@@ -49,7 +49,9 @@ def reference(start, end, boundary, batch_hours, speed):  # type: ignore[no-unty
         if boundary is not None and m < boundary:
             out[m] = ("batch", "") if floor(m, HOUR) in batch_hours else ("gap", NO_BATCH_RUN)
         else:
-            owners = [e for e in speed.epochs if e.covered_from is None or e.covered_from <= m]
+            owners = [
+                e for e in speed.epochs if (e.covered_from or e.first_hour) and (e.covered_from or e.first_hour) <= m
+            ]
             owner = max(owners, key=lambda e: e.started_at) if owners else None
             fresh = speed.fresh_until
             if fresh is None or m >= fresh:
@@ -74,7 +76,8 @@ def speed_coverages(draw):  # type: ignore[no-untyped-def]
         t += draw(st.integers(0, HOURS * 60 // 2))
         covered = None if i == 0 and draw(st.booleans()) else T0 + t * MINUTE
         seen = draw(st.one_of(st.none(), st.integers(0, HOURS * 60 // 2).map(lambda d, t=t: T0 + (t + d) * MINUTE)))
-        epochs.append(Epoch(f"e{i}", T0 + t * MINUTE + i * timedelta(seconds=1), covered, seen))
+        first = None if seen is None else floor(T0 + (t + draw(st.integers(-120, 120))) * MINUTE, HOUR)
+        epochs.append(Epoch(f"e{i}", T0 + t * MINUTE + i * timedelta(seconds=1), covered, seen, first_hour=first))
     kept = {}
     for e in epochs:
         for h in draw(st.sets(st.integers(-24, HOURS + 24), max_size=HOURS + 48)):
@@ -154,12 +157,14 @@ def test_series_resolution_limits_rollups() -> None:
 
 def test_each_missing_speed_minute_is_a_gap_with_its_reason() -> None:
     """The four faults the speed side can have, in one window, each a gap with its own reason."""
-    old = Epoch("old", T0 - DAY, None, T0 + 40 * MINUTE)  # its checkpoint was lost at T0+40
+    old = Epoch("old", T0 - DAY, None, T0 + 40 * MINUTE, first_hour=T0)  # its checkpoint was lost at T0+40
     new = Epoch("new", T0 + 50 * MINUTE, T0 + 61 * MINUTE, T0 + 150 * MINUTE)  # started at `latest` at T0+50
     kept = {(T0, "old"): NOW + DAY, (T0 + HOUR, "new"): NOW + DAY, (T0 + 2 * HOUR, "new"): NOW - HOUR}
     speed = SpeedCoverage((old, new), kept, {("new", T0 + 70 * MINUTE): 5}, NOW)
-    spans = plan(T0, T0 + 3 * HOUR, T0, set(), set(), speed)
+    spans = plan(T0 - HOUR, T0 + 3 * HOUR, T0 - HOUR, set(), set(), speed)
     got = [(s.layer, s.reason, s.start, s.end) for s in spans]
+    assert got.pop(0) == ("gap", STARTED_AFTER, T0 - HOUR, T0)  # before anything the oldest epoch wrote
+    spans = spans[1:]
     assert got == [
         ("speed", "", T0, T0 + 40 * MINUTE),
         ("gap", STARTED_AFTER, T0 + 40 * MINUTE, T0 + 61 * MINUTE),

@@ -83,10 +83,11 @@ INSERT_EPOCH = (
     "VALUES (?, ?, ?, ?, ?, ?)"
 )
 ADVANCE_EPOCH = (
-    "UPDATE {speed_epochs} SET seen_until = ?, last_batch_id = ?, updated_at = ? WHERE query = ? AND epoch = ?"
+    "UPDATE {speed_epochs} SET seen_until = ?, first_hour = ?, last_batch_id = ?, updated_at = ? "
+    "WHERE query = ? AND epoch = ?"
 )
 SELECT_EPOCHS = (
-    "SELECT epoch, started_at, covered_from, starting_offsets, seen_until, last_batch_id, updated_at "
+    "SELECT epoch, started_at, covered_from, starting_offsets, seen_until, first_hour, last_batch_id, updated_at "
     "FROM {speed_epochs} WHERE query = ?"
 )
 INSERT_SPEED_HOUR = (

@@ -44,6 +44,7 @@ class Epoch:
 
     :arg covered_from: first minute counted completely (None: from the topic's beginning).
     :arg seen_until: end of the minute of its newest event (None: nothing written yet).
+    :arg first_hour: the earliest hour it has written (or read through).
     """
 
     id: str
@@ -53,6 +54,16 @@ class Epoch:
     starting_offsets: str = ""
     last_batch_id: int | None = None
     updated_at: datetime | None = None
+    first_hour: datetime | None = None
+
+    @property
+    def counts_from(self) -> datetime | None:
+        """Return the first minute the epoch answers for (None: none yet).
+
+        From the topic's beginning it has read, but before the first hour it wrote it knows of no event: a replay
+        of history behind newer events is dropped as late there, so those minutes are not its to answer.
+        """
+        return self.covered_from if self.covered_from is not None else self.first_hour
 
 
 @dataclass(frozen=True)
@@ -69,7 +80,7 @@ def decode_epochs(rows: Iterable[Any]) -> list[Epoch]:
     out = [
         Epoch(
             r.epoch, utc(r.started_at) or datetime.min.replace(tzinfo=UTC), utc(r.covered_from), utc(r.seen_until),
-            r.starting_offsets or "", r.last_batch_id, utc(r.updated_at),
+            r.starting_offsets or "", r.last_batch_id, utc(r.updated_at), utc(r.first_hour),
         )
         for r in rows
     ]  # fmt: skip
@@ -206,11 +217,13 @@ class SpeedRows:
             execution_profile=WRITE_PROFILE,
         )
 
-    def advance_epoch(self, query: str, epoch: str, seen_until: datetime | None, batch_id: int) -> None:
-        """Record how far the epoch has read, after the batch's rows and counts are written."""
+    def advance_epoch(
+        self, query: str, epoch: str, seen_until: datetime | None, first_hour: datetime | None, batch_id: int
+    ) -> None:
+        """Record how far the epoch has read (and its earliest hour), after the batch's rows and counts."""
         self.sess.execute(
             self._stmt(cql.ADVANCE_EPOCH),
-            (seen_until, batch_id, datetime.now(UTC), query, epoch),
+            (seen_until, first_hour, batch_id, datetime.now(UTC), query, epoch),
             execution_profile=WRITE_PROFILE,
         )
 
