@@ -421,6 +421,7 @@ def build(reader: ViewReader, start: datetime, end: datetime, now: datetime | No
                     "id": e.id,
                     "started_at": e.started_at,
                     "covered_from": e.covered_from,
+                    "counts_from": e.counts_from,
                     "seen_until": e.seen_until,
                     "starting_offsets": e.starting_offsets,
                     "last_batch_id": e.last_batch_id,
