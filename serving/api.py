@@ -36,7 +36,7 @@ from pydantic import BaseModel
 
 from infra.cassandra import make_cluster
 from infra.settings import Settings
-from serving import params, queries
+from serving import console, params, queries
 from serving.merge import Resolution
 from serving.store import ReadBudget, ReadBudgetExceededError, RowCache, ViewReader
 from views.buckets import MINUTE, floor
@@ -459,6 +459,27 @@ def status(ctx: Context) -> dict[str, Any]:
     }
 
 
+@router.get("/console", responses=BAD_REQUEST, description=console.RANGE_RULES)
+def console_answer(
+    ctx: Context,
+    start: Annotated[
+        str | None, Query(description="First hour (floored), ISO-8601 with an offset; with `end`.")
+    ] = None,
+    end: Annotated[
+        str | None, Query(description="End (exclusive, rounded up to an hour), ISO-8601; with `start`.")
+    ] = None,
+) -> dict[str, Any]:
+    """Explain each hour of a range (the operator console): batch run, speed coverage, gaps, and what feeds them."""
+    try:
+        lo, hi = console.hour_range(start, end, datetime.now(UTC))
+    except params.BadQueryError as exc:
+        raise _bad(exc) from None
+    try:
+        return console.build(ctx.backend.reader(), lo, hi)
+    except _driver_errors() as exc:
+        raise CassandraUnavailableError(_reason(exc)) from exc
+
+
 ops = APIRouter(tags=["ops"])
 
 
@@ -503,6 +524,15 @@ DASHBOARD = resources.files("serving").joinpath("static/dashboard.html")
 def dashboard() -> HTMLResponse:
     """Serve the dashboard (query parameters: last or start/end, baseline, slice, limit, token, refresh)."""
     return HTMLResponse(DASHBOARD.read_text(encoding="utf-8"))
+
+
+CONSOLE = resources.files("serving").joinpath("static/console.html")
+
+
+@ops.get("/console", response_class=HTMLResponse, include_in_schema=False)
+def console_page() -> HTMLResponse:
+    """Serve the operator console (query parameters: start/end, token, refresh)."""
+    return HTMLResponse(CONSOLE.read_text(encoding="utf-8"))
 
 
 def create_app(settings: Settings) -> FastAPI:
