@@ -505,9 +505,10 @@ def ready(ctx: Context) -> dict[str, str]:
 def prometheus(ctx: Context) -> Response:
     """Prometheus text: requests and latency by route, Cassandra up, the batch-row cache, gaps by reason."""
     ctx.metrics.cache.cache = ctx.backend.cache
+    unavailable: tuple[type[BaseException], ...] = (CassandraUnavailableError, *_driver_errors())
     try:
         gaps = queries.gap_minutes(ctx.backend.reader(), datetime.now(UTC))
-    except (CassandraUnavailableError, *_driver_errors()) as exc:  # the scrape answers; gaps keep their values
+    except unavailable as exc:  # the scrape still answers; the gaps keep their last values
         logger.warning("gap minutes not read: %s", _reason(exc))
         ctx.metrics.cassandra_up.set(0)
     else:
