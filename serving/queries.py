@@ -229,15 +229,15 @@ def pin_effect(reader: ViewReader) -> dict[str, Any] | None:
     mark = reader.pointer_store.watermark()
     if mark.pinned is None or mark.mark is None or mark.pinned >= mark.mark:
         return None
-    cov = reader.coverage(mark.pinned, mark.mark, "*")
-    spans = plan(mark.pinned, mark.mark, mark.pinned, set(), set(), cov.speed, "minute")
-    gaps = [s for s in spans if s.layer == "gap"]
+    window = load(reader, mark.pinned, mark.mark, "*", "hour", ())  # the boundary is the pin: all of it is speed's
+    gaps = window.provenance.gaps
+    moved = int((mark.mark - mark.pinned) / MINUTE)
     return {
         "pinned": mark.pinned,
         "watermark": mark.mark,
-        "moved_to_speed_minutes": int((mark.mark - mark.pinned) / MINUTE),
-        "covered_minutes": sum(int((s.end - s.start) / MINUTE) for s in spans if s.layer == "speed"),
-        "gaps": [{"start": s.start, "end": s.end, "reason": s.reason} for s in gaps],
+        "moved_to_speed_minutes": moved,
+        "covered_minutes": moved - sum(int((g["end"] - g["start"]) / MINUTE) for g in gaps),
+        "gaps": [{"start": g["start"], "end": g["end"], "reason": g["reason"]} for g in gaps],
     }
 
 
