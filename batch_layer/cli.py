@@ -132,6 +132,8 @@ def pin(settings: Settings, at: datetime | None, clear: bool) -> None:
     click.echo("pin cleared" if clear else f"boundary pinned at {at}")
 
 
+from batch_layer.backfill import backfill  # noqa: E402 - registered last, beside the commands above
 from batch_layer.exporter import exporter  # noqa: E402 - registered last, beside the commands above
 
 batch.add_command(exporter)
+batch.add_command(backfill)

@@ -537,6 +537,33 @@ class AirflowSettings(BaseModel):
         'e.g. \'{"AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30"}\').',
     )
 
+    # How `trends batch backfill` reaches Airflow's REST API: the local stack's by default, or a deployment's.
+    api_url: str | None = Field(
+        None,
+        pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="Base URL of the Airflow REST API that `trends batch backfill` calls (e.g. "
+        "https://airflow.example.com). Unset: the local stack's API server, http://<host>:<api_port>.",
+    )
+    api_user: str | None = Field(
+        None,
+        description="User `trends` logs in as at the auth manager's token endpoint (POST <api_url>/auth/token: "
+        "SimpleAuthManager, tested; FAB's is the same). Unset: admin_user.",
+    )
+    api_password: SecretStr | None = Field(None, description="Password of api_user (secret). Unset: admin_password.")
+    api_token: SecretStr | None = Field(
+        None,
+        description="A JWT for the REST API issued by the deployment's auth manager (secret; any auth manager). "
+        "When set it is sent as is and no login happens; an expired or refused token is an error naming this "
+        "setting. Empty means unset.",
+    )
+
+    @field_validator("api_url", "api_user", "api_password", "api_token", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        # TRENDS_AIRFLOW__API_TOKEN= must mean "log in", not "send an empty bearer".
+        raw = value.get_secret_value() if isinstance(value, SecretStr) else value
+        return None if isinstance(raw, str) and not raw.strip() else value
+
     @field_validator("database_url")
     @classmethod
     def _known_database(cls, value: SecretStr | None) -> SecretStr | None:
