@@ -34,7 +34,8 @@ EXIT_STILL_RUNNING = 3
 # How long the REST API may stay unreachable (an API server restart) before following gives up.
 API_OUTAGE_S = 120.0
 REPEAT_S = 60.0  # an unchanged progress line is printed again this often
-ERROR_RE = re.compile(r"(error|exception|traceback|refused|unable to|unavailable|failed|timed? ?out)", re.IGNORECASE)
+ERROR_RE = re.compile(r"(error|exception|refused|unable to|unavailable|failed|timed? ?out)", re.IGNORECASE)
+NOISE_RE = re.compile(r"NativeCodeLoader|Traceback \(most recent call last\)")  # matches ERROR_RE, says nothing
 
 
 class BackfillFailedError(TrendsError):
@@ -133,7 +134,8 @@ class Snapshot:
     def status(self) -> str:
         """Return the progress without times (printed when it changes)."""
         others = [t for t in self.tasks if t.task_id != RECOMPUTE_TASK and t.state not in {None, "success"}]
-        parts = [self.state]
+        # max_active_runs=1: a run stays queued while another trends_backfill run is active
+        parts = [self.state if self.state != "queued" else "queued (one trends_backfill run at a time)"]
         if self.chunks is None:
             parts.append("planning the chunks")
         else:
@@ -161,7 +163,7 @@ def error_lines(log: Sequence[str], keep: int = 6) -> list[str]:
     picked: list[str] = []
     for line in log:
         text = line.strip()
-        if text and ERROR_RE.search(text) and text not in picked:
+        if text and ERROR_RE.search(text) and not NOISE_RE.search(text) and text not in picked:
             picked.append(text)
     return [t[:400] for t in (picked or [x.strip() for x in log if x.strip()])[-keep:]]
 
@@ -222,12 +224,10 @@ class Follower:
         between two polls.
         """
         for t in snap.tasks:
-            if (t.try_number <= 1 and t.state != "up_for_retry") or self.examined.get(t.name) == (
-                t.try_number,
-                t.state,
-            ):
+            seen = (t.try_number, t.state)
+            if (t.try_number <= 1 and t.state != "up_for_retry") or self.examined.get(t.name) == seen:
                 continue
-            self.examined[t.name] = (t.try_number, t.state)
+            self.examined[t.name] = seen
             tries = self.client.tries(DAG_ID, self.run_id, t.task_id, map_index=t.map_index)
             for n in sorted(int(x["try_number"]) for x in tries if x.get("state") in {"failed", "up_for_retry"}):
                 final = t.state == "failed" and n == t.try_number  # the failure message shows that one
@@ -266,6 +266,7 @@ class Follower:
         while True:
             try:
                 snap = self.poll()
+                self.report_retries(snap)
                 outage = None
             except AirflowAPIError as exc:
                 if exc.status is not None and exc.status < 500:
@@ -276,7 +277,6 @@ class Follower:
                 self.echo(f"Airflow did not answer ({exc}); trying again")
                 time.sleep(self.poll_s)
                 continue
-            self.report_retries(snap)
             now = time.monotonic()
             if snap.status() != shown or now - shown_at >= REPEAT_S or snap.state in {"success", "failed"}:
                 self.echo(snap.line(now - started))

@@ -124,14 +124,19 @@ class AirflowClient:
         try:
             return self.send(method, path, body, token=self.bearer(), accept=accept)
         except AirflowAPIError as exc:
+            # Airflow 3: 401 "Token Expired", 403 "Invalid JWT token" (not its signature), 403 "Forbidden" (no right)
+            invalid = exc.status == 401 or (exc.status == 403 and "Invalid JWT" in str(exc))
+            if static and invalid:
+                msg = (
+                    f"Airflow at {self.url} refused the token of TRENDS_AIRFLOW__API_TOKEN ({exc.status}: expired, "
+                    f"or not issued by this Airflow's auth manager): {exc}"
+                )
+                raise AirflowAPIError(msg, exc.status) from exc
+            if exc.status == 403 and not invalid:
+                msg = f"{exc} (the user lacks a permission: it reads and triggers DAG runs, reads their tasks and logs)"
+                raise AirflowAPIError(msg, 403) from exc
             if exc.status != 401:
                 raise
-            if static:
-                msg = (
-                    f"Airflow at {self.url} refused the token of TRENDS_AIRFLOW__API_TOKEN (401: expired, or not "
-                    f"issued by this Airflow's auth manager): {exc}"
-                )
-                raise AirflowAPIError(msg, 401) from exc
         logger.info("Airflow refused the token (expired?); logging in again")
         return self.send(method, path, body, token=self.bearer(renew=True), accept=accept)
 
