@@ -51,13 +51,18 @@ class TaskState:
     state: str | None
     try_number: int
     max_tries: int
+    seconds: float = 0.0  # its duration when it ended, else how long it has been running (0 when not started)
 
     @classmethod
-    def of(cls, ti: dict[str, Any]) -> TaskState:
-        """Read a task instance of the REST API."""
+    def of(cls, ti: dict[str, Any], now: datetime | None = None) -> TaskState:
+        """Read a task instance of the REST API (``now``: Airflow's clock, for the time a running one has taken)."""
+        seconds = float(ti.get("duration") or 0.0)
+        if ti.get("state") == "running" and ti.get("start_date"):
+            started = datetime.fromisoformat(ti["start_date"])
+            seconds = max(0.0, ((now or datetime.now(UTC)) - started).total_seconds())
         return cls(
             ti["task_id"], int(ti.get("map_index", -1)), ti.get("state"), int(ti.get("try_number") or 0),
-            int(ti.get("max_tries") or 0),
+            int(ti.get("max_tries") or 0), seconds,
         )  # fmt: skip
 
     @property
@@ -102,7 +107,7 @@ class Snapshot:
     tasks: list[TaskState]
     chunks: list[list[datetime]] | None = None
     events: list[int] | None = None
-    computing_s: float = 0.0  # since the first chunk was seen running (local clock)
+    slots: int = 1  # most chunks seen computing at once (the DAG's backfill_parallelism, as it shows)
     run_s: float | None = None  # the run's own duration once it ended (Airflow's clock)
 
     def recompute(self) -> dict[int, TaskState]:
@@ -113,23 +118,27 @@ class Snapshot:
         """Return the chunks whose recompute succeeded."""
         return sorted(i for i, t in self.recompute().items() if t.state == "success")
 
-    def fraction(self) -> float | None:
-        """Return the share of the work done: by events when known, else by hours."""
-        if not self.chunks:
-            return None
-        done = self.done()
-        events = self.events or []
-        if any(events):
-            return sum(events[i] for i in done if i < len(events)) / sum(events)
-        total = sum(len(c) for c in self.chunks)
-        return sum(len(self.chunks[i]) for i in done if i < len(self.chunks)) / total if total else None
+    def weights(self) -> list[float]:
+        """Return each chunk's share of the work: its events when the index told them, else its hours."""
+        chunks = self.chunks or []
+        if self.events is not None and len(self.events) == len(chunks) and any(self.events):
+            return [float(n) for n in self.events]
+        return [float(len(c)) for c in chunks]
 
     def eta_s(self) -> float | None:
-        """Return the seconds left at the rate so far (None before the first chunk is done)."""
-        f = self.fraction()
-        if not f or f >= 1 or self.computing_s <= 0:
+        """Return the seconds left: each chunk not done at the rate of the chunks done, spread over the slots.
+
+        None before a chunk with work in it is done, and once all are.
+        """
+        tasks, weights = self.recompute(), self.weights()
+        done = [i for i in self.done() if i < len(weights)]
+        work, took = sum(weights[i] for i in done), sum(tasks[i].seconds for i in done)
+        todo = [i for i in range(len(weights)) if i not in done]
+        if not todo or work <= 0 or took <= 0:
             return None
-        return self.computing_s * (1 - f) / f
+        per_unit = took / work
+        left = [max(0.0, weights[i] * per_unit - (tasks[i].seconds if i in tasks else 0.0)) for i in todo]
+        return max(*left, sum(left) / max(1, min(self.slots, len(todo))))
 
     def status(self) -> str:
         """Return the progress without times (printed when it changes)."""
@@ -181,27 +190,25 @@ class Follower:
     events: list[int] | None = None
     reported: set[tuple[str, int]] = field(default_factory=set)
     examined: dict[str, tuple[int, str | None]] = field(default_factory=dict)
-    _computing_since: float | None = None
+    slots: int = 1
 
     def poll(self) -> Snapshot:
         """Read the run once (its state, its task instances, the chunks once they are planned)."""
         run = self.client.dag_run(DAG_ID, self.run_id)
-        tasks = [TaskState.of(ti) for ti in self.client.task_instances(DAG_ID, self.run_id)]
+        now = datetime.now(UTC)
+        tasks = [TaskState.of(ti, now) for ti in self.client.task_instances(DAG_ID, self.run_id)]
         planned = any(t.task_id == CHUNKS_TASK and t.state == "success" for t in tasks)
         if self.chunks is None and planned:
             self.chunks = chunk_hours(self.client.xcom(DAG_ID, self.run_id, CHUNKS_TASK))
             if self.chunks is not None:
                 self.events = self.events_of(self.chunks)
-        if self._computing_since is None and any(t.task_id == RECOMPUTE_TASK and t.state for t in tasks):
-            self._computing_since = time.monotonic()
-        since = self._computing_since
+        running = sum(1 for t in tasks if t.task_id == RECOMPUTE_TASK and t.state == "running")
+        self.slots = max(self.slots, running)
         run_s = None
         if run.get("start_date") and run.get("end_date"):
-            run_s = (
-                datetime.fromisoformat(run["end_date"]) - datetime.fromisoformat(run["start_date"])
-            ).total_seconds()
-        computing = time.monotonic() - since if since is not None else 0.0
-        return Snapshot(run["state"], tasks, self.chunks, self.events, computing, run_s)
+            ended, started = datetime.fromisoformat(run["end_date"]), datetime.fromisoformat(run["start_date"])
+            run_s = (ended - started).total_seconds()
+        return Snapshot(run["state"], tasks, self.chunks, self.events, self.slots, run_s)
 
     def why(self, task: TaskState, try_number: int) -> list[str]:
         """Return the error lines of one try's log (or why they cannot be shown)."""

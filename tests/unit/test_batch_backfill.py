@@ -99,30 +99,50 @@ def test_chunk_hours_read_from_the_chunks_xcom() -> None:
     assert chunk_hours([["--force"]]) is None  # not the shape the DAG pushes: no progress rather than a wrong one
 
 
-def ti(task: str, map_index: int, state: str | None, tries: int = 1) -> TaskState:
-    return TaskState(task, map_index, state, tries, 3)
+def ti(task: str, map_index: int, state: str | None, tries: int = 1, seconds: float = 0.0) -> TaskState:
+    return TaskState(task, map_index, state, tries, 3, seconds)
 
 
 def test_progress_line_counts_chunks_hours_events_and_eta() -> None:
     chunks = [[H + i * HOUR for i in range(10)], [H + i * HOUR for i in range(10, 30)], [H + 30 * HOUR]]
     tasks = [
-        ti("chunks", -1, "success"),
-        ti("recompute", 0, "success"),
-        ti("recompute", 1, "running"),
+        ti("chunks", -1, "success", seconds=5),
+        ti("recompute", 0, "success", seconds=60),
+        ti("recompute", 1, "running", seconds=30),
         ti("recompute", 2, "up_for_retry", 2),
         ti("advance_watermark", -1, None),
     ]
-    snap = Snapshot("running", tasks, chunks, [1000, 3000, 0], computing_s=60.0)
+    snap = Snapshot("running", tasks, chunks, [1000, 3000, 0], slots=2)
     assert snap.status() == ("running | chunks 1/3 done, 1 running, 1 up for retry | hours 10/31 | events 1,000/4,000")
-    assert snap.fraction() == 0.25
-    assert snap.eta_s() == 180.0  # 60 s for a quarter of the events
-    assert snap.line(75).startswith("[ 1m15s] running | chunks 1/3") and snap.line(75).endswith("ETA 3m00s")
+    # 60 s for 1,000 events: chunk 1 needs 180 s and has run 30; chunk 2 holds no event
+    assert snap.eta_s() == 150.0
+    assert snap.line(75).startswith("[ 1m15s] running | chunks 1/3") and snap.line(75).endswith("ETA 2m30s")
 
-    no_events = Snapshot("running", tasks, chunks, None, computing_s=31.0)
-    assert no_events.fraction() == 10 / 31 and "events" not in no_events.status()  # by hours without the index
-    planning = Snapshot("running", [ti("chunks", -1, "running")], None, None)
-    assert planning.status() == "running | planning the chunks | chunks running"
+    by_hours = Snapshot("running", tasks, chunks, None, slots=2)  # the index could not be read: weigh by hours
+    assert "events" not in by_hours.status()
+    assert by_hours.eta_s() == 90.0  # 6 s an hour: chunk 1 has 20 * 6 - 30 left, chunk 2 6 s beside it
+    one_slot = Snapshot("running", tasks, chunks, None, slots=1)
+    assert one_slot.eta_s() == 96.0  # one chunk at a time: the two remainders add up
+
+    planning = Snapshot("queued", [ti("chunks", -1, None)], None, None)
+    assert planning.status() == "queued (one trends_backfill run at a time) | planning the chunks"
     assert planning.line(5).endswith("ETA -")
+    none_done = Snapshot("running", tasks[:1] + [ti("recompute", i, "running", seconds=9) for i in range(3)], chunks)
+    assert none_done.eta_s() is None  # no rate before a chunk is done
+    all_done = Snapshot("success", [ti("recompute", i, "success", seconds=9) for i in range(3)], chunks)
+    assert all_done.eta_s() is None and "chunks 3/3 done" in all_done.status()
+
+
+def test_task_state_reads_the_rest_api() -> None:
+    now = datetime(2026, 1, 1, 12, tzinfo=UTC)
+    running = {"task_id": "recompute", "map_index": 1, "state": "running", "try_number": 2, "max_tries": 3,
+               "start_date": "2026-01-01T11:59:00Z", "duration": None}  # fmt: skip
+    t = TaskState.of(running, now)
+    assert (t.name, t.state, t.try_number, t.seconds) == ("recompute[1]", "running", 2, 60.0)
+    ended = TaskState.of({"task_id": "chunks", "state": "success", "try_number": 1, "duration": 4.5}, now)
+    assert (ended.name, ended.map_index, ended.seconds) == ("chunks", -1, 4.5)
+    waiting = TaskState.of({"task_id": "advance_watermark", "map_index": -1, "state": None, "try_number": 0}, now)
+    assert (waiting.state, waiting.seconds) == (None, 0.0)
 
 
 def test_error_lines_pick_what_went_wrong() -> None:
