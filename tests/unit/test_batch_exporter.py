@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -100,6 +101,7 @@ def test_a_slow_read_is_abandoned_at_the_timeout_and_not_doubled() -> None:
         got = _scrape(collector)
         if got[("trends_batch_up", ())] == 1:
             break
+        time.sleep(0.05)
     assert got[("trends_batch_up", ())] == 1 and len(calls) >= 2
 
 
