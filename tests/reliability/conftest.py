@@ -3,10 +3,9 @@
 Each case runs the real pipeline on a fresh topic and keyspace — ingestion through ``EventProducer``, the speed
 layer as the stack's ``speed`` service (``trends speed run`` under the shipped :mod:`infra.supervisor`, which restarts
 it with back-off whenever it exits non-zero and records the restarts), the batch layer over the closed hours —
-injects its fault, and ends by asking the serving
-layer for the window: the count must be exact and the distinct users within the HLL bounds. Every case adds a row
-(case, events in, events accounted for, result) to the table printed at the end and written to
-``artifacts/reliability.md``.
+injects its fault, and ends by asking the serving layer for the window: the count must be exact and the distinct
+users within the HLL bounds. Every case adds a row (case, events in, events accounted for, result) to the table
+printed at the end and written to ``artifacts/reliability.md``.
 """
 
 from __future__ import annotations
@@ -144,7 +143,7 @@ class SupervisedSpeed:
         raise AssertionError(msg)
 
     def kill(self) -> None:
-        """SIGKILL the job's current run, driver and JVM together, as the OOM killer would; never the supervisor."""
+        """SIGKILL the job's current run, driver and JVM together (a crash with no clean-up); never the supervisor."""
         job = family(self.running_job())
         assert job, "the speed job vanished before it could be killed"
         for proc in job:
