@@ -49,8 +49,14 @@ def same_answers(
 ) -> None:
     """Check that the cluster's run and the local one answer the window alike, from ``layer``, and exactly.
 
-    Counts (in all, per minute and per slice) are exact and equal, the distinct users identical (HLL unions are
-    order-independent) and within the sketch's bounds, the top items and their bounds equal.
+    Counts (in all, per minute and per slice) are exact and equal, the top items and their bounds equal, the distinct
+    users within the HLL bounds of both. The users estimate of a union of HLL sketches holding the same users is the
+    same only when every sketch is in HLL mode (registers are merged by max): a sketch of a few hundred users is still a
+    list of coupons, which the union adds one by one, in whatever order that sketch was built in, into an estimator
+    (HIP) that depends on the order. So the speed view's 120 small minute sketches, built from partial aggregates
+    merged in a different order on the cluster, give the window a slightly different estimate (measured: 2,986.5 on
+    the cluster, 2,991.1 locally, for 2,9xx users), while each minute's own estimate, a count of its coupons, is equal;
+    the batch view's two hour sketches are in HLL mode, and their union is identical.
     """
     cluster_answer, local_answer = workload.answer(on_cluster, *window), workload.answer(local, *window)
     for a in (cluster_answer, local_answer):
@@ -58,8 +64,14 @@ def same_answers(
     assert cluster_answer.events == local_answer.events == len(events)
     cluster_minutes, local_minutes = workload.per_minute(on_cluster, *window), workload.per_minute(local, *window)
     assert cluster_minutes == local_minutes == workload.true_per_minute(events, *window)
-    assert cluster_answer.users == local_answer.users
-    assert cluster_answer.users_lower <= len({e.user for e in events}) <= cluster_answer.users_upper
+    users = len({e.user for e in events})
+    for a, b in ((cluster_answer, local_answer), (local_answer, cluster_answer)):
+        assert a.users_lower <= users <= a.users_upper
+        assert a.users_lower <= b.users <= a.users_upper
+    if layer == "batch":
+        assert cluster_answer.users == local_answer.users
+    else:
+        assert workload.users_per_minute(on_cluster, *window) == workload.users_per_minute(local, *window)
     assert cluster_answer.top_items == local_answer.top_items
     assert [t["item"] for t in cluster_answer.top_items] == [
         i for i, _ in Counter(e.item for e in events).most_common(5)

@@ -104,6 +104,14 @@ def per_minute(settings: Settings, start: datetime, end: datetime, slice_: str =
     return [int(p["count"]) for p in queries.series(w, "minute").points]
 
 
+def users_per_minute(settings: Settings, start: datetime, end: datetime) -> list[float]:
+    """Return the distinct-users estimate of every minute of a window (one read of all the minutes)."""
+    minutes = [(start + i * MINUTE, start + (i + 1) * MINUTE) for i in range(int((end - start) / MINUTE))]
+    with session(settings) as sess:
+        windows = queries.load_many(ViewReader(settings, sess), minutes, "*", "minute", queries.NEEDS["users"])
+    return [queries.users(w).users for w in windows]
+
+
 def true_per_minute(batch: list[Event], start: datetime, end: datetime) -> list[int]:
     """Return the exact count of every minute of a window, from the events themselves."""
     counts = [0] * int((end - start) / MINUTE)
