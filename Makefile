@@ -6,8 +6,9 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 JARS := $(VENV)/.jars
 BROWSER := $(VENV)/.browser
+GOTOOLS := $(VENV)/.gotools
 
-.PHONY: help setup demo test test-unit test-services test-reliability test-cluster lint format lock stack-down clean
+.PHONY: help setup demo test test-unit test-services test-reliability test-cluster test-alerting gotools lint format lock stack-down clean
 
 help:
 	@echo "make demo        set up, start the stack and run the whole pipeline (stream, Airflow backfill, API, dashboard)"
@@ -15,6 +16,8 @@ help:
 	@echo "make test-unit   fast tests only (no services)"
 	@echo "make test-reliability  the fault-injection suite (not part of make test)"
 	@echo "make test-cluster      Spark standalone cluster, 3-broker Kafka, 2-node Cassandra (not part of make test)"
+	@echo "make test-alerting     the alert rules (promtool) and a real Prometheus firing the watermark-lag alert"
+	@echo "make gotools     build promtool and prometheus from Go modules into ~/.cache/trends/bin (once, ~6 min)"
 	@echo "make lint        ruff check, ruff format --check, mypy, lint-imports (the layering contracts)"
 	@echo "make lock        re-resolve the dependencies and rewrite constraints.txt"
 	@echo "make stack-down  stop the local servers"
@@ -31,6 +34,14 @@ $(JARS): $(INSTALLED) $(wildcard infra/maven/*/pom.xml)
 	$(BIN)/trends stack fetch
 	touch $@
 
+# promtool and the Prometheus server, built with `go install` into ~/.cache/trends/bin (outside git), for the alert
+# rules' tests and the alerting test. Rebuilt only when a binary is missing from the cache.
+$(GOTOOLS): $(INSTALLED) infra/gotools.py
+	$(BIN)/python -m infra.gotools
+	touch $@
+
+gotools: $(GOTOOLS)
+
 # Debian's headless Chromium and its driver, for the dashboard test (Selenium drives them).
 $(BROWSER):
 	@if ! { command -v chromium && command -v chromedriver; } >/dev/null; then \
@@ -45,10 +56,10 @@ setup: $(INSTALLED) $(JARS)
 demo: setup
 	$(BIN)/trends demo
 
-test: setup $(BROWSER) lint
+test: setup $(BROWSER) $(GOTOOLS) lint
 	$(BIN)/pytest
 
-test-unit: $(INSTALLED)
+test-unit: $(INSTALLED) $(GOTOOLS)
 	$(BIN)/pytest -m "not services and not spark"
 
 # Faults against the whole pipeline (broker restart, Cassandra down, SIGKILLs, duplicates, late events, bad input);
@@ -59,6 +70,10 @@ test-reliability: setup
 # The jobs on a Spark standalone cluster (master + 2 workers from pyspark's spark-class) against local mode.
 test-cluster: setup
 	$(BIN)/pytest -m cluster tests/cluster
+
+# The shipped alert rules: promtool's check and unit tests, then a real Prometheus scraping the batch exporter.
+test-alerting: setup $(GOTOOLS)
+	$(BIN)/pytest tests/unit/test_alert_rules.py tests/services/test_alerting.py
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

@@ -198,3 +198,10 @@ def pin(settings: Settings, at: datetime | None, clear: bool) -> None:
         click.echo("pin cleared")
     else:
         click.echo(f"boundary pinned at {at}: {len(moved)} hour(s) up to the watermark are served from the speed view")
+
+
+from batch_layer.backfill import backfill  # noqa: E402 - registered last, beside the commands above
+from batch_layer.exporter import exporter  # noqa: E402 - registered last, beside the commands above
+
+batch.add_command(exporter)
+batch.add_command(backfill)

@@ -40,6 +40,7 @@ from infra.cassandra import session
 from infra.settings import Settings
 from serving import queries
 from serving.store import ViewReader
+from speed_layer.sink import SpeedViewSink
 from views.buckets import DAY, HOUR, MINUTE, floor
 from views.store.rows import ViewRow
 from views.store.speed import SpeedRows
@@ -47,6 +48,11 @@ from views.store.speed import SpeedRows
 WARMUP = 20
 ITEMS = [f"#item{i}" for i in range(500)]
 WEIGHTS = [1 / (i + 1) for i in range(len(ITEMS))]
+
+
+def speed_sink(settings: Settings) -> SpeedViewSink:
+    """Return the speed layer's sink, to plant speed rows with the coverage that lets serving answer them."""
+    return SpeedViewSink(settings, settings.speed.query_name, settings.speed.view_ttl_s, epoch_id="bench")
 
 
 def minute_sketches(rng: random.Random, events: int) -> tuple[bytes, bytes, bytes]:
@@ -76,7 +82,9 @@ def fill(settings: Settings, end: datetime, days: int, per_minute: int) -> datet
     with session(settings) as sess:
         store, speed = BatchStore(settings, sess), SpeedRows(settings, sess)
         last_ms = MINUTE - timedelta(milliseconds=1)
-        speed.write([ViewRow("*", m, per_minute, h, k, f, m, m + last_ms) for m, h, k, f in minutes], 0, 0)
+        speed_sink(settings).write_rows(
+            [ViewRow("*", m, per_minute, h, k, f, m, m + last_ms) for m, h, k, f in minutes], 0
+        )
         by_hour: dict[datetime, list[tuple[datetime, bytes, bytes, bytes]]] = {}
         for m in minutes:
             by_hour.setdefault(floor(m[0], HOUR), []).append(m)
@@ -116,7 +124,7 @@ def bench(settings: Settings, end: datetime, window: timedelta, runs: int) -> tu
             # bare baseline: the same row reads, planned in advance, no coverage look-ups, no merging
             cov = reader.coverage(end - 2 * window, end, "*")
             spans = [
-                plan(a, b, cov.boundary, cov.batch_hours, cov.current_days, cov.speed_fresh_until)
+                plan(a, b, cov.boundary, cov.batch_hours, cov.current_days, cov.speed)
                 for a, b in ((end - window, end), (end - 2 * window, end - window))
             ]
             bare_reader = prepared.request_reader()
@@ -234,7 +242,9 @@ def rss_bench(base: Settings, clients: int, rounds: int) -> None:
             speed = SpeedRows(settings, sess)
             last_ms = MINUTE - timedelta(milliseconds=1)
             minutes = [(start + i * MINUTE, variants[i % len(variants)]) for i in range(-extra, rows)]
-            speed.write([ViewRow("*", m, 3000, *sketches, m, m + last_ms) for m, sketches in minutes], 0, 0)
+            speed_sink(settings).write_rows(
+                [ViewRow("*", m, 3000, *sketches, m, m + last_ms) for m, sketches in minutes], 0
+            )
             speed.write_progress(settings.speed.query_name, end - timedelta(seconds=1), None, 0, 0)
         print(
             f"rss: {rows:,} speed minutes ({rows / 1440:.1f} days) of {row_bytes / 1024:.1f} KB sketches each = "

@@ -336,7 +336,8 @@ class SpeedSettings(BaseModel):
     starting_offsets: str = Field(
         "earliest",
         description="Where a query without a checkpoint starts: earliest, latest or a per-partition JSON. "
-        "Ignored once a checkpoint exists.",
+        "Ignored once a checkpoint exists. Not earliest: the speed layer counts completely only from the minute "
+        "after its starting offsets were resolved, earlier minutes above the batch watermark are gaps.",
     )
     allowed_lateness_s: int = Field(
         600,
@@ -346,11 +347,12 @@ class SpeedSettings(BaseModel):
     )
     view_ttl_s: int = Field(
         14 * 24 * 3600,
-        ge=3600,
-        description="TTL of speed view rows; must exceed the batch layer's lag so every bucket stays served.",
+        ge=60,
+        description="TTL of speed view rows (and of the speed layer's coverage records); must exceed the batch "
+        "layer's lag: a minute above the batch watermark whose speed rows may have expired is answered as a gap.",
     )
     metrics_port: int = Field(
-        9108, ge=0, description="Loopback port of the /metrics endpoint of `trends speed run` (0: none)."
+        9108, ge=0, description="Port of the /metrics endpoint of `trends speed run`, on `metrics.host` (0: none)."
     )
     stop_timeout_s: float = Field(
         60.0, gt=0, description="On SIGTERM/Ctrl-C, how long to let the running micro-batch finish before stopping."
@@ -535,6 +537,33 @@ class AirflowSettings(BaseModel):
         'e.g. \'{"AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30"}\').',
     )
 
+    # How `trends batch backfill` reaches Airflow's REST API: the local stack's by default, or a deployment's.
+    api_url: str | None = Field(
+        None,
+        pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="Base URL of the Airflow REST API that `trends batch backfill` calls (e.g. "
+        "https://airflow.example.com). Unset: the local stack's API server, http://<host>:<api_port>.",
+    )
+    api_user: str | None = Field(
+        None,
+        description="User `trends` logs in as at the auth manager's token endpoint (POST <api_url>/auth/token: "
+        "SimpleAuthManager, tested; FAB's is the same). Unset: admin_user.",
+    )
+    api_password: SecretStr | None = Field(None, description="Password of api_user (secret). Unset: admin_password.")
+    api_token: SecretStr | None = Field(
+        None,
+        description="A JWT for the REST API issued by the deployment's auth manager (secret; any auth manager). "
+        "When set it is sent as is and no login happens; an expired or refused token is an error naming this "
+        "setting. Empty means unset.",
+    )
+
+    @field_validator("api_url", "api_user", "api_password", "api_token", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        # TRENDS_AIRFLOW__API_TOKEN= must mean "log in", not "send an empty bearer".
+        raw = value.get_secret_value() if isinstance(value, SecretStr) else value
+        return None if isinstance(raw, str) and not raw.strip() else value
+
     @field_validator("database_url")
     @classmethod
     def _known_database(cls, value: SecretStr | None) -> SecretStr | None:
@@ -556,6 +585,63 @@ class AirflowSettings(BaseModel):
             msg = f"not Airflow variables (AIRFLOW__SECTION__KEY, AIRFLOW_CONN_*, AIRFLOW_VAR_*): {', '.join(bad)}"
             raise ValueError(msg)
         return value
+
+
+class MetricsSettings(BaseModel):
+    """Where each process exposes Prometheus metrics, what the batch exporter reads, and the local Prometheus."""
+
+    host: str = Field(
+        "127.0.0.1",
+        description="Address the /metrics endpoints of the speed job, the ingest commands and the batch exporter bind "
+        "to (`0.0.0.0` to let a Prometheus on another host scrape them; they expose counts and times, no data).",
+    )
+    batch_exporter_port: int = Field(
+        9109, ge=1, le=65535, description="Port of `trends batch exporter`, the batch layer's /metrics endpoint."
+    )
+    ingest_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="Port of the /metrics endpoint of a long-running `trends ingest generate|file` (0: none; give "
+        "each concurrent ingest process its own port).",
+    )
+    batch_read_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        le=60,
+        description="The batch exporter reads Cassandra and Airflow when scraped; a read not done within this many "
+        "seconds is abandoned and its `_up` gauge says 0 (keep it below Prometheus's scrape timeout).",
+    )
+    batch_scan_days: int = Field(
+        31,
+        ge=1,
+        le=3660,
+        description="The batch exporter counts missing hours (closed, without a current run) over at most this many "
+        "days up to the newest closed hour: one pointer read per day and scrape.",
+    )
+    airflow_enabled: bool = Field(
+        True,
+        description="The batch exporter also asks Airflow's REST API (as `airflow.admin_user`) for the last "
+        "successful run of each DAG and recently failed task instances.",
+    )
+    airflow_dags: list[str] = Field(
+        ["trends_batch", "trends_backfill"], description="The DAGs the batch exporter reports on (JSON list)."
+    )
+    airflow_failed_window_s: int = Field(
+        24 * 3600,
+        ge=60,
+        description="Failed task instances count while they ended less than this many seconds ago (or until they "
+        "are cleared and succeed).",
+    )
+    prometheus_port: int = Field(
+        9090, ge=1, le=65535, description="Port of the local stack's Prometheus server (UI, HTTP API), on loopback."
+    )
+    scrape_interval_s: float = Field(
+        15.0, gt=0, description="How often the local Prometheus scrapes the pipeline's /metrics endpoints, seconds."
+    )
+    evaluation_interval_s: float = Field(
+        15.0, gt=0, description="How often the local Prometheus evaluates the alert rules, seconds."
+    )
 
 
 class Settings(BaseSettings):
@@ -595,6 +681,7 @@ class Settings(BaseSettings):
     batch: BatchSettings = Field(default_factory=BatchSettings)
     airflow: AirflowSettings = Field(default_factory=AirflowSettings)
     serving: ServingSettings = Field(default_factory=ServingSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
     @field_validator("data_dir", "cache_dir")
     @classmethod

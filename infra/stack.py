@@ -21,6 +21,7 @@ from infra.services.base import Service, ServiceStatus, StackService, find_java
 from infra.services.cassandra import Cassandra
 from infra.services.kafka import Kafka
 from infra.services.pipeline import ApiService, SpeedService
+from infra.services.prometheus import BatchExporterService, PrometheusService
 from infra.services.spark import SparkMaster, SparkWorker
 from infra.settings import Settings
 
@@ -31,7 +32,7 @@ SERVICES = ("kafka", "cassandra")
 # cover them too.
 SPARK_WORKERS = 2  # spark-worker-1 … -N, on consecutive web UI ports
 SPARK_CLUSTER = ("spark-master", *(f"spark-worker-{i}" for i in range(1, SPARK_WORKERS + 1)))
-OPTIONAL_SERVICES = ("airflow", "speed", "api", *SPARK_CLUSTER)
+OPTIONAL_SERVICES = ("airflow", "speed", "api", *SPARK_CLUSTER, "batch-exporter", "prometheus")
 ALL_SERVICES = (*SERVICES, *OPTIONAL_SERVICES)
 
 
@@ -61,6 +62,8 @@ def services(settings: Settings, names: Sequence[str] | None = None) -> list[Sta
         "airflow": Airflow,
         "speed": SpeedService,
         "api": ApiService,
+        "batch-exporter": BatchExporterService,
+        "prometheus": PrometheusService,
         "spark-master": SparkMaster,
         **{f"spark-worker-{i}": partial(SparkWorker, index=i) for i in range(1, SPARK_WORKERS + 1)},
     }

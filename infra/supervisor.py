@@ -7,10 +7,10 @@ that doubles with each quick failure (``backoff``, ``2 x backoff``, … up to ``
 the supervisor too. SIGTERM/SIGINT stop it: the signal is passed to the running command, which is awaited, and no
 restart follows.
 
-The state file (JSON, rewritten atomically) says how often the command was restarted, how the last run ended and
-when the next start is due: ``trends stack status`` shows it. Each run gets the restart count so far in the
-environment variable :data:`RESTARTS_ENV`, so the command can export it (the speed layer's
-``trends_speed_restarts_total`` metric).
+The state file (JSON, rewritten atomically) says how often the command was restarted, how the last runs ended
+(their exit statuses) and when the next start is due: ``trends stack status`` shows it, and the fault suite
+(``tests/reliability``) checks it. Each run gets the restart count so far in the environment variable
+:data:`RESTARTS_ENV`, so the command can export it (the speed layer's ``trends_speed_restarts_total`` metric).
 
 The stack runs the speed service under it (``infra.services.pipeline.SpeedService``): a streaming job that exits on
 a write error (Cassandra down, a schema missing) comes back by itself, and the gaps it leaves stop growing once the
@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import FrameType
@@ -39,6 +39,7 @@ from infra.process import write_private
 logger = logging.getLogger("infra.supervisor")
 
 RESTARTS_ENV: Final = "TRENDS_SUPERVISED_RESTARTS"
+EXITS_KEPT: Final = 20  # exit statuses the state file keeps, newest last
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,9 @@ class SupervisorState:
     last_exit_at: str | None = None
     next_start_at: str | None = None
     stopped: bool = False
+    # The exit status of each run that ended (negative: killed by that signal), newest last, at most EXITS_KEPT;
+    # a state file written before this field existed reads as [].
+    exits: list[int] = field(default_factory=list)
 
     @classmethod
     def read(cls, path: Path) -> SupervisorState | None:
@@ -136,7 +140,10 @@ def supervise(
         state.write(state_file)
         code = child.wait()
         ran = time.monotonic() - started
-        state = SupervisorState(**{**asdict(state), "child_pid": None, "last_exit_code": code, "last_exit_at": _now()})
+        exits = [*state.exits, code][-EXITS_KEPT:]
+        state = SupervisorState(
+            **{**asdict(state), "child_pid": None, "last_exit_code": code, "last_exit_at": _now(), "exits": exits}
+        )
         if code == 0 or stop.is_set() or (max_restarts is not None and state.restarts >= max_restarts):
             state = SupervisorState(**{**asdict(state), "stopped": True})
             state.write(state_file)

@@ -224,6 +224,7 @@ def _generate_to_file(
 
 def _generate_to_kafka(settings: Settings, config: Any, wall_duration: float | None, truth: Path | None) -> bool:
     from ingestion import generator as gen
+    from ingestion import metrics
     from ingestion.producer import DeliveryError, EventProducer
     from ingestion.progress import Progress, graceful_stop
 
@@ -233,7 +234,7 @@ def _generate_to_kafka(settings: Settings, config: Any, wall_duration: float | N
     producer = EventProducer(settings)
     producer.check_topics()
     try:
-        with graceful_stop() as stopper:
+        with graceful_stop() as stopper, metrics.serving(settings, lambda: producer.summary, "generate"):
             stats = gen.run(
                 stream,
                 lambda c: producer.produce_many(c.values, c.keys, c.ts_ms),
@@ -323,7 +324,7 @@ def file_(
 
     Invalid records go to the dead-letter topic with the original bytes, a reason, the file and line.
     """
-    from ingestion import files
+    from ingestion import files, metrics
     from ingestion.mapping import ColumnMapping, MappingError
     from ingestion.producer import DeliveryError, EventProducer
     from ingestion.progress import Progress, graceful_stop
@@ -346,7 +347,7 @@ def file_(
 
     stats = files.ReplayStats()
     try:
-        with graceful_stop() as stopper:
+        with graceful_stop() as stopper, metrics.serving(settings, lambda: producer.summary, "file"):
             try:
                 stats = files.replay(
                     settings,

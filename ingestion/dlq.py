@@ -8,8 +8,9 @@ A dead-letter record's value is JSON::
 
 ``raw`` holds the original bytes exactly: as text when they are valid UTF-8, else base64 (``raw_encoding``).
 Records longer than :data:`MAX_DLQ_RAW_BYTES` keep only their start (``truncated``; ``raw_size`` is the whole
-size). Headers repeat ``reason`` and ``source`` for tools that do not parse values; the Kafka timestamp is the
-rejection time, so retention counts from then, not from a possibly year-old event time.
+size). Headers repeat ``reason`` and ``source`` for tools that do not parse values (their names live in
+:mod:`infra.dlq`, which readers outside ingestion import); the Kafka timestamp is the rejection time, so retention
+counts from then, not from a possibly year-old event time.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from infra.dlq import REASON_HEADER, SOURCE_HEADER
 from infra.errors import TrendsError
 from infra.settings import Settings
 from ingestion.validate import Reason, Reject
@@ -57,7 +59,7 @@ def encode_reject(reject: Reject) -> tuple[bytes, list[tuple[str, bytes]], int]:
         "raw_encoding": encoding,
         "raw": text,
     }
-    headers = [("reason", str(reject.reason).encode()), ("source", reject.source.encode("utf-8", "replace"))]
+    headers = [(REASON_HEADER, str(reject.reason).encode()), (SOURCE_HEADER, reject.source.encode("utf-8", "replace"))]
     return json.dumps(value, ensure_ascii=False).encode(), headers, ts_millis(reject.rejected_at)
 
 

@@ -18,7 +18,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -31,11 +31,12 @@ from cassandra.connection import ConnectionException
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from pydantic import BaseModel
 
 from infra.cassandra import make_cluster
 from infra.settings import Settings
-from serving import params, queries
+from serving import console, params, queries
 from serving.merge import Resolution
 from serving.store import ReadBudget, ReadBudgetExceededError, RowCache, ViewReader
 from views.buckets import MINUTE, floor
@@ -170,6 +171,24 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:500]
 
 
+class RowCacheCollector:
+    """The batch-row cache's size and its hit and miss counters, read from the cache on each scrape."""
+
+    def __init__(self) -> None:
+        self.cache: RowCache | None = None  # the backend's (None: caching is off); the /metrics route sets it
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the cache's figures (nothing while the cache is off)."""
+        cache = self.cache
+        if cache is None:
+            return
+        yield GaugeMetricFamily(
+            "trends_api_row_cache_bytes", "Bytes of batch-view rows the cache holds (serving.cache_mb).", cache.bytes
+        )
+        yield CounterMetricFamily("trends_api_row_cache_hits", "Batch-row reads answered from the cache.", cache.hits)
+        yield CounterMetricFamily("trends_api_row_cache_misses", "Batch-row reads sent to Cassandra.", cache.misses)
+
+
 @dataclass
 class Metrics:
     """Prometheus metrics of one app (own registry, so several apps can live in one process)."""
@@ -178,12 +197,15 @@ class Metrics:
     requests: Counter
     latency: Histogram
     cassandra_up: Gauge
-    cache: Gauge
+    cache: RowCacheCollector
+    gaps: Gauge
 
     @classmethod
     def create(cls) -> "Metrics":
         """Register the API's metrics."""
         reg = CollectorRegistry()
+        cache = RowCacheCollector()
+        reg.register(cache)
         return cls(
             reg,
             Counter("trends_api_requests", "HTTP requests by route and status.", ["route", "status"], registry=reg),
@@ -195,10 +217,11 @@ class Metrics:
                 registry=reg,
             ),
             Gauge("trends_api_cassandra_up", "1 if the last Cassandra read succeeded.", registry=reg),
+            cache,
             Gauge(
-                "trends_api_row_cache",
-                "Batch-row cache: bytes held, hits and misses since start (serving.cache_mb).",
-                ["what"],
+                "trends_api_gap_minutes",
+                "Minutes of the last 24 h (slice *) that answers report as gaps, by reason (read on scrape).",
+                ["reason"],
                 registry=reg,
             ),
         )
@@ -398,12 +421,13 @@ def series(
 
 @router.get("/status")
 def status(ctx: Context) -> dict[str, Any]:
-    """Show the boundary between the layers, the pin, the speed layer's freshness and the stale batch hours."""
+    """Show the boundary between the layers, the pin, the speed layer's epochs and freshness, the stale hours."""
     now = datetime.now(UTC)
     try:
         reader = ctx.backend.reader()
         cov = reader.coverage(floor(now, MINUTE), floor(now, MINUTE) + MINUTE, "*")
         stale = reader.stale_hours()
+        pin = queries.pin_effect(reader) if cov.pinned else None
     except _driver_errors() as exc:
         raise CassandraUnavailableError(_reason(exc)) from exc
     newest = cov.speed_newest_event
@@ -415,11 +439,45 @@ def status(ctx: Context) -> dict[str, Any]:
         "speed_newest_event": newest,
         "speed_updated_at": cov.speed_updated_at,
         "speed_lag_s": None if newest is None else round((now - newest).total_seconds(), 3),
+        # the checkpoint lifetimes of the speed layer: a minute is answered by the newest epoch that counts it
+        "speed_epochs": [
+            {
+                "epoch": e.id,
+                "started_at": e.started_at,
+                "covered_from": e.covered_from,
+                "seen_until": e.seen_until,
+                "starting_offsets": e.starting_offsets,
+            }
+            for e in cov.speed.epochs
+        ],
+        # a pin below the watermark hands [pin, watermark) to the speed view: is it still covered there?
+        "pin": pin,
         "slice_dims": ctx.settings.views.slice_dims,
         "refresh_s": ctx.settings.serving.dashboard_refresh_s,
         # hours whose records grew after their batch run (late data): served as they were until recomputed
         "stale_hours": [{"hour": h, "records_since": n} for h, n in stale.items()],
     }
+
+
+@router.get("/console", responses=BAD_REQUEST, description=console.RANGE_RULES)
+def console_answer(
+    ctx: Context,
+    start: Annotated[
+        str | None, Query(description="First hour (floored), ISO-8601 with an offset; with `end`.")
+    ] = None,
+    end: Annotated[
+        str | None, Query(description="End (exclusive, rounded up to an hour), ISO-8601; with `start`.")
+    ] = None,
+) -> dict[str, Any]:
+    """Explain each hour of a range (the operator console): batch run, speed coverage, gaps, and what feeds them."""
+    try:
+        lo, hi = console.hour_range(start, end, datetime.now(UTC))
+    except params.BadQueryError as exc:
+        raise _bad(exc) from None
+    try:
+        return console.build(ctx.backend.reader(), lo, hi)
+    except _driver_errors() as exc:
+        raise CassandraUnavailableError(_reason(exc)) from exc
 
 
 ops = APIRouter(tags=["ops"])
@@ -445,11 +503,18 @@ def ready(ctx: Context) -> dict[str, str]:
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text."}},
 )
 def prometheus(ctx: Context) -> Response:
-    """Prometheus text: requests and latency by route, Cassandra up, the batch-row cache."""
-    cache = ctx.backend.cache
-    if cache is not None:
-        for what, value in (("bytes", cache.bytes), ("hits", cache.hits), ("misses", cache.misses)):
-            ctx.metrics.cache.labels(what).set(value)
+    """Prometheus text: requests and latency by route, Cassandra up, the batch-row cache, gaps by reason."""
+    ctx.metrics.cache.cache = ctx.backend.cache
+    unavailable: tuple[type[BaseException], ...] = (CassandraUnavailableError, *_driver_errors())
+    try:
+        gaps = queries.gap_minutes(ctx.backend.reader(), datetime.now(UTC))
+    except unavailable as exc:  # the scrape still answers; the gaps keep their last values
+        logger.warning("gap minutes not read: %s", _reason(exc))
+        ctx.metrics.cassandra_up.set(0)
+    else:
+        ctx.metrics.cassandra_up.set(1)
+        for reason, minutes in gaps.items():
+            ctx.metrics.gaps.labels(reason).set(minutes)
     return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -460,6 +525,15 @@ DASHBOARD = resources.files("serving").joinpath("static/dashboard.html")
 def dashboard() -> HTMLResponse:
     """Serve the dashboard (query parameters: last or start/end, baseline, slice, limit, token, refresh)."""
     return HTMLResponse(DASHBOARD.read_text(encoding="utf-8"))
+
+
+CONSOLE = resources.files("serving").joinpath("static/console.html")
+
+
+@ops.get("/console", response_class=HTMLResponse, include_in_schema=False)
+def console_page() -> HTMLResponse:
+    """Serve the operator console (query parameters: start/end, token, refresh)."""
+    return HTMLResponse(CONSOLE.read_text(encoding="utf-8"))
 
 
 def create_app(settings: Settings) -> FastAPI:

@@ -94,6 +94,12 @@ def _provenance_lines(p: Any) -> list[str]:  # the caller escapes
     return lines
 
 
+def _over_gaps(p: Any) -> str:
+    """Say that an exact figure leaves the gaps out (never read as zeros there)."""
+    minutes = sum((g["end"] - g["start"]).total_seconds() // 60 for g in p.gaps)
+    return f" over the answered minutes; {minutes:.0f} minutes in gaps, not counted" if minutes else ""
+
+
 @click.group()
 def query() -> None:
     """Ask the merged views: summary, trending, series."""
@@ -163,7 +169,7 @@ def summary(
         click.echo(json.dumps(_jsonable(ans), indent=2))  # ensure_ascii: control characters come out as \u escapes
         return
     click.echo(escape_text(f"{slice_} {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M} UTC"))
-    click.echo(f"events  {ans.events} (exact)")
+    click.echo(f"events  {ans.events} (exact{_over_gaps(ans.provenance)})")
     click.echo(
         f"users   {ans.users:.0f}  [{ans.users_lower:.0f}, {ans.users_upper:.0f}] (HLL, RSE {ans.users_rse:.2%})"
     )

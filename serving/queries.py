@@ -22,7 +22,7 @@ from typing import Any
 
 import datasketches as ds
 
-from serving.merge import Resolution, Span, plan
+from serving.merge import GAP_REASONS, Resolution, Span, plan, punch
 from serving.store import SKETCH_FIELDS, Bucket, Coverage, ReadBudget, ViewReader
 from views import sketches
 from views.buckets import DAY, HOUR, MINUTE, floor
@@ -163,22 +163,82 @@ def load_many(
         keep_rows = "items_fi" in fields and coarsest != "day" and item is None
     cov = reader.coverage(min(w[0] for w in windows), max(w[1] for w in windows), slice_)
     plans = [
-        plan(start, end, cov.boundary, cov.batch_hours, cov.current_days, cov.speed_fresh_until, coarsest)
-        for start, end in windows
+        plan(start, end, cov.boundary, cov.batch_hours, cov.current_days, cov.speed, coarsest) for start, end in windows
     ]
     step = RESOLUTIONS[coarsest]
     out = [
         Window(start, end, slice_, Provenance.of(spans, cov), Merged(step, item))
         for (start, end), spans in zip(windows, plans, strict=True)
     ]
+    speed_rows: set[datetime] = set()
+    short: set[datetime] = set()  # speed rows holding fewer events than the speed layer counted there
     for bucket in reader.stream([s for spans in plans for s in spans], slice_, fields, budget):
+        if bucket.layer == "speed":
+            speed_rows.add(bucket.start)
+            if bucket.events < cov.speed.expected(bucket.start):
+                short.add(bucket.start)
+                continue
         for w in out:
             if w.start <= bucket.start < w.end:
                 w.merged.add(bucket)
                 if keep_rows:
                     w.buckets.append(bucket)
                 break
+    holes = short | _missing_speed_rows(plans, cov, speed_rows)
+    if holes:
+        logger.warning(
+            "%d speed minute(s) counted by the speed layer have no (whole) row: answered as gaps", len(holes)
+        )
+        for w, spans in zip(out, plans, strict=True):
+            w.provenance = Provenance.of(punch(spans, holes), cov)
     return out
+
+
+def _missing_speed_rows(plans: list[list[Span]], cov: Coverage, found: set[datetime]) -> set[datetime]:
+    """Return the speed minutes of the plans that the speed layer counted events in and no row was read for."""
+    spans = [s for spans in plans for s in spans if s.layer == "speed"]
+    missing = set()
+    for (epoch, minute), events in cov.speed.counted.items():
+        if events > 0 and minute not in found and any(s.start <= minute < s.end for s in spans):
+            owner = cov.speed.owner(minute)
+            if owner is not None and owner.id == epoch:
+                missing.add(minute)
+    return missing
+
+
+def gap_minutes(reader: ViewReader, now: datetime, hours: int = 24) -> dict[str, int]:
+    """Return, by reason, the minutes of the last ``hours`` (to the current minute) an answer reports as gaps.
+
+    The symptom users feel: a figure over these minutes leaves them out. The current minute is excluded (nothing
+    has been seen of it yet by definition).
+    """
+    end = floor(now, MINUTE)
+    start = end - hours * HOUR
+    window = load(reader, start, end, "*", "hour", ())
+    out = dict.fromkeys(GAP_REASONS, 0)
+    for g in window.provenance.gaps:
+        out[g["reason"]] = out.get(g["reason"], 0) + int((g["end"] - g["start"]) / MINUTE)
+    return out
+
+
+def pin_effect(reader: ViewReader) -> dict[str, Any] | None:
+    """Say what a pin hands to the speed view (``[pin, watermark)``) and which of those minutes it still covers.
+
+    :returns: None when there is no pin below the watermark.
+    """
+    mark = reader.pointer_store.watermark()
+    if mark.pinned is None or mark.mark is None or mark.pinned >= mark.mark:
+        return None
+    window = load(reader, mark.pinned, mark.mark, "*", "hour", ())  # the boundary is the pin: all of it is speed's
+    gaps = window.provenance.gaps
+    moved = int((mark.mark - mark.pinned) / MINUTE)
+    return {
+        "pinned": mark.pinned,
+        "watermark": mark.mark,
+        "moved_to_speed_minutes": moved,
+        "covered_minutes": moved - sum(int((g["end"] - g["start"]) / MINUTE) for g in gaps),
+        "gaps": [{"start": g["start"], "end": g["end"], "reason": g["reason"]} for g in gaps],
+    }
 
 
 @dataclass
@@ -390,9 +450,15 @@ def series(w: Window, resolution: str = "hour", item: str | None = None) -> Seri
     elif w.merged.rows:
         msg = f"the window was merged for item {w.merged.item!r}, not {item!r}, and its rows were not kept"
         raise ValueError(msg)
-    points = []
+    gaps = [(g["start"], g["end"]) for g in w.provenance.gaps]
+    points: list[dict[str, Any]] = []
     t = floor(w.start, step)
     while t < w.end:
-        points.append({"start": t, "count": counts.get(t, 0)})
+        lo, hi = max(t, w.start), min(t + step, w.end)
+        gap = sum(((min(hi, b) - max(lo, a)) for a, b in gaps if a < hi and lo < b), timedelta())
+        if gap >= hi - lo:  # nothing answered here: no count, never a zero
+            points.append({"start": t, "count": None, "gap": True})
+        else:
+            points.append({"start": t, "count": counts.get(t, 0), **({"gap": True} if gap else {})})
         t += step
     return Series(w.start, w.end, w.slice, resolution, item, points, w.provenance)

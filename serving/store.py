@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 from infra.cassandra import READ_PROFILE
 from infra.settings import Settings
-from serving.merge import Layer, Resolution, Span
+from serving.merge import Layer, Resolution, Span, SpeedCoverage
 from views.buckets import DAY, HOUR, MINUTE, as_date, days_between, floor, month_key, utc
 from views.store import cql
 from views.store.batch import BatchRows
 from views.store.pointers import PointerStore, decode_pointers, decode_stale, decode_watermark, fingerprint_of
 from views.store.rows import Request
-from views.store.speed import SpeedRows
+from views.store.speed import Epoch, SpeedRows, decode_counts, decode_epochs, decode_hours
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -63,14 +63,13 @@ class Coverage:
     current_days: set[date]
     speed_newest_event: datetime | None
     speed_updated_at: datetime | None
+    speed: SpeedCoverage = field(default_factory=lambda: SpeedCoverage(()))
     stale: dict[datetime, int] = field(default_factory=dict)  # batch hours -> records indexed since their run
 
     @property
     def speed_fresh_until(self) -> datetime | None:
-        """Return the end of the minute of the newest event the speed layer has written."""
-        if self.speed_newest_event is None:
-            return None
-        return floor(self.speed_newest_event, MINUTE) + MINUTE
+        """Return the end of the newest minute the speed layer has read (its current epoch)."""
+        return self.speed.fresh_until
 
 
 ROW_OVERHEAD_BYTES = 200  # a cached row's object and key, besides its sketch bytes
@@ -208,26 +207,31 @@ class ViewReader:
         return dict(sorted(out.items())[:limit])
 
     def coverage(self, start: datetime, end: datetime, slice_: str) -> Coverage:
-        """Read the boundary, the completed hours, current daily rollups and the speed freshness.
+        """Read the boundary, the completed hours, current daily rollups and what the speed layer counted.
 
-        All of it in one round of concurrent reads: the watermark, the speed progress, the hour pointers of the
-        window's days (those not cached yet) and the daily rollups' fingerprints of its months.
+        One round of concurrent reads (the watermark, the speed progress and epochs, the hour pointers of the
+        window's days not cached yet, the daily rollups' fingerprints of its months), then one more for the speed
+        coverage of the part of the window at or above the boundary.
         """
         days = days_between(start, end)
         missing = [d for d in days if d not in self._pointers]
         months: dict[str, list[date]] = {}
         for day in days:
             months.setdefault(month_key(day), []).append(day)
+        query = self.settings.speed.query_name
         rows = self._exec_many(
             [
                 self.pointer_store.watermark_request(),
-                self.speed_rows.progress_request(self.settings.speed.query_name),
+                self.speed_rows.progress_request(query),
                 self.pointer_store.stale_request(self.settings.kafka.events_topic, floor(start, HOUR), end),
+                self.speed_rows.epochs_request(query),
                 *(self.pointer_store.pointers_request(d) for d in missing),
                 *(self.batch_rows.fingerprints_request(slice_, m) for m in months),
             ]
         )
-        mark_rows, prog_rows, stale_rows, rest = rows[0], rows[1], rows[2], rows[3:]
+        mark_rows, prog_rows, stale_rows, epoch_rows, rest = rows[0], rows[1], rows[2], rows[3], rows[4:]
+        mark = decode_watermark(mark_rows[0] if mark_rows else None)
+        speed = self._speed_coverage(start, end, slice_, mark.boundary, decode_epochs(epoch_rows))
         for day, pointer_rows in zip(missing, rest[: len(missing)], strict=True):
             self._keep_pointers(day, pointer_rows)
         current: set[date] = set()
@@ -240,7 +244,6 @@ class ViewReader:
         hours: set[datetime] = set()
         for day in days:
             hours |= set(self._pointers[day])
-        mark = decode_watermark(mark_rows[0] if mark_rows else None)
         prog = prog_rows[0] if prog_rows else None
         stale = {}
         for hour, records in decode_stale(stale_rows).items():  # stale while the index holds more than its run read
@@ -248,6 +251,7 @@ class ViewReader:
             if hour in hours and read is not None and records > read:
                 stale[hour] = records - read
         return Coverage(
+            speed=speed,
             stale=stale,
             boundary=mark.boundary,
             pinned=mark.pinned is not None,
@@ -256,6 +260,33 @@ class ViewReader:
             current_days=current,
             speed_newest_event=utc(prog.newest_event_ts) if prog else None,
             speed_updated_at=utc(prog.updated_at) if prog else None,
+        )
+
+    def _speed_coverage(
+        self, start: datetime, end: datetime, slice_: str, boundary: datetime | None, epochs: list[Epoch]
+    ) -> SpeedCoverage:
+        """Read what the speed layer counted in the part of the window it may serve (a second round of reads).
+
+        Only from the boundary on, and only where an epoch has read: speed rows expire by the time they were
+        written, not by their event time, so no other bound is safe.
+        """
+        now = datetime.now(UTC)
+        lo = start if boundary is None else max(start, boundary)
+        firsts = [e.covered_from for e in epochs]
+        if epochs and None not in firsts:
+            lo = max(lo, min(t for t in firsts if t is not None))
+        hi = min(end, max((e.seen_until for e in epochs if e.seen_until is not None), default=lo))
+        if lo >= hi:
+            return SpeedCoverage(tuple(epochs), now=now)
+        lo = floor(lo, HOUR)
+        query = self.settings.speed.query_name
+        hour_reqs = self.speed_rows.hours_requests(query, lo, hi)
+        rows = self._exec_many([*hour_reqs, *self.speed_rows.counts_requests(query, slice_, lo, hi)])
+        return SpeedCoverage(
+            tuple(epochs),
+            {(k.hour, k.epoch): k.kept_until for day in rows[: len(hour_reqs)] for k in decode_hours(day)},
+            {key: n for day in rows[len(hour_reqs) :] for key, n in decode_counts(day).items()},
+            now,
         )
 
     def read(self, spans: list[Span], slice_: str, fields: Iterable[str] = SKETCH_FIELDS) -> list[Bucket]:

@@ -123,7 +123,7 @@ def _make_spark_listener(adapter: _ProgressListener) -> Any:
             adapter.on_progress(json.loads(event.progress.json))
 
         def onQueryIdle(self, event: Any) -> None:  # noqa: N802
-            pass
+            adapter.registry.idle()
 
         def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
             if event.exception:
@@ -181,11 +181,14 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
     spark = get_spark(settings, "speed")
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     registry = MetricsRegistry(settings.speed.query_name)
-    sink = SpeedViewSink(settings, settings.speed.query_name, settings.speed.view_ttl_s)
+    sink = SpeedViewSink(
+        settings, settings.speed.query_name, settings.speed.view_ttl_s, checkpoint=checkpoint_location(settings)
+    )
     adapter = _ProgressListener(registry, sink, settings.data_dir / "metrics" / "speed_layer.prom")
     listener = _make_spark_listener(adapter)
     spark.streams.addListener(listener)
-    server = serve_metrics(registry, "127.0.0.1", settings.speed.metrics_port) if settings.speed.metrics_port else None
+    port = settings.speed.metrics_port
+    server = serve_metrics(registry, settings.metrics.host, port) if port else None
     started = time.monotonic()
     query = start(spark, settings, sink, available_now=available_now)
     try:

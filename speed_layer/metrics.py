@@ -1,9 +1,11 @@
-"""Per-micro-batch health of the speed layer: one log line, Prometheus text (file and HTTP), freshness.
+"""Per-micro-batch health of the speed layer: one log line, and Prometheus metrics (HTTP and textfile).
 
 Spark reports each micro-batch's progress to a ``StreamingQueryListener``; we reduce it to the figures an
 operator watches — input rows and rate, batch duration, state rows, rows dropped as too late, unparseable rows,
-the watermark and the Kafka lag — and expose them in the Prometheus text format, both as a textfile (for
-node-exporter's textfile collector) and on a small loopback HTTP endpoint.
+the watermark, the consumer lag and the newest event time written (freshness) — and expose them with
+``prometheus_client``: on ``/metrics`` (``metrics.host``, ``speed.metrics_port``) and as a textfile for
+node-exporter's textfile collector. Names follow Prometheus's conventions: counters end in ``_total``, times are
+``_timestamp_seconds`` (Unix time, so freshness is ``time() - …`` in a rule) or ``_seconds`` (durations).
 """
 
 from __future__ import annotations
@@ -12,11 +14,16 @@ import json
 import logging
 import os
 import threading
+import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server, write_to_textfile
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from infra.supervisor import RESTARTS_ENV
 
@@ -92,8 +99,30 @@ def _restarts_from_env() -> int:
         return 0
 
 
-class MetricsRegistry:
-    """Totals and last values across batches, rendered in the Prometheus text format."""
+# name -> help of every metric the speed job exports (the alert rules' unit test checks they exist).
+COUNTERS = {
+    "trends_speed_batches_total": "Micro-batches completed by this run of the job.",
+    "trends_speed_input_rows_total": "Kafka records read.",
+    "trends_speed_dropped_late_rows_total": "Events later than speed.allowed_lateness_s, dropped.",
+    "trends_speed_unparseable_rows_total": "Records that are not events (ingestion should have dead-lettered them).",
+    "trends_speed_future_rows_total": "Events beyond now + ingest.max_future_skew_s: counted, not aggregated.",
+    "trends_speed_restarts_total": "Restarts of the job by the stack's supervisor after a failure (since it started).",
+}
+GAUGES = {
+    "trends_speed_last_batch_id": "Id of the last completed micro-batch.",
+    "trends_speed_input_rows_per_second": "Input rate of the last micro-batch.",
+    "trends_speed_processed_rows_per_second": "Processing rate of the last micro-batch.",
+    "trends_speed_batch_duration_seconds": "Duration of the last micro-batch.",
+    "trends_speed_state_rows": "Rows in the streaming state (buckets within the watermark, ids for dedupe).",
+    "trends_speed_consumer_lag_records": "Records of the events topic not read yet (largest over partitions).",
+    "trends_speed_watermark_timestamp_seconds": "The streaming watermark (event time), Unix time.",
+    "trends_speed_newest_event_timestamp_seconds": "Newest event time written to the speed view, Unix time.",
+    "trends_speed_last_progress_timestamp_seconds": "When the query last reported progress (wall clock), Unix time.",
+}
+
+
+class MetricsRegistry(Collector):
+    """Totals and last values across batches; a Prometheus collector of its own registry (read on scrape)."""
 
     def __init__(self, query: str) -> None:
         self.query = query
@@ -105,8 +134,11 @@ class MetricsRegistry:
         self.future_total = 0
         self.last: BatchMetrics | None = None
         self.newest_event_ts: datetime | None = None
+        self.last_progress: float | None = None
         # How often the stack's supervisor restarted this job after a failure (it tells each run the count so far).
         self.restarts = _restarts_from_env()
+        self.registry = CollectorRegistry()
+        self.registry.register(self)
 
     def record(self, metrics: BatchMetrics) -> None:
         """Add one batch's figures."""
@@ -117,50 +149,62 @@ class MetricsRegistry:
             self.unparseable_total += metrics.unparseable_rows
             self.future_total += metrics.future_rows
             self.last = metrics
+            self.last_progress = time.time()
+
+    def idle(self) -> None:
+        """Note that the query is alive but had no new data (Spark's idle event)."""
+        with self._lock:
+            self.last_progress = time.time()
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the metric families (prometheus_client calls this on every scrape)."""
+        with self._lock:
+            totals = {
+                "trends_speed_batches_total": self.batches,
+                "trends_speed_input_rows_total": self.input_rows_total,
+                "trends_speed_dropped_late_rows_total": self.dropped_late_total,
+                "trends_speed_unparseable_rows_total": self.unparseable_total,
+                "trends_speed_future_rows_total": self.future_total,
+                "trends_speed_restarts_total": self.restarts,
+            }
+            gauges: dict[str, float | None] = dict.fromkeys(GAUGES)
+            last = self.last
+            if last is not None:
+                gauges.update(
+                    {
+                        "trends_speed_last_batch_id": last.batch_id,
+                        "trends_speed_input_rows_per_second": last.input_rows_per_s,
+                        "trends_speed_processed_rows_per_second": last.processed_rows_per_s,
+                        "trends_speed_batch_duration_seconds": last.batch_duration_ms / 1000,
+                        "trends_speed_state_rows": last.state_rows,
+                        "trends_speed_consumer_lag_records": last.kafka_lag_max,
+                        "trends_speed_watermark_timestamp_seconds": last.watermark.timestamp()
+                        if last.watermark
+                        else None,
+                    }
+                )
+            if self.newest_event_ts is not None:
+                gauges["trends_speed_newest_event_timestamp_seconds"] = self.newest_event_ts.timestamp()
+            gauges["trends_speed_last_progress_timestamp_seconds"] = self.last_progress
+        for name, value in totals.items():
+            family = CounterMetricFamily(name, COUNTERS[name], labels=["query"])
+            family.add_metric([self.query], value)
+            yield family
+        for name, gauge in gauges.items():
+            if gauge is None:  # not known yet: no sample rather than a made-up zero
+                continue
+            gfamily = GaugeMetricFamily(name, GAUGES[name], labels=["query"])
+            gfamily.add_metric([self.query], gauge)
+            yield gfamily
 
     def render(self) -> str:
         """Return the Prometheus exposition text."""
-        label = f'{{query="{self.query}"}}'
-        with self._lock:
-            last = self.last
-            lines = [
-                "# TYPE trends_speed_batches_total counter",
-                f"trends_speed_batches_total{label} {self.batches}",
-                "# TYPE trends_speed_input_rows_total counter",
-                f"trends_speed_input_rows_total{label} {self.input_rows_total}",
-                "# TYPE trends_speed_dropped_late_rows_total counter",
-                f"trends_speed_dropped_late_rows_total{label} {self.dropped_late_total}",
-                "# TYPE trends_speed_unparseable_rows_total counter",
-                f"trends_speed_unparseable_rows_total{label} {self.unparseable_total}",
-                "# TYPE trends_speed_future_rows_total counter",
-                f"trends_speed_future_rows_total{label} {self.future_total}",
-                "# TYPE trends_speed_restarts_total counter",
-                f"trends_speed_restarts_total{label} {self.restarts}",
-            ]
-            if last is not None:
-                gauges = {
-                    "trends_speed_last_batch_id": last.batch_id,
-                    "trends_speed_input_rows_per_second": last.input_rows_per_s,
-                    "trends_speed_processed_rows_per_second": last.processed_rows_per_s,
-                    "trends_speed_batch_duration_seconds": last.batch_duration_ms / 1000,
-                    "trends_speed_state_rows": last.state_rows,
-                }
-                if last.kafka_lag_max is not None:
-                    gauges["trends_speed_kafka_lag_records"] = last.kafka_lag_max
-                if last.watermark is not None:
-                    gauges["trends_speed_watermark_seconds"] = last.watermark.timestamp()
-                if self.newest_event_ts is not None:
-                    gauges["trends_speed_newest_event_time_seconds"] = self.newest_event_ts.timestamp()
-                for name, value in gauges.items():
-                    lines += [f"# TYPE {name} gauge", f"{name}{label} {value}"]
-        return "\n".join(lines) + "\n"
+        return generate_latest(self.registry).decode()
 
     def write_textfile(self, path: Path) -> None:
         """Write the metrics atomically (rename) for a textfile collector."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(self.render())
-        os.replace(tmp, path)
+        write_to_textfile(str(path), self.registry)
 
     def snapshot(self) -> dict[str, Any]:
         """Return the last batch's figures as JSON-able values."""
@@ -168,25 +212,8 @@ class MetricsRegistry:
             return {} if self.last is None else json.loads(json.dumps(asdict(self.last), default=str))
 
 
-def serve_metrics(registry: MetricsRegistry, host: str, port: int) -> ThreadingHTTPServer:
-    """Serve ``/metrics`` on a daemon thread; return the server (``shutdown()`` stops it)."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path.split("?")[0] != "/metrics":
-                self.send_error(404, "only /metrics here")
-                return
-            body = registry.render().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            logger.debug("metrics %s", format % args)
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    threading.Thread(target=server.serve_forever, name="speed-metrics", daemon=True).start()
+def serve_metrics(registry: MetricsRegistry, host: str, port: int) -> Any:
+    """Serve ``/metrics`` of the registry on a daemon thread; return the server (``shutdown()`` stops it)."""
+    server, _thread = start_http_server(port, addr=host, registry=registry.registry)
     logger.info("speed layer metrics on http://%s:%s/metrics", host, server.server_address[1])
     return server

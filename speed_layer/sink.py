@@ -6,6 +6,13 @@ id, same data — its offsets are logged before and committed after), the replay
 Nothing here increments, appends or writes a wall-clock value into a view row, which is what makes the
 at-least-once ``foreachBatch`` exactly-once in effect. A failed write raises, which fails the batch (and the
 query): it is replayed from the checkpoint on restart, never skipped.
+
+The sink also records what it has processed (``views.store.speed``: coverage), so that serving answers a minute
+only where this layer counted it: per batch, in this order, the hours it is about to write (before any row, so a
+row can never outlive its hour's record), the rows, the events counted per minute and slice, and how far the
+*epoch* (the checkpoint's lifetime: Spark's query id) has read. A new epoch started at ``latest`` (or on offsets
+of its own) counts minutes completely only from the minute after its start; its rows of earlier minutes would
+overwrite a previous epoch's complete rows with partial ones, so they are not written (the batch layer has them).
 """
 
 from __future__ import annotations
@@ -13,13 +20,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from infra.cassandra import make_cluster
 from infra.settings import Settings
-from views.store.speed import SpeedRows
+from views.buckets import HOUR, MINUTE, floor, utc
+from views.store.speed import Epoch, SpeedRows
 
 if TYPE_CHECKING:
     from cassandra.cluster import Cluster
@@ -28,6 +36,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CHUNK_ROWS = 2000
+QUERY_ID_PROPERTY = "sql.streaming.queryId"  # set by Spark on the thread that runs foreachBatch
+MAX_QUIET_HOURS = 24 * 31  # quiet hours one batch marks as read through, at most (and at most the TTL's)
 
 
 @dataclass
@@ -37,6 +47,7 @@ class BatchResult:
     batch_id: int
     rows: int
     newest_event_ts: datetime | None
+    dropped_before_epoch: int = 0
 
 
 @dataclass
@@ -50,8 +61,13 @@ class SpeedViewSink:
     settings: Settings
     query: str
     ttl_seconds: int
+    epoch_id: str | None = None  # Spark's query id; read from the batch's thread when not given
+    checkpoint: str | None = None  # the query's checkpoint: when its initial offsets were resolved is the start
     _cluster: Cluster | None = field(default=None, init=False, repr=False)
     _rows: SpeedRows | None = field(default=None, init=False, repr=False)
+    _epoch: Epoch | None = field(default=None, init=False, repr=False)
+    _marked: set[datetime] = field(default_factory=set, init=False, repr=False)
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC), init=False)
     newest_event_ts: datetime | None = field(default=None, init=False)
     watermark: datetime | None = field(default=None, init=False)
 
@@ -67,30 +83,144 @@ class SpeedViewSink:
         """Shut the driver's connections down."""
         if self._cluster is not None:
             self._cluster.shutdown()
-        self._cluster, self._rows = None, None
+        self._cluster, self._rows, self._epoch = None, None, None
+        self._marked = set()
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         """Write one micro-batch (Spark calls this on the driver)."""
+        if self.epoch_id is None:
+            self.epoch_id = batch.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
+        if batch_id == 0 and self.checkpoint:
+            resolved = initial_offsets_written_at(batch.sparkSession, self.checkpoint)
+            if resolved is not None:
+                self.started_at = resolved
         # One job for the whole batch (toLocalIterator runs one per partition, which costs more per batch). The
         # rows are the changed buckets, at most (distinct minutes x slices) of one micro-batch's events, and
         # toLocalIterator would hold a whole partition in the driver too; maxOffsetsPerTrigger bounds both.
         result = self.write_rows(batch.collect(), batch_id)
         logger.debug("batch %s wrote %d bucket rows", batch_id, result.rows)
 
-    def write_rows(self, rows: Iterable[Any], batch_id: int) -> BatchResult:
-        """Upsert view rows in chunks with bounded concurrency; raise on the first failed write."""
+    def epoch(self, batch_id: int) -> Epoch:
+        """Return this checkpoint's epoch, recording it on its first batch.
+
+        A first batch (id 0) starts a new checkpoint: from the topic's beginning when the query starts at
+        ``earliest``, else complete only from the minute after its starting offsets were resolved (when Spark
+        wrote them into the checkpoint; without a checkpoint to ask, when the sink was made). An epoch found
+        without a row at a later batch (its row lost, or written by a version without coverage) is complete only
+        from now on.
+        """
         store = self._connect()
+        if self._epoch is not None and self._epoch.id == self.epoch_id:
+            return self._epoch
+        if not self.epoch_id:
+            msg = "the speed sink needs the streaming query's id (Spark's sql.streaming.queryId) to record coverage"
+            raise RuntimeError(msg)
+        known = {e.id: e for e in store.epochs(self.query)}
+        epoch = known.get(self.epoch_id)
+        if epoch is None:
+            starting = self.settings.speed.starting_offsets
+            if batch_id == 0 and starting == "earliest":
+                covered_from = None
+            elif batch_id == 0:
+                covered_from = floor(self.started_at, MINUTE) + MINUTE
+            else:
+                covered_from, starting = floor(datetime.now(UTC), MINUTE) + MINUTE, "adopted"
+            epoch = Epoch(self.epoch_id, self.started_at, covered_from, None, starting)
+            store.register_epoch(self.query, epoch)
+            logger.info(
+                "speed epoch %s (query %s) starts; it counts minutes completely from %s",
+                epoch.id, self.query, covered_from or "the topic's beginning",
+            )  # fmt: skip
+        self._epoch, self._marked = epoch, set()
+        return epoch
+
+    def write_rows(self, rows: Iterable[Any], batch_id: int) -> BatchResult:
+        """Write one batch: its hours, the view rows in chunks, the minutes counted, the epoch's progress.
+
+        Raise on the first failed write (the batch is replayed whole).
+        """
+        store = self._connect()
+        epoch = self.epoch(batch_id)
+        kept, dropped = _from_epoch(rows, epoch.covered_from)
+        if dropped:
+            logger.info("batch %s: %d rows of minutes before epoch %s began not written", batch_id, dropped, epoch.id)
+        hours = self._hours_to_mark(epoch, kept)
+        store.mark_hours(self.query, epoch.id, hours, self.ttl_seconds)
+        self._marked.update(hours)
         written = 0
         newest = None
-        for chunk in _chunks(rows, CHUNK_ROWS):
+        for chunk in _chunks(kept, CHUNK_ROWS):
             count, chunk_newest = store.write(chunk, batch_id, self.ttl_seconds)
             written += count
             if chunk_newest is not None and (newest is None or chunk_newest > newest):
                 newest = chunk_newest
+        store.write_counts(self.query, epoch.id, _counts(kept), self.ttl_seconds)
+        seen_until = epoch.seen_until
+        if newest is not None:
+            newest_end = floor(newest, MINUTE) + MINUTE
+            seen_until = newest_end if seen_until is None else max(seen_until, newest_end)
+        first_hour = min((h for h in (epoch.first_hour, *hours) if h is not None), default=None)
+        store.advance_epoch(self.query, epoch.id, seen_until, first_hour, batch_id)
+        self._epoch = Epoch(
+            epoch.id, epoch.started_at, epoch.covered_from, seen_until, epoch.starting_offsets, batch_id,
+            first_hour=first_hour,
+        )  # fmt: skip
         if newest is not None and (self.newest_event_ts is None or newest > self.newest_event_ts):
             self.newest_event_ts = newest
         store.write_progress(self.query, self.newest_event_ts, self.watermark, batch_id, written)
-        return BatchResult(batch_id, written, newest)
+        return BatchResult(batch_id, written, newest, dropped)
+
+    def _hours_to_mark(self, epoch: Epoch, rows: list[Any]) -> list[datetime]:
+        """Return the hours this batch writes rows in or reads through (quiet hours too), not yet marked here.
+
+        The hours passed between the epoch's last newest event and this batch's are marked even without a row, so a
+        quiet hour the speed layer read through is answered as zero, not as a gap; at most the rows' TTL of them.
+        """
+        hours = {floor(utc(r.bucket_start), HOUR) for r in rows}  # type: ignore[arg-type]
+        newest = max((t for r in rows if (t := utc(r.max_ts)) is not None), default=None)
+        if newest is not None:
+            lo = epoch.seen_until or epoch.covered_from or min(hours)
+            ttl_hours = self.ttl_seconds // 3600 if self.ttl_seconds > 0 else MAX_QUIET_HOURS
+            h = max(floor(lo, HOUR), floor(newest, HOUR) - min(ttl_hours, MAX_QUIET_HOURS) * HOUR)
+            while h <= newest:
+                hours.add(h)
+                h += HOUR
+        return sorted(hours - self._marked)
+
+
+def initial_offsets_written_at(spark: Any, checkpoint: str) -> datetime | None:
+    """Return when Spark wrote the query's initial offsets (``sources/0/0``) into the checkpoint, on any file system.
+
+    With ``latest`` those offsets are the topic's end at that moment: a record produced earlier is never read, so
+    the epoch counts completely only from the next minute.
+    """
+    try:
+        jvm = spark.sparkContext._jvm
+        path = jvm.org.apache.hadoop.fs.Path(f"{checkpoint.rstrip('/')}/sources/0/0")
+        status = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).getFileStatus(path)
+        return datetime.fromtimestamp(status.getModificationTime() / 1000, UTC)
+    except Exception:  # no such file (another source layout): the sink's own start time stands
+        logger.warning("could not read when the initial offsets were written under %s", checkpoint, exc_info=True)
+        return None
+
+
+def _from_epoch(rows: Iterable[Any], covered_from: datetime | None) -> tuple[list[Any], int]:
+    """Split off the rows of minutes before the epoch began (partial: they would overwrite complete rows)."""
+    rows = list(rows)
+    if covered_from is None:
+        return rows, 0
+    kept = [r for r in rows if utc(r.bucket_start) >= covered_from]  # type: ignore[operator]
+    return kept, len(rows) - len(kept)
+
+
+def _counts(rows: Iterable[Any]) -> dict[tuple[str, datetime], dict[datetime, int]]:
+    """Return the events of each row by (slice, hour) and minute: what coverage records beside the rows."""
+    out: dict[tuple[str, datetime], dict[datetime, int]] = {}
+    for r in rows:
+        minute = utc(r.bucket_start)
+        assert minute is not None  # noqa: S101 - the window start is never null
+        out.setdefault((r.slice, floor(minute, HOUR)), {})[minute] = int(r.events)
+    return out
 
 
 def _chunks(rows: Iterable[Any], size: int) -> Iterator[list[Any]]:

@@ -1,10 +1,15 @@
-"""A client of the local Airflow: log in, trigger a DAG, wait for runs (the REST API), and create backfills.
+"""A client of Airflow: log in, trigger a DAG, follow runs (the REST API), and create backfills of the local stack.
 
-Backfills go through the ``airflow`` CLI (``airflow backfill create``), whose refusals are told apart by their output.
+The REST API is the local stack's unless ``airflow.api_url`` points at a deployment. Calls authenticate with a JWT:
+``airflow.api_token`` as given (any auth manager), or one from the auth manager's token endpoint
+(``POST /auth/token`` with a user and password: SimpleAuthManager's, which the local stack runs; FAB's has the same
+shape). Scheduler-driven backfills of the hourly DAG go through the ``airflow`` CLI (``airflow backfill create``),
+whose refusals are told apart by their output.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -24,14 +29,24 @@ from infra.settings import Settings
 logger = logging.getLogger(__name__)
 
 TOKEN_PATH = "/auth/token"  # noqa: S105 - a URL path, not a password
+API_TIMEOUT_S = 30
+
+
+class AirflowAPIError(StackError):
+    """The REST API answered an error, or did not answer (``status`` None)."""
+
+    def __init__(self, message: str, status: int | None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class AirflowClient:
-    """Operate the Airflow of these settings through its REST API (as the admin) and its CLI."""
+    """Operate the Airflow of these settings through its REST API and (for the local stack) its CLI."""
 
     def __init__(self, settings: Settings) -> None:
         self.config = AirflowConfig(settings)
-        self.url = self.config.url
+        self.url = (settings.airflow.api_url or self.config.url).rstrip("/")
+        self._bearer: str | None = None
 
     def token(self, user: str | None = None, password: str | None = None) -> str:
         """Log in to the REST API (``POST /auth/token``) and return the JWT.
@@ -51,9 +66,79 @@ class AirflowClient:
             with urllib.request.urlopen(request, timeout=10) as resp:  # noqa: S310
                 return str(json.load(resp)["access_token"])
         except (OSError, ValueError, KeyError) as exc:
+            status = exc.code if isinstance(exc, urllib.error.HTTPError) else None
             detail = exc.read().decode(errors="replace")[:300] if isinstance(exc, urllib.error.HTTPError) else ""
             msg = f"logging in to Airflow at {self.url} as {user or self.config.conf.admin_user} failed: {exc} {detail}"
-            raise StackError(msg) from exc
+            if status in {401, 403}:
+                msg += (
+                    " (check TRENDS_AIRFLOW__API_USER / TRENDS_AIRFLOW__API_PASSWORD, or set TRENDS_AIRFLOW__API_TOKEN)"
+                )
+            elif status in {404, 405}:
+                msg += (
+                    f" (this Airflow's auth manager has no {TOKEN_PATH} login endpoint: set TRENDS_AIRFLOW__API_TOKEN "
+                    "to a token it issued)"
+                )
+            raise AirflowAPIError(msg, status) from exc
+
+    def bearer(self, *, renew: bool = False) -> str:
+        """Return the token REST calls send: ``airflow.api_token`` as is, else a login (cached; ``renew`` logs in).
+
+        The login is ``airflow.api_user`` / ``airflow.api_password``, defaulting to the local stack's admin.
+        """
+        conf = self.config.conf
+        if conf.api_token is not None:
+            return conf.api_token.get_secret_value()
+        if self._bearer is None or renew:
+            password = conf.api_password if conf.api_password is not None else conf.admin_password
+            self._bearer = self.token(conf.api_user or conf.admin_user, password.get_secret_value())
+        return self._bearer
+
+    def send(self, method: str, path: str, body: Any = None, *, token: str, accept: str = "application/json") -> Any:
+        """Make one REST call with ``token`` and return the decoded JSON (None for an empty answer).
+
+        :raises AirflowAPIError: an HTTP error (with its status and Airflow's detail), or no answer.
+        """
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Authorization": f"Bearer {token}", "Accept": accept}
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)  # noqa: S310
+        try:
+            with urllib.request.urlopen(request, timeout=API_TIMEOUT_S) as resp:  # noqa: S310 - the configured API
+                raw = resp.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:1000]
+            msg = f"Airflow answered {exc.code} to {method} {path}: {detail}"
+            raise AirflowAPIError(msg, exc.code) from exc
+        except OSError as exc:  # refused, reset, timed out, DNS
+            msg = f"Airflow's REST API at {self.url} did not answer {method} {path}: {exc}"
+            raise AirflowAPIError(msg, None) from exc
+        return json.loads(raw) if raw.strip() else None
+
+    def api(self, method: str, path: str, body: Any = None, *, accept: str = "application/json") -> Any:
+        """Make a REST call as :meth:`bearer`; a refused login token is renewed once (it expired during a wait).
+
+        :raises AirflowAPIError: as :meth:`send`; a refused ``airflow.api_token`` names the setting.
+        """
+        static = self.config.conf.api_token is not None
+        try:
+            return self.send(method, path, body, token=self.bearer(), accept=accept)
+        except AirflowAPIError as exc:
+            # Airflow 3: 401 "Token Expired", 403 "Invalid JWT token" (not its signature), 403 "Forbidden" (no right)
+            invalid = exc.status == 401 or (exc.status == 403 and "Invalid JWT" in str(exc))
+            if static and invalid:
+                msg = (
+                    f"Airflow at {self.url} refused the token of TRENDS_AIRFLOW__API_TOKEN ({exc.status}: expired, "
+                    f"or not issued by this Airflow's auth manager): {exc}"
+                )
+                raise AirflowAPIError(msg, exc.status) from exc
+            if exc.status == 403 and not invalid:
+                msg = f"{exc} (the user lacks a permission: it reads and triggers DAG runs, reads their tasks and logs)"
+                raise AirflowAPIError(msg, 403) from exc
+            if exc.status != 401:
+                raise
+        logger.info("Airflow refused the token (expired?); logging in again")
+        return self.send(method, path, body, token=self.bearer(renew=True), accept=accept)
 
     def get(self, token: str, path: str) -> Any:
         """GET a REST API path (``/api/v2/…``) and return the decoded JSON."""
@@ -73,29 +158,76 @@ class AirflowClient:
                 raise StackError(msg)
             time.sleep(2)
 
-    def trigger(self, token: str, dag_id: str, conf: dict[str, Any]) -> str:
+    def trigger(self, token: str | None, dag_id: str, conf: dict[str, Any]) -> str:
         """Unpause the DAG and trigger a run with ``conf`` (``POST /api/v2/dags/{id}/dagRuns``); return its run id.
 
-        :raises StackError: the API refused (with its answer).
+        :arg token: a JWT, or None for :meth:`bearer` (renewed once if refused).
+        :raises AirflowAPIError: the API refused (with its answer; 404: the DAG is not parsed, or another folder).
         """
+        call = self.api if token is None else functools.partial(self.send, token=token)
         run_id = f"manual__{datetime.now(UTC):%Y%m%dT%H%M%S}_{uuid.uuid4().hex[:6]}"
-        for method, path, body in (
-            ("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False}),
-            ("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"dag_run_id": run_id, "logical_date": None, "conf": conf}),
-        ):
-            request = urllib.request.Request(  # noqa: S310 - http://host:port of our API server
-                self.url + path,
-                data=json.dumps(body).encode(),
-                method=method,
-                headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-            )
-            try:
-                with urllib.request.urlopen(request, timeout=30):  # noqa: S310
-                    pass
-            except urllib.error.HTTPError as exc:
-                msg = f"{method} {path} answered {exc.code}: {exc.read()[:2000]!r}"
-                raise StackError(msg) from exc
+        try:
+            call("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+        except AirflowAPIError as exc:
+            if exc.status == 404:
+                msg = (
+                    f"Airflow at {self.url} does not know the DAG {dag_id} (not parsed yet, or its DAGs folder is "
+                    f"another; `airflow dags list-import-errors` shows parse errors): {exc}"
+                )
+                raise AirflowAPIError(msg, 404) from exc
+            raise
+        call("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"dag_run_id": run_id, "logical_date": None, "conf": conf})
         return run_id
+
+    # -- one run, as the REST API shows it ------------------------------------------------------------------
+    @staticmethod
+    def _run_path(dag_id: str, run_id: str) -> str:
+        return f"/api/v2/dags/{urllib.parse.quote(dag_id, safe='')}/dagRuns/{urllib.parse.quote(run_id, safe='')}"
+
+    def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
+        """Return a DAG run (``state``, ``conf``, ``start_date``, ``end_date``, …)."""
+        return dict(self.api("GET", self._run_path(dag_id, run_id)))
+
+    def task_instances(self, dag_id: str, run_id: str, page: int = 100) -> list[dict[str, Any]]:
+        """Return every task instance of a run, each mapped instance separately (``map_index`` >= 0)."""
+        out: list[dict[str, Any]] = []
+        while True:
+            body = self.api("GET", f"{self._run_path(dag_id, run_id)}/taskInstances?limit={page}&offset={len(out)}")
+            out += body["task_instances"]
+            if not body["task_instances"] or len(out) >= body["total_entries"]:
+                return out
+
+    def tries(self, dag_id: str, run_id: str, task_id: str, *, map_index: int = -1) -> list[dict[str, Any]]:
+        """Return every try of one task instance (``try_number``, ``state``), earlier tries included."""
+        path = f"{self._run_path(dag_id, run_id)}/taskInstances/{task_id}/{map_index}/tries"
+        return list(self.api("GET", path)["task_instances"])
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str, *, map_index: int = -1, key: str = "return_value") -> Any:
+        """Return an XCom value as stored (JSON), or None when the task has not pushed it."""
+        path = f"{self._run_path(dag_id, run_id)}/taskInstances/{task_id}/xcomEntries/{key}?map_index={map_index}"
+        try:
+            return self.api("GET", path)["value"]
+        except AirflowAPIError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int, *, map_index: int = -1) -> list[str]:
+        """Return the lines of one try's log (``event`` of each structured record, with its level if not info)."""
+        path = (
+            f"{self._run_path(dag_id, run_id)}/taskInstances/{task_id}/logs/{try_number}"
+            f"?map_index={map_index}&full_content=true"
+        )
+        content = self.api("GET", path).get("content") or []
+        lines: list[str] = []
+        for record in content if isinstance(content, list) else [content]:
+            if isinstance(record, dict):
+                level = str(record.get("level") or "").lower()
+                text = str(record.get("event") or "")
+                lines.append(f"{level}: {text}" if level and level != "info" else text)
+            else:
+                lines.extend(str(record).splitlines())
+        return lines
 
     def wait_run(
         self,

@@ -19,6 +19,7 @@ from views.event import Event
 
 TRENDS = str(Path(sys.executable).parent / "trends")
 HOUR = timedelta(hours=1)
+MINUTE = timedelta(minutes=1)
 
 
 def events(seed: str, start: datetime, n: int = 20_000, span: timedelta = 2 * HOUR) -> list[Event]:
@@ -94,3 +95,27 @@ def answer(settings: Settings, start: datetime, end: datetime, slice_: str = "*"
     """Return the merged summary of a window, as ``trends query summary`` computes it."""
     with session(settings) as sess:
         return queries.summary(queries.load(ViewReader(settings, sess), start, end, slice_), top_n=5)
+
+
+def per_minute(settings: Settings, start: datetime, end: datetime, slice_: str = "*") -> list[int]:
+    """Return the merged event count of every minute of a window (zeros included), as ``trends query series``."""
+    with session(settings) as sess:
+        w = queries.load(ViewReader(settings, sess), start, end, slice_, coarsest="minute", fields=())
+    return [int(p["count"]) for p in queries.series(w, "minute").points]
+
+
+def users_per_minute(settings: Settings, start: datetime, end: datetime) -> list[float]:
+    """Return the distinct-users estimate of every minute of a window (one read of all the minutes)."""
+    minutes = [(start + i * MINUTE, start + (i + 1) * MINUTE) for i in range(int((end - start) / MINUTE))]
+    with session(settings) as sess:
+        windows = queries.load_many(ViewReader(settings, sess), minutes, "*", "minute", queries.NEEDS["users"])
+    return [queries.users(w).users for w in windows]
+
+
+def true_per_minute(batch: list[Event], start: datetime, end: datetime) -> list[int]:
+    """Return the exact count of every minute of a window, from the events themselves."""
+    counts = [0] * int((end - start) / MINUTE)
+    for e in batch:
+        if start <= e.ts < end:
+            counts[int((e.ts - start) / MINUTE)] += 1
+    return counts

@@ -1,22 +1,20 @@
 """The reliability suite's harness: a private pipeline per case, a supervised speed layer, and the result table.
 
 Each case runs the real pipeline on a fresh topic and keyspace — ingestion through ``EventProducer``, the speed
-layer as ``trends speed run`` in its own process group (restarted by a small supervisor, as systemd or Kubernetes
-would, whenever it exits), the batch layer over the closed hours — injects its fault, and ends by asking the serving
-layer for the window: the count must be exact and the distinct users within the HLL bounds. Every case adds a row
-(case, events in, events accounted for, result) to the table printed at the end and written to
-``artifacts/reliability.md``.
+layer as the stack's ``speed`` service (``trends speed run`` under the shipped :mod:`infra.supervisor`, which restarts
+it with back-off whenever it exits non-zero and records the restarts), the batch layer over the closed hours —
+injects its fault, and ends by asking the serving layer for the window: the count must be exact and the distinct
+users within the HLL bounds. Every case adds a row (case, events in, events accounted for, result) to the table
+printed at the end and written to ``artifacts/reliability.md``.
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
 import random
-import signal
-import subprocess
-import sys
-import threading
+import re
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,15 +22,19 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from infra import migrations, topics
 from infra.cassandra import session
+from infra.process import family, process_alive, tail
+from infra.services.pipeline import SpeedService
 from infra.settings import Settings
+from infra.supervisor import SupervisorState
 from ingestion.producer import EventProducer
+from tests.helpers import free_port
 from views.event import Event
 
-TRENDS = str(Path(sys.executable).parent / "trends")
 HOUR = timedelta(hours=1)
 ROWS: list[tuple[str, int, int, str]] = []
 
@@ -55,56 +57,103 @@ def record(case: str, events_in: int, accounted: int, ok: bool, note: str = "") 
     ROWS.append((case, events_in, accounted, ("PASS" if ok else "FAIL") + (f" ({note})" if note else "")))
 
 
+def read_topic(settings: Settings, topic: str, timeout_s: float = 60) -> list[Any]:
+    """Return every record a topic holds now (up to each partition's high watermark), read back from the broker."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {**settings.kafka.client_config(), "group.id": f"rel-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False}
+    )
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
+        marks = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s) for p in meta.partitions
+        }
+        consumer.assign([TopicPartition(topic, p, low) for p, (low, _high) in marks.items()])
+        todo = {p for p, (low, high) in marks.items() if high > low}
+        records: list[Any] = []
+        deadline = time.monotonic() + timeout_s
+        while todo and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error() is not None:
+                continue
+            records.append(msg)
+            if msg.offset() + 1 >= marks[msg.partition()][1]:
+                todo.discard(msg.partition())
+        assert not todo, f"partitions {sorted(todo)} of {topic} not read to their end within {timeout_s} s"
+        return records
+    finally:
+        consumer.close()
+
+
 class SupervisedSpeed:
-    """``trends speed run`` kept running: restarted a moment after it exits, until :meth:`stop`."""
+    """The speed job exactly as the stack runs it: :class:`SpeedService`, ``infra.supervisor`` around ``trends speed
+    run`` with the stack's back-off settings. Its pid and state files live under the case's own data dir, so a speed
+    service of the stack itself is never touched.
+    """
 
-    def __init__(self, env: dict[str, str], logs: Path) -> None:
-        self.env, self.logs = env, logs
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.restarts = 0
-        self.exits: list[int] = []
-        self._stopping = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._watch, name="speed-supervisor", daemon=True)
-
-    def _launch(self) -> None:
-        log = (self.logs / f"speed-{time.monotonic_ns()}.log").open("wb")
-        self.proc = subprocess.Popen(
-            [TRENDS, "speed", "run"], env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    def __init__(self, settings: Settings) -> None:
+        self.service = SpeedService(settings)
 
     def start(self) -> None:
-        with self._lock:
-            self._launch()
-        self._thread.start()
+        """Start the supervisor and wait until the first run answers on /metrics."""
+        self.service.wait_ready(self.service.start(""))
 
-    def _watch(self) -> None:
-        while not self._stopping.is_set():
-            with self._lock:
-                proc = self.proc
-                if proc is not None and proc.poll() is not None and not self._stopping.is_set():
-                    self.exits.append(proc.returncode)
-                    time.sleep(2)  # like Restart=on-failure with RestartSec=2
-                    self.restarts += 1
-                    self._launch()
-            time.sleep(0.5)
+    def state(self) -> SupervisorState:
+        """Return what the supervisor last recorded (it writes its state before the first run starts)."""
+        state = self.service.supervisor_state()
+        assert state is not None, f"the supervisor wrote no state:\n{tail([self.service.stdout_file])}"
+        return state
+
+    @property
+    def restarts(self) -> int:
+        """Return how often the supervisor restarted the job."""
+        return self.state().restarts
+
+    @property
+    def exits(self) -> list[int]:
+        """Return the exit statuses of the job's runs that ended (negative: killed by that signal)."""
+        return self.state().exits
+
+    def exported_restarts(self, timeout_s: float = 120) -> int | None:
+        """Return ``trends_speed_restarts_total`` from the running job's /metrics (None if it never answers)."""
+        url = f"http://127.0.0.1:{self.service.settings.speed.metrics_port}/metrics"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    found = re.search(
+                        r"^trends_speed_restarts_total(?:\{[^}]*\})? ([0-9.]+)", resp.read().decode(), re.M
+                    )
+                if found:
+                    return int(float(found.group(1)))
+            time.sleep(1)
+        return None
+
+    def running_job(self, timeout_s: float = 120) -> int:
+        """Return the pid of the job's current run, waiting (bounded) while the supervisor backs off."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.service.pid() is not None, f"the supervisor died:\n{tail([self.service.stdout_file])}"
+            child = self.state().child_pid
+            if child is not None and process_alive(child):
+                return child
+            time.sleep(0.2)
+        msg = f"no run of the speed job within {timeout_s} s:\n{tail([self.service.stdout_file])}"
+        raise AssertionError(msg)
 
     def kill(self) -> None:
-        """SIGKILL the whole job (driver and JVM) wherever it is."""
-        with self._lock:
-            if self.proc is not None and self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        """SIGKILL the job's current run, driver and JVM together (a crash with no clean-up); never the supervisor."""
+        job = family(self.running_job())
+        assert job, "the speed job vanished before it could be killed"
+        for proc in job:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        psutil.wait_procs(job, timeout=30)
 
     def stop(self) -> None:
-        self._stopping.set()
-        with self._lock:
-            if self.proc is not None and self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                try:
-                    self.proc.wait(90)
-                except subprocess.TimeoutExpired:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                    self.proc.wait(30)
+        """Stop the service as ``trends stack down speed`` does (SIGTERM to its group, SIGKILL after the timeout)."""
+        self.service.stop()
 
 
 @dataclass
@@ -112,8 +161,7 @@ class Pipeline:
     """One case's private pipeline: topic, keyspace, checkpoint, the speed layer and the events it was given."""
 
     settings: Settings
-    env: dict[str, str]
-    logs: Path
+    speed_settings: Settings
     window: tuple[datetime, datetime]
     events: list[Event] = field(default_factory=list)
     speed: SupervisedSpeed | None = None
@@ -173,7 +221,7 @@ class Pipeline:
         assert p.flush(30) == 0
 
     def start_speed(self) -> SupervisedSpeed:
-        self.speed = SupervisedSpeed(self.env, self.logs)
+        self.speed = SupervisedSpeed(self.speed_settings)
         self.speed.start()
         return self.speed
 
@@ -228,7 +276,13 @@ def pipeline(stack_up: Settings, tmp_path: Path) -> Iterator[Pipeline]:
             "kafka": stack_up.kafka.model_copy(update={"events_topic": topic, "partitions": 4}),
             "cassandra": stack_up.cassandra.model_copy(update={"keyspace": keyspace}),
             "speed": stack_up.speed.model_copy(
-                update={"query_name": query, "metrics_port": 0, "trigger_seconds": 1.0, "allowed_lateness_s": 600}
+                update={
+                    "query_name": query,
+                    "metrics_port": free_port(),
+                    "trigger_seconds": 1.0,
+                    "allowed_lateness_s": 600,
+                    "max_offsets_per_trigger": 5000,
+                }
             ),
             "batch": stack_up.batch.model_copy(update={"lateness_s": 3600, "grace_s": 300}),
             "views": stack_up.views.model_copy(update={"slice_dims": ["origin"]}),
@@ -237,8 +291,9 @@ def pipeline(stack_up: Settings, tmp_path: Path) -> Iterator[Pipeline]:
     )
     migrations.migrate(settings)
     start = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - 6 * HOUR
-    env = {**os.environ, **settings.to_env(), "TRENDS_SPEED__MAX_OFFSETS_PER_TRIGGER": "5000"}
-    p = Pipeline(settings, env, tmp_path, (start, start + 2 * HOUR))
+    # The speed service's own files (pid, supervisor state, log) under the case's folder, beside nothing else's.
+    speed_settings = settings.model_copy(update={"data_dir": tmp_path / "stack"})
+    p = Pipeline(settings, speed_settings, (start, start + 2 * HOUR))
     try:
         yield p
     finally:

@@ -3,8 +3,9 @@ positive cases Schemathesis generates (OAI/OpenAPI-Specification#256: inter-para
 
 They mirror what each operation's description states (serving.api.WINDOW_RULES): ``last`` or ``start`` and ``end``
 together, a non-empty window of whole minutes no longer than ``serving.max_window_days``, at most
-``serving.api.MAX_POINTS`` series points. Only positive cases are touched: a negative case keeps the value that
-breaks its schema, and must be refused. Loaded by ``st run`` through ``SCHEMATHESIS_HOOKS``.
+``serving.api.MAX_POINTS`` series points; the console's range of whole hours (serving.console.RANGE_RULES). Only
+positive cases are touched: a negative case keeps the value that breaks its schema, and must be refused. Loaded by
+``st run`` through ``SCHEMATHESIS_HOOKS``.
 """
 
 from __future__ import annotations
@@ -55,6 +56,27 @@ def _window(query: dict[str, Any]) -> timedelta:
     return timedelta(hours=1)
 
 
+def _console_range(query: dict[str, Any]) -> None:
+    """Make the console's range rules hold: start and end together, at most serving.console.MAX_HOURS whole hours."""
+    from serving.console import MAX_HOURS  # the one home of the bound
+
+    if ("start" in query) != ("end" in query):
+        query.pop("start", None)
+        query.pop("end", None)
+    if "start" not in query:
+        return  # the default range
+    start = datetime.fromisoformat(str(query["start"]).replace("Z", "+00:00"))
+    end = datetime.fromisoformat(str(query["end"]).replace("Z", "+00:00"))
+    hours = -((start.timestamp() // 3600 * 3600 - end.timestamp()) // 3600)  # end rounded up, start floored
+    if 0 < hours <= MAX_HOURS:
+        return
+    later = start + timedelta(hours=1)
+    if later.year <= 2999:
+        query["end"] = _iso(later)
+    else:
+        query["start"], query["end"] = _iso(start - timedelta(hours=1)), query["start"]
+
+
 @schemathesis.hook
 def map_case(context: Any, case: Any) -> Any:
     """Apply the rules spanning parameters to a positive case."""
@@ -64,6 +86,10 @@ def map_case(context: Any, case: Any) -> Any:
     if case.path == "/api/v1/status":
         return case
     query = dict(case.query or {})
+    if case.path == "/api/v1/console":
+        _console_range(query)
+        case.query = query
+        return case
     length = _window(query)
     if case.path.endswith("/series") and query.get("resolution") == "minute":
         if length / timedelta(minutes=1) > MAX_POINTS:

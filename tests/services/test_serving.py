@@ -124,6 +124,11 @@ def test_a_pinned_boundary_moves_the_split(served: tuple[Settings, list[Event]])
         assert w.provenance.boundary == H0 + HOUR and w.provenance.boundary_pinned
         assert [p["layer"] for p in w.provenance.spans] == ["batch", "speed"]
         assert queries.summary(w).events == len(exact(events, H0, H0 + 3 * HOUR))
+        with session(settings) as sess:
+            moved = queries.pin_effect(ViewReader(settings, sess))
+        # the hour the pin hands to the speed view is still covered there (the speed layer read it all)
+        assert moved is not None and moved["moved_to_speed_minutes"] == 60 == moved["covered_minutes"]
+        assert moved["gaps"] == []
     finally:
         with session(settings) as sess:
             BatchStore(settings, sess).pointers.pin(None)

@@ -18,10 +18,12 @@ import datasketches as ds
 import pytest
 
 from infra import migrations
-from infra.cassandra import session, table
+from infra.cassandra import session
 from infra.settings import Settings
 from serving import queries
 from serving.store import ReadBudget, ReadBudgetExceededError, ViewReader
+from speed_layer.sink import SpeedViewSink
+from views.store.rows import ViewRow
 
 END = datetime(2026, 3, 2, tzinfo=UTC)
 ROWS = 1440
@@ -31,8 +33,6 @@ MIN = timedelta(minutes=1)
 @pytest.fixture
 def long_speed_window(keyspace_settings: Settings) -> tuple[Settings, int, int]:
     """Write a day of speed minutes with big sketches; return the settings, the events and the sketch bytes."""
-    from cassandra.concurrent import execute_concurrent_with_args
-
     settings = keyspace_settings
     migrations.migrate(settings)
     rng = random.Random(16)
@@ -43,18 +43,17 @@ def long_speed_window(keyspace_settings: Settings) -> tuple[Settings, int, int]:
             fi.update(f"#item-{rng.randrange(5000):06d}")
         variants.append(bytes(fi.serialize()))
     start = END - ROWS * MIN
-    with session(settings) as sess:
-        insert = sess.prepare(
-            f"INSERT INTO {table(settings, 'speed_view')} (slice, day, bucket_start, events, users_hll, values_kll, "
-            "items_fi, min_ts, max_ts, batch_id) VALUES ('*', ?, ?, 3000, null, null, ?, ?, ?, 0)"
-        )
-        rows = [((start + i * MIN).date(), start + i * MIN, variants[i % 8], start + i * MIN, start + i * MIN)
-                for i in range(ROWS)]  # fmt: skip
-        execute_concurrent_with_args(sess, insert, rows, concurrency=16)
-        sess.execute(
-            f"INSERT INTO {table(settings, 'speed_progress')} (query, newest_event_ts) VALUES (%s, %s)",
-            (settings.speed.query_name, END - timedelta(seconds=1)),
-        )
+    # Planted through the speed layer's sink, which writes the coverage beside the rows: serving answers only
+    # minutes the speed layer says it counted.
+    sink = SpeedViewSink(settings, settings.speed.query_name, settings.speed.view_ttl_s, epoch_id="planted")
+    try:
+        sink.write_rows(
+            [ViewRow("*", start + i * MIN, 3000, b"", b"", variants[i % 8], start + i * MIN, start + i * MIN)
+             for i in range(ROWS)],
+            0,
+        )  # fmt: skip
+    finally:
+        sink.close()
     return settings, 3000 * ROWS, sum(len(variants[i % 8]) for i in range(ROWS))
 
 

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
-from speed_layer.metrics import BatchMetrics, MetricsRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from speed_layer.metrics import COUNTERS, GAUGES, BatchMetrics, MetricsRegistry
 
 PROGRESS = {
     "batchId": 7,
@@ -38,10 +41,40 @@ def test_prometheus_text_accumulates_counters() -> None:
     reg = MetricsRegistry("speed_view")
     reg.record(BatchMetrics.from_progress(PROGRESS))
     reg.record(BatchMetrics.from_progress({**PROGRESS, "batchId": 8}))
-    text = reg.render()
-    assert 'trends_speed_input_rows_total{query="speed_view"} 6000' in text
-    assert 'trends_speed_dropped_late_rows_total{query="speed_view"} 6' in text
-    assert 'trends_speed_last_batch_id{query="speed_view"} 8' in text
-    assert 'trends_speed_kafka_lag_records{query="speed_view"} 120' in text
-    for line in text.splitlines():
-        assert line.startswith("# TYPE ") or line.split(" ")[-1].replace(".", "", 1).lstrip("-").isdigit()
+    reg.newest_event_ts = datetime(2026, 5, 1, 10, 5, tzinfo=UTC)
+    samples = {
+        (s.name, s.labels["query"]): s.value
+        for family in text_string_to_metric_families(reg.render())
+        for s in family.samples
+    }
+    assert samples[("trends_speed_input_rows_total", "speed_view")] == 6000
+    assert samples[("trends_speed_dropped_late_rows_total", "speed_view")] == 6
+    assert samples[("trends_speed_last_batch_id", "speed_view")] == 8
+    assert samples[("trends_speed_consumer_lag_records", "speed_view")] == 120
+    assert samples[("trends_speed_batch_duration_seconds", "speed_view")] == 1.2
+    assert (
+        samples[("trends_speed_watermark_timestamp_seconds", "speed_view")]
+        == datetime(2026, 5, 1, 10, tzinfo=UTC).timestamp()
+    )
+    assert (
+        samples[("trends_speed_newest_event_timestamp_seconds", "speed_view")]
+        == datetime(2026, 5, 1, 10, 5, tzinfo=UTC).timestamp()
+    )
+    assert set(COUNTERS) | set(GAUGES) == {name for name, _ in samples}
+
+
+def test_unknown_figures_have_no_sample_rather_than_a_zero() -> None:
+    reg = MetricsRegistry("q")
+    names = {f.name for f in text_string_to_metric_families(reg.render())}
+    # counters start at 0; gauges nobody measured yet (lag, watermark, freshness) are absent, not 0
+    assert "trends_speed_consumer_lag_records" not in names
+    assert "trends_speed_newest_event_timestamp_seconds" not in names
+    assert "trends_speed_batches" in names  # the family name of trends_speed_batches_total
+
+
+def test_the_textfile_is_the_same_exposition(tmp_path: Path) -> None:
+    reg = MetricsRegistry("q")
+    reg.record(BatchMetrics.from_progress(PROGRESS))
+    target = tmp_path / "metrics" / "speed.prom"
+    reg.write_textfile(target)
+    assert 'trends_speed_input_rows_total{query="q"} 3000.0' in target.read_text()

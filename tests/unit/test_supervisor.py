@@ -81,7 +81,7 @@ def test_failed_runs_are_restarted_with_backoff_and_counted(tmp_path: Path) -> N
         assert gaps[0] >= 0.3 and gaps[1] >= 0.5 and gaps[2] >= 0.5, gaps  # 0.3, then 0.6 capped at 0.5
         _wait(lambda: (s := SupervisorState.read(state_file)) is not None and s.child_pid is not None, 5)
         state = SupervisorState.read(state_file)
-        assert state is not None and state.restarts == 3 and state.last_exit_code == 3
+        assert state is not None and state.restarts == 3 and state.last_exit_code == 3 and state.exits == [3, 3, 3]
         assert state.supervisor_pid == proc.pid and "restarts 3 (last exit 3 at" in state.describe()
         assert proc.poll() is None
     finally:
@@ -90,7 +90,34 @@ def test_failed_runs_are_restarted_with_backoff_and_counted(tmp_path: Path) -> N
     time.sleep(0.5)
     assert len(_runs(log)) == 4
     state = SupervisorState.read(state_file)
-    assert state is not None and state.stopped and state.child_pid is None
+    assert state is not None and state.stopped and state.child_pid is None and state.exits == [3, 3, 3, 0]
+
+
+def test_a_child_killed_by_a_signal_is_restarted_and_its_exit_recorded(tmp_path: Path) -> None:
+    """What the fault suite does to the speed job: SIGKILL the running command, never the supervisor."""
+    proc, log, state_file = _supervise(tmp_path, 0)
+    try:
+        _wait(lambda: len(_runs(log)) == 1, 10)
+        _wait(lambda: (s := SupervisorState.read(state_file)) is not None and s.child_pid is not None, 5)
+        first = SupervisorState.read(state_file)
+        assert first is not None and first.child_pid is not None
+        os.kill(first.child_pid, signal.SIGKILL)
+        _wait(lambda: len(_runs(log)) == 2, 10)
+        _wait(lambda: (s := SupervisorState.read(state_file)) is not None and s.child_pid is not None, 5)
+        state = SupervisorState.read(state_file)
+        assert state is not None and state.child_pid not in (None, first.child_pid)
+        assert state.restarts == 1 and state.exits == [-signal.SIGKILL] and state.supervisor_pid == proc.pid
+        assert [r["restarts"] for r in _runs(log)] == ["0", "1"]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(10) == 0
+
+
+def test_a_state_file_without_exits_still_reads(tmp_path: Path) -> None:
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"supervisor_pid": 1, "child_pid": None, "restarts": 2, "started_at": "x"}))
+    state = SupervisorState.read(path)
+    assert state is not None and state.restarts == 2 and state.exits == []
 
 
 def test_sigterm_to_the_supervisor_alone_reaches_the_child(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 VIEW_TABLES = (
     "speed_view", "speed_progress", "batch_minutes", "batch_hours", "batch_days", "batch_day_slices",
-    "batch_intervals", "batch_watermark", "batch_stale",
+    "batch_intervals", "batch_watermark", "batch_stale", "speed_epochs", "speed_hours", "speed_coverage",
 )  # fmt: skip
 SKETCH_FIELDS = ("users_hll", "values_kll", "items_fi")
 
@@ -76,6 +76,36 @@ UPSERT_PROGRESS = (
     "VALUES (?, ?, ?, ?, ?, ?)"
 )
 SELECT_PROGRESS = "SELECT newest_event_ts, updated_at FROM {speed_progress} WHERE query = ?"
+
+# -- what the speed layer processed: epochs, the hours of each, the minutes counted (infra/cql/0005) ---------------
+INSERT_EPOCH = (
+    "INSERT INTO {speed_epochs} (query, epoch, started_at, covered_from, starting_offsets, updated_at) "
+    "VALUES (?, ?, ?, ?, ?, ?)"
+)
+ADVANCE_EPOCH = (
+    "UPDATE {speed_epochs} SET seen_until = ?, first_hour = ?, last_batch_id = ?, updated_at = ? "
+    "WHERE query = ? AND epoch = ?"
+)
+SELECT_EPOCHS = (
+    "SELECT epoch, started_at, covered_from, starting_offsets, seen_until, first_hour, last_batch_id, updated_at "
+    "FROM {speed_epochs} WHERE query = ?"
+)
+INSERT_SPEED_HOUR = (
+    "INSERT INTO {speed_hours} (query, day, hour, epoch, first_written_at, ttl_s) VALUES (?, ?, ?, ?, ?, ?) USING TTL ?"
+)
+SELECT_EPOCH_HOUR = "SELECT first_written_at FROM {speed_hours} WHERE query = ? AND day = ? AND hour = ? AND epoch = ?"
+SELECT_SPEED_HOURS = (
+    "SELECT hour, epoch, first_written_at, ttl_s FROM {speed_hours} WHERE query = ? AND day = ? AND hour >= ? "
+    "AND hour < ?"
+)
+UPSERT_COUNTS = (
+    "UPDATE {speed_coverage} USING TTL ? SET counts = counts + ? "
+    "WHERE query = ? AND slice = ? AND day = ? AND hour = ? AND epoch = ?"
+)
+SELECT_COUNTS = (
+    "SELECT hour, epoch, counts FROM {speed_coverage} WHERE query = ? AND slice = ? AND day = ? AND hour >= ? "
+    "AND hour < ?"
+)
 SELECT_ALL_PROGRESS = (
     "SELECT query, newest_event_ts, watermark, last_batch_id, last_batch_rows, updated_at FROM {speed_progress}"
 )
@@ -96,7 +126,7 @@ SELECT_MONTH_FINGERPRINTS = "SELECT day, hour_runs FROM {batch_days} WHERE slice
 # Upserts of whole rows: writing one again writes the same row, so the driver may retry them.
 IDEMPOTENT = frozenset((
     INSERT_MINUTE, INSERT_HOUR, INSERT_DAY, INSERT_DAY_SLICE, INSERT_POINTER, INSERT_STALE,
-    UPSERT_SPEED, UPSERT_PROGRESS,
+    UPSERT_SPEED, UPSERT_PROGRESS, INSERT_EPOCH, ADVANCE_EPOCH, INSERT_SPEED_HOUR, UPSERT_COUNTS,
 ))  # fmt: skip
 
 

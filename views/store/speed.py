@@ -1,19 +1,24 @@
-"""The speed view's rows (whole-bucket upserts with a TTL) and its freshness row per streaming query.
+"""The speed view's rows (whole-bucket upserts with a TTL), its freshness row, and what it has processed.
 
 Each write is the full cumulative state of a bucket, never an increment: writing it again (a replayed
 micro-batch) writes the same row, which keeps an at-least-once sink exactly-once in effect.
+
+Coverage (``infra/cql/0005``) says which minutes the speed layer counted, so serving never takes a missing row
+for a zero: an *epoch* per checkpoint lifetime with the event time it covers, a row per epoch and hour written
+before the hour's first speed row (so its rows are kept at least until ``first_written_at + ttl_s``), and per
+slice the events counted in each minute, written with the row and its TTL.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from infra.cassandra import READ_PROFILE, WRITE_PROFILE
 from infra.settings import Settings
-from views.buckets import HOUR, day_key, utc
+from views.buckets import HOUR, day_key, days_between, utc
 from views.store import cql
 from views.store.rows import Request
 
@@ -31,6 +36,81 @@ class Progress:
     last_batch_id: int | None
     last_batch_rows: int | None
     updated_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """A checkpoint's lifetime of a streaming query: the minutes it counts completely, and how far it has read.
+
+    :arg covered_from: first minute counted completely (None: from the topic's beginning).
+    :arg seen_until: end of the minute of its newest event (None: nothing written yet).
+    :arg first_hour: the earliest hour it has written (or read through).
+    """
+
+    id: str
+    started_at: datetime
+    covered_from: datetime | None
+    seen_until: datetime | None
+    starting_offsets: str = ""
+    last_batch_id: int | None = None
+    updated_at: datetime | None = None
+    first_hour: datetime | None = None
+
+    @property
+    def counts_from(self) -> datetime | None:
+        """Return the first minute the epoch answers for (None: none yet).
+
+        From the topic's beginning it has read, but before the first hour it wrote it knows of no event: a replay
+        of history behind newer events is dropped as late there, so those minutes are not its to answer.
+        """
+        return self.covered_from if self.covered_from is not None else self.first_hour
+
+
+@dataclass(frozen=True)
+class KeptHour:
+    """An hour an epoch processed, and until when all its speed rows are surely kept (their TTL)."""
+
+    hour: datetime
+    epoch: str
+    kept_until: datetime | None  # None: the hour's first-write record has expired
+
+
+def decode_epochs(rows: Iterable[Any]) -> list[Epoch]:
+    """Turn ``speed_epochs`` rows into epochs, oldest first."""
+    out = [
+        Epoch(
+            r.epoch, utc(r.started_at) or datetime.min.replace(tzinfo=UTC), utc(r.covered_from), utc(r.seen_until),
+            r.starting_offsets or "", r.last_batch_id, utc(r.updated_at), utc(r.first_hour),
+        )
+        for r in rows
+    ]  # fmt: skip
+    return sorted(out, key=lambda e: e.started_at)
+
+
+def decode_hours(rows: Iterable[Any]) -> list[KeptHour]:
+    """Turn ``speed_hours`` rows into the hours each epoch processed, with how long their rows are kept."""
+    out = []
+    for r in rows:
+        first = utc(r.first_written_at)
+        if first is None or r.ttl_s is None:
+            kept = None
+        else:  # a TTL of 0 is none: rows kept until deleted
+            kept = first + timedelta(seconds=r.ttl_s) if r.ttl_s > 0 else datetime.max.replace(tzinfo=UTC)
+        hour = utc(r.hour)
+        assert hour is not None  # noqa: S101 - a clustering column is never null
+        out.append(KeptHour(hour, r.epoch, kept))
+    return out
+
+
+def decode_counts(rows: Iterable[Any]) -> dict[tuple[str, datetime], int]:
+    """Turn ``speed_coverage`` rows into ``(epoch, minute) -> events counted``."""
+    out: dict[tuple[str, datetime], int] = {}
+    for r in rows:
+        for minute, events in (r.counts or {}).items():
+            m = utc(minute)
+            assert m is not None  # noqa: S101 - a map key is never null
+            out[(r.epoch, m)] = int(events)
+    return out
 
 
 class SpeedRows:
@@ -119,3 +199,79 @@ class SpeedRows:
             execution_profile=READ_PROFILE,
         )
         return {utc(r.bucket_start): r for r in rows}  # type: ignore[misc]
+
+    # -- coverage: epochs, the hours each processed, the minutes counted ------------------------------------------
+    def epochs_request(self, query: str) -> Request:
+        """Return the read of a query's epochs (decode with :func:`decode_epochs`)."""
+        return self._stmt(cql.SELECT_EPOCHS), (query,)
+
+    def epochs(self, query: str) -> list[Epoch]:
+        """Return the query's epochs, oldest first."""
+        return decode_epochs(self.sess.execute(*self.epochs_request(query), execution_profile=READ_PROFILE))
+
+    def register_epoch(self, query: str, epoch: Epoch) -> None:
+        """Record a new epoch (once: the sink calls it only for an epoch it finds no row of)."""
+        self.sess.execute(
+            self._stmt(cql.INSERT_EPOCH),
+            (query, epoch.id, epoch.started_at, epoch.covered_from, epoch.starting_offsets, datetime.now(UTC)),
+            execution_profile=WRITE_PROFILE,
+        )
+
+    def advance_epoch(
+        self, query: str, epoch: str, seen_until: datetime | None, first_hour: datetime | None, batch_id: int
+    ) -> None:
+        """Record how far the epoch has read (and its earliest hour), after the batch's rows and counts."""
+        self.sess.execute(
+            self._stmt(cql.ADVANCE_EPOCH),
+            (seen_until, first_hour, batch_id, datetime.now(UTC), query, epoch),
+            execution_profile=WRITE_PROFILE,
+        )
+
+    def mark_hours(self, query: str, epoch: str, hours: Iterable[datetime], ttl_seconds: int) -> None:
+        """Record the hours an epoch is about to write, each once: when it was first written, and the rows' TTL.
+
+        Called before the rows are written, so every row of the hour is written at or after ``first_written_at``.
+        """
+        hours = sorted(set(hours))
+        found = [
+            self.sess.execute_async(self._stmt(cql.SELECT_EPOCH_HOUR), (query, day_key(h), h, epoch)) for h in hours
+        ]
+        now = datetime.now(UTC)
+        todo = [
+            (query, day_key(h), h, epoch, now, ttl_seconds, ttl_seconds)
+            for h, f in zip(hours, found, strict=True)
+            if (row := f.result().one()) is None or row.first_written_at is None
+        ]
+        self._write_many(cql.INSERT_SPEED_HOUR, todo)
+
+    def write_counts(
+        self, query: str, epoch: str, counts: Mapping[tuple[str, datetime], Mapping[datetime, int]], ttl: int
+    ) -> None:
+        """Record the events counted per minute, per (slice, hour): the rows' values, with the rows' TTL."""
+        params = [
+            (ttl, dict(minutes), query, slice_, day_key(hour), hour, epoch)
+            for (slice_, hour), minutes in counts.items()
+        ]
+        self._write_many(cql.UPSERT_COUNTS, params)
+
+    def _write_many(self, template: str, params: list[tuple[Any, ...]]) -> None:
+        if not params:
+            return
+        from cassandra.concurrent import execute_concurrent_with_args  # noqa: PLC0415
+
+        execute_concurrent_with_args(
+            self.sess,
+            self._stmt(template),
+            params,
+            concurrency=self.settings.cassandra.write_concurrency,
+            raise_on_first_error=True,
+            execution_profile=WRITE_PROFILE,
+        )
+
+    def hours_requests(self, query: str, start: datetime, end: datetime) -> list[Request]:
+        """Return the reads of the hours processed in ``[start, end)`` (one per UTC day; :func:`decode_hours`)."""
+        return [(self._stmt(cql.SELECT_SPEED_HOURS), (query, d, start, end)) for d in days_between(start, end)]
+
+    def counts_requests(self, query: str, slice_: str, start: datetime, end: datetime) -> list[Request]:
+        """Return the reads of a slice's counted minutes in ``[start, end)`` (one per day; :func:`decode_counts`)."""
+        return [(self._stmt(cql.SELECT_COUNTS), (query, slice_, d, start, end)) for d in days_between(start, end)]

@@ -1,0 +1,560 @@
+"""The operator console: for a range of hours, why each hour's answer is what it is, assembled for one JSON answer.
+
+One strip per hour says which batch run holds the hour (completed with its run id and events, empty, stale with
+the records indexed since, incomplete, missing), what the speed layer counted minute by minute (which epoch covers
+which minutes, minutes whose rows expired or are missing, minutes before an epoch started, minutes not yet seen),
+and the gaps of the merged answer with their reasons — the same plan and the same punching of lost speed rows that
+every query uses (:func:`serving.queries.load`), so the console and the answers cannot disagree. Around the strips:
+the batch watermark and the pin (what the pin moves to the speed view, and whether the speed view still holds
+those minutes), the event-time index's horizon and the partition holding it, the ``trends_backfill`` runs in
+Airflow with their progress, and the dead letters by reason.
+
+Airflow and Kafka are read with short time bounds and at most every :data:`SLOW_SOURCE_TTL_S` per process; either
+being down is shown in its section ("Airflow unreachable"), never as an error of the page. Cassandra down is the
+API's 503, as for every other answer.
+
+Two inputs are not built yet and answer :data:`UNKNOWN`: records lost before indexing (:func:`index_losses`,
+:func:`incomplete_hours`) and stored reconciliations (:func:`last_reconciliations`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, Literal
+
+from infra.settings import Settings
+from serving import params, queries
+from serving.merge import NOT_YET_SEEN, SPEED_ROWS_GONE, STARTED_AFTER, Span, SpeedCoverage
+from serving.store import ViewReader
+from views.aggregation import GLOBAL_SLICE
+from views.buckets import HOUR, MINUTE, floor
+from views.store.index_state import index_horizon, read_index_state
+from views.store.pointers import Pointer
+from views.store.speed import decode_counts, decode_hours
+
+logger = logging.getLogger(__name__)
+
+MAX_HOURS: Final = 48  # strips of one answer: a range is read minute by minute (speed) and hour by hour (batch)
+DEFAULT_HOURS: Final = 6  # without start/end: the hours up to the end of the current one
+PIN_MAX_HOURS: Final = 24 * 7  # the part of a pin's moved range whose speed coverage is checked minute by minute
+DLQ_SCAN_RECORDS: Final = 10_000  # newest dead letters counted by reason
+SLOW_SOURCE_TTL_S: Final = 15.0  # Airflow and Kafka are asked at most this often per process
+SLOW_SOURCE_WAIT_S: Final = 6.0  # an answer waits at most this long for them (they go on filling the cache)
+BACKFILL_DAG: Final = "trends_backfill"
+BACKFILL_RUNS: Final = 5  # newest runs shown
+BACKFILL_TASK: Final = "recompute"  # the mapped task: one instance per chunk
+UNKNOWN: Final = "unknown"  # an input the console cannot read yet
+
+RANGE_RULES = (
+    f"The range is `start` and `end` together (ISO-8601 with an offset; `start` is floored and `end` rounded up to "
+    f"whole hours), at most {MAX_HOURS} hours; neither means the {DEFAULT_HOURS} hours up to the end of the current "
+    "hour. Breaking a rule is a 400 naming the parameter."
+)
+
+SpeedState = Literal["covered", "expired", "started_after", "not_yet_seen"]
+STATE_OF_REASON: dict[str, SpeedState] = {
+    SPEED_ROWS_GONE: "expired",
+    STARTED_AFTER: "started_after",
+    NOT_YET_SEEN: "not_yet_seen",
+}
+REASON_OF_STATE: dict[SpeedState, str] = {v: k for k, v in STATE_OF_REASON.items()}
+
+
+# -- the range ------------------------------------------------------------------------------------------------------
+def hour_range(start: str | None, end: str | None, now: datetime) -> tuple[datetime, datetime]:
+    """Return the whole hours ``[start, end)`` a console request asks for.
+
+    :raises params.BadQueryError: only one bound, a bad time, an empty or reversed range, more than MAX_HOURS.
+    """
+    if (start is None) != (end is None):
+        raise params.BadQueryError("start" if start is None else "end", "give start and end together, or neither")
+    if start is None or end is None:
+        hi = floor(now, HOUR) + HOUR
+        return hi - DEFAULT_HOURS * HOUR, hi
+    lo = floor(params.parse_time("start", start), HOUR)
+    t1 = params.parse_time("end", end)
+    hi = floor(t1, HOUR) + (HOUR if floor(t1, HOUR) != t1 else timedelta())
+    hours, param = int((hi - lo) / HOUR), "end"
+    if hours <= 0:
+        msg = f"{end} is not after start {start}: the range holds no hour"
+        raise params.BadQueryError(param, msg)
+    if hours > MAX_HOURS:
+        msg = f"the range holds {hours} hours; the console shows at most {MAX_HOURS}: ask a shorter range"
+        raise params.BadQueryError(param, msg)
+    return lo, hi
+
+
+# -- inputs not built yet ---------------------------------------------------------------------------------------------
+def index_losses(reader: ViewReader) -> list[dict[str, Any]] | str:
+    """Return the records removed from the events topic before the index read them (not recorded yet: UNKNOWN).
+
+    To be wired to the index's loss records: each as ``{partition, first_offset, last_offset, records, noticed_at,
+    older_than}``.
+    """
+    del reader
+    return UNKNOWN
+
+
+def incomplete_hours(reader: ViewReader, start: datetime, end: datetime) -> dict[datetime, list[str]] | str:
+    """Return the hours of ``[start, end)`` that lost records may belong to (not recorded yet: UNKNOWN).
+
+    To be wired to the index's losses: hour -> a description of each loss that may touch it (an hour listed here is
+    *incomplete*, whatever its run says).
+    """
+    del reader, start, end
+    return UNKNOWN
+
+
+def last_reconciliations(reader: ViewReader, hours: Sequence[datetime]) -> dict[datetime, dict[str, Any]] | str:
+    """Return each hour's last reconciliation of the batch view against the speed view (not stored yet: UNKNOWN).
+
+    To be wired to the stored verdicts: hour -> ``{run_id, checked_at, beyond_bound, ok}`` (``beyond_bound``: the
+    largest difference beyond the sketches' bounds, 0 when the views agree within them).
+    """
+    del reader, hours
+    return UNKNOWN
+
+
+# -- speed coverage, minute by minute ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SpeedSegment:
+    """Consecutive minutes in the same speed state, owned by the same epoch."""
+
+    start: datetime
+    end: datetime
+    state: SpeedState
+    epoch: str | None
+    events: int  # events in the speed rows read (covered minutes), or counted there (expired ones)
+
+    def json(self) -> dict[str, Any]:
+        """Return the segment as the console's JSON shows it."""
+        return {
+            "start": self.start,
+            "end": self.end,
+            "state": self.state,
+            "epoch": self.epoch,
+            "events": self.events,
+            "minutes": int((self.end - self.start) / MINUTE),
+            "why": speed_why(self),
+        }
+
+
+def speed_why(s: SpeedSegment) -> str:
+    """Explain a segment in one sentence."""
+    span = f"{s.start:%H:%M}-{s.end:%H:%M}"
+    epoch = f"epoch {s.epoch[:8]}" if s.epoch else "no epoch"
+    if s.state == "covered":
+        return f"{span}: counted by {epoch}; its rows hold {s.events} events"
+    if s.state == "expired" and s.events:
+        return f"{span}: {SPEED_ROWS_GONE}: {epoch} counted {s.events} events here; the view no longer holds them all"
+    if s.state == "expired":
+        return (
+            f"{span}: {SPEED_ROWS_GONE}: {epoch} covers these minutes but has no record that the hour's rows are still "
+            "kept (their TTL passed, or it never wrote this hour)"
+        )
+    if s.state == "started_after":
+        return f"{span}: {STARTED_AFTER}: no epoch counts these minutes completely (lost checkpoint, start at latest)"
+    return f"{span}: {NOT_YET_SEEN}: no epoch has read this far"
+
+
+def read_speed_coverage(reader: ViewReader, start: datetime, end: datetime) -> SpeedCoverage:
+    """Read what the speed layer counted in ``[start, end)`` for the global slice, wherever the boundary is."""
+    rows = reader.speed_rows
+    query = reader.settings.speed.query_name
+    epochs = rows.epochs(query)
+    hour_reqs = rows.hours_requests(query, floor(start, HOUR), end)
+    count_reqs = rows.counts_requests(query, GLOBAL_SLICE, floor(start, HOUR), end)
+    futures = [reader.sess.execute_async(stmt, values) for stmt, values in (*hour_reqs, *count_reqs)]
+    results = [list(f.result()) for f in futures]
+    kept = {(k.hour, k.epoch): k.kept_until for day in results[: len(hour_reqs)] for k in decode_hours(day)}
+    counted = {key: n for day in results[len(hour_reqs) :] for key, n in decode_counts(day).items()}
+    return SpeedCoverage(tuple(epochs), kept, counted, datetime.now(UTC))
+
+
+@dataclass(frozen=True)
+class SpeedMinute:
+    """One minute as the speed layer has it."""
+
+    start: datetime
+    state: SpeedState
+    epoch: str | None
+    events: int
+
+
+def speed_minutes(reader: ViewReader, cov: SpeedCoverage, start: datetime, end: datetime) -> list[SpeedMinute]:
+    """Return the speed state of every minute of ``[start, end)`` (rows read: their counts only).
+
+    A minute the coverage serves is *covered* unless the epoch owning it counted events there and its row is gone
+    or holds fewer: then it is *expired*, as the answers punch it (:func:`serving.merge.punch`). ``events`` is what
+    the rows hold (covered) or what the epoch counted (expired).
+    """
+    fresh = cov.fresh_until
+    hi = end if fresh is None else min(end, fresh)
+    found: dict[datetime, int] = {}
+    if fresh is not None and start < hi:
+        for b in reader.stream([Span(start, hi, "speed", "minute")], GLOBAL_SLICE, ()):
+            found[b.start] = b.events
+    out = []
+    m = start
+    while m < end:
+        owner = cov.owner(m)
+        state: SpeedState = STATE_OF_REASON.get(cov.status(m), "covered")
+        expected, events = cov.expected(m), found.get(m, 0)
+        if state == "covered" and expected > 0 and events < expected:
+            state = "expired"
+        out.append(
+            SpeedMinute(m, state, owner.id if owner else None, {"covered": events, "expired": expected}.get(state, 0))
+        )
+        m += MINUTE
+    return out
+
+
+def segments_of(minutes: Iterable[SpeedMinute]) -> list[SpeedSegment]:
+    """Group consecutive minutes of the same state and epoch."""
+    out: list[SpeedSegment] = []
+    for m in minutes:
+        prev = out[-1] if out else None
+        if prev is not None and prev.state == m.state and prev.epoch == m.epoch and prev.end == m.start:
+            out[-1] = SpeedSegment(prev.start, m.start + MINUTE, m.state, m.epoch, prev.events + m.events)
+        else:
+            out.append(SpeedSegment(m.start, m.start + MINUTE, m.state, m.epoch, m.events))
+    return out
+
+
+def clip_spans(spans: Iterable[Span], start: datetime, end: datetime) -> list[Span]:
+    """Return the spans overlapping ``[start, end)``, cut to it."""
+    return [
+        Span(max(s.start, start), min(s.end, end), s.layer, s.resolution, s.reason)
+        for s in spans
+        if max(s.start, start) < min(s.end, end)
+    ]
+
+
+# -- the slow sources: Airflow and the dead-letter topic --------------------------------------------------------------
+class _Slow:
+    """Values read in the background at most every ``ttl`` seconds (per key); a request waits for one a bounded time."""
+
+    _pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="console")
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._lock = threading.Lock()
+        self._entries: dict[Any, tuple[float, Future[dict[str, Any]]]] = {}
+
+    def start(self, key: Any, read: Callable[[], dict[str, Any]]) -> Future[dict[str, Any]]:
+        """Return the read of ``key`` under way or done, starting a new one when the last is older than ``ttl``."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or (entry[1].done() and time.monotonic() - entry[0] > self.ttl):
+                entry = (time.monotonic(), self._pool.submit(read))
+                self._entries[key] = entry
+            return entry[1]
+
+
+def _wait(future: Future[dict[str, Any]], wait_s: float, what: str) -> dict[str, Any]:
+    try:
+        return future.result(timeout=wait_s)
+    except FutureTimeout:
+        return {"reachable": False, "error": f"{what} unreachable: no answer within {wait_s:g} s"}
+
+
+_SLOW = _Slow(SLOW_SOURCE_TTL_S)
+
+
+def backfill_progress(run: dict[str, Any], task_instances: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Summarize a ``trends_backfill`` run: its range and state, and its chunks (mapped recompute tasks) by state."""
+    chunks = [t for t in task_instances if t.get("task_id") == BACKFILL_TASK and (t.get("map_index") or 0) >= 0]
+    states: dict[str, int] = {}
+    for t in chunks:
+        states[t.get("state") or "queued"] = states.get(t.get("state") or "queued", 0) + 1
+    planning = next((t.get("state") for t in task_instances if t.get("task_id") == "chunks"), None)
+    conf = run.get("conf") or {}
+    done, failed = states.get("success", 0), states.get("failed", 0) + states.get("upstream_failed", 0)
+    total = len(chunks)
+    return {
+        "run_id": run.get("dag_run_id"),
+        "state": run.get("state"),
+        "start": conf.get("start"),
+        "end": conf.get("end"),
+        "only_missing": bool(conf.get("only_missing")),
+        "started_at": run.get("start_date"),
+        "ended_at": run.get("end_date"),
+        "chunks_total": total,
+        "chunks_done": done,
+        "chunks_failed": failed,
+        "chunks_by_state": states,
+        "progress": (
+            f"{done} of {total} chunks done" + (f", {failed} failed" if failed else "")
+            if total
+            else f"planning chunks ({planning or 'not started'})"
+        ),
+    }
+
+
+def read_backfills(settings: Settings) -> dict[str, Any]:
+    """Return the newest ``trends_backfill`` runs with their progress, or why Airflow could not be read."""
+    from infra.airflow.client import AirflowClient  # noqa: PLC0415 - reads the Airflow config only when asked
+
+    client = AirflowClient(settings)
+    try:
+        token = client.token()
+        runs = client.get(token, f"/api/v2/dags/{BACKFILL_DAG}/dagRuns?limit={BACKFILL_RUNS}&order_by=-run_after")
+        out = []
+        for run in runs.get("dag_runs", [])[:BACKFILL_RUNS]:
+            quoted = urllib.parse.quote(run["dag_run_id"], safe="")
+            tis = client.get(token, f"/api/v2/dags/{BACKFILL_DAG}/dagRuns/{quoted}/taskInstances?limit=1000")
+            out.append(backfill_progress(run, tis.get("task_instances", [])))
+    except Exception as exc:  # noqa: BLE001 - any failure to read Airflow is shown, never an error of the page
+        logger.info("Airflow at %s not read for the console: %s", client.url, exc)
+        return {"reachable": False, "url": client.url, "error": f"Airflow unreachable: {str(exc)[:300]}", "runs": []}
+    return {"reachable": True, "url": client.url, "dag": BACKFILL_DAG, "runs": out}
+
+
+def read_dead_letters(settings: Settings) -> dict[str, Any]:
+    """Return the newest dead letters counted by reason, or why Kafka could not be read."""
+    from infra.dlq import reason_counts  # noqa: PLC0415 - imports the Kafka client only when asked
+
+    topic = settings.kafka.dlq_topic
+    try:
+        got = reason_counts(settings, max_records=DLQ_SCAN_RECORDS, timeout_s=SLOW_SOURCE_WAIT_S - 1)
+    except Exception as exc:  # noqa: BLE001 - shown in the section, never an error of the page
+        logger.info("dead letters not read for the console: %s", exc)
+        return {"reachable": False, "topic": topic, "error": f"Kafka unreachable: {str(exc)[:300]}"}
+    return {
+        "reachable": True,
+        "topic": topic,
+        "total": got.total,
+        "scanned": got.scanned,
+        "complete": got.complete,
+        "by_reason": dict(got.by_reason.most_common()),
+        "oldest": got.oldest,
+        "newest": got.newest,
+    }
+
+
+# -- the answer -----------------------------------------------------------------------------------------------------
+def build(reader: ViewReader, start: datetime, end: datetime, now: datetime | None = None) -> dict[str, Any]:
+    """Assemble the console's answer for the whole hours ``[start, end)``.
+
+    :raises: the driver's errors when Cassandra cannot answer (the API makes them a 503).
+    """
+    settings = reader.settings
+    now = now or datetime.now(UTC)
+    airflow = _SLOW.start(
+        ("airflow", str(settings.data_dir), settings.airflow.api_port), lambda: read_backfills(settings)
+    )
+    dlq = _SLOW.start(
+        ("dlq", settings.kafka.bootstrap_servers, settings.kafka.dlq_topic), lambda: read_dead_letters(settings)
+    )
+    hours = [start + i * HOUR for i in range(int((end - start) / HOUR))]
+    cov = reader.coverage(start, end, GLOBAL_SLICE)
+    mark = reader.pointer_store.watermark()
+    pointers = reader.pointer_store.pointers_indexed(sorted({h.date() for h in hours}))
+    window = queries.load(reader, start, end, GLOBAL_SLICE, coarsest="hour", fields=(), keep_rows=False)
+    completed = [h for h in hours if h in pointers]
+    batch_events = {b.start: b.events for b in reader.stream([Span(h, h + HOUR, "batch", "hour") for h in completed],
+                                                              GLOBAL_SLICE, ())}  # fmt: skip
+    speed = read_speed_coverage(reader, start, end)
+    minutes = speed_minutes(reader, speed, start, end)  # contiguous from start: hour i is minutes[60 i : 60 (i+1)]
+    incomplete = incomplete_hours(reader, start, end)
+    checks = last_reconciliations(reader, hours)
+    spans = [Span(s["start"], s["end"], s["layer"], s["resolution"]) for s in window.provenance.spans]
+    gaps = [Span(g["start"], g["end"], "gap", "minute", g["reason"]) for g in window.provenance.gaps]
+    strips = [
+        _strip(
+            h, pointers.get(h), batch_events.get(h, 0), cov.stale.get(h), cov.boundary, incomplete, checks,
+            segments_of(minutes[i * 60 : (i + 1) * 60]), clip_spans(spans, h, h + HOUR), clip_spans(gaps, h, h + HOUR),
+            window.merged.counts.get(h, 0),
+        )
+        for i, h in enumerate(hours)
+    ]  # fmt: skip
+    parts = read_index_state(settings, reader.sess, settings.kafka.events_topic)
+    horizon = index_horizon(parts, now, timedelta(seconds=settings.batch.idle_partition_s))
+    newest = speed.fresh_until
+    return {
+        "start": start,
+        "end": end,
+        "now": now,
+        "max_hours": MAX_HOURS,
+        "refresh_s": settings.serving.dashboard_refresh_s,
+        "boundary": {
+            "boundary": cov.boundary,
+            "watermark": mark.mark,
+            "low": mark.low,
+            "pinned": mark.pinned,
+            "pin": _pin(reader, mark.pinned, mark.mark),
+            "why": _boundary_why(mark.low, mark.mark, mark.pinned),
+        },
+        "horizon": {
+            "topic": settings.kafka.events_topic,
+            "closed_at": horizon.closed_at,
+            "held_by": horizon.held_by,
+            "idle": list(horizon.idle),
+            "idle_after_s": settings.batch.idle_partition_s,
+            "partitions": [
+                {
+                    "partition": p.partition,
+                    "next_offset": p.next_offset,
+                    "max_ts": p.max_ts,
+                    "last_record_at": p.last_record_at,
+                }
+                for p in parts
+            ],
+            "why": _horizon_why(horizon.closed_at, horizon.held_by, horizon.idle, bool(parts)),
+        },
+        "speed": {
+            "query": settings.speed.query_name,
+            "fresh_until": newest,
+            "newest_event": cov.speed_newest_event,
+            "updated_at": cov.speed_updated_at,
+            "lag_s": None if newest is None else round((now - newest).total_seconds(), 1),
+            "epochs": [
+                {
+                    "id": e.id,
+                    "started_at": e.started_at,
+                    "covered_from": e.covered_from,
+                    "counts_from": e.counts_from,
+                    "seen_until": e.seen_until,
+                    "starting_offsets": e.starting_offsets,
+                    "last_batch_id": e.last_batch_id,
+                }
+                for e in speed.epochs
+            ],
+        },
+        "answer": {"events": window.merged.events, "gaps": len(window.provenance.gaps)},
+        "hours": strips,
+        "losses": index_losses(reader),
+        "airflow": _wait(airflow, SLOW_SOURCE_WAIT_S, "Airflow"),
+        "dead_letters": _wait(dlq, SLOW_SOURCE_WAIT_S, "Kafka"),
+    }
+
+
+def _strip(
+    hour: datetime,
+    pointer: Pointer | None,
+    events: int,
+    records_since: int | None,
+    boundary: datetime | None,
+    incomplete: dict[datetime, list[str]] | str,
+    checks: dict[datetime, dict[str, Any]] | str,
+    segments: list[SpeedSegment],
+    spans: list[Span],
+    gaps: list[Span],
+    answered: int,
+) -> dict[str, Any]:
+    """One hour: its batch state, its speed coverage, the answer's sources and gaps, each explained."""
+    below = boundary is not None and hour < boundary
+    lost = UNKNOWN if isinstance(incomplete, str) else incomplete.get(hour, [])
+    batch = _batch(hour, pointer, events, records_since, below, lost)
+    served = [{"start": s.start, "end": s.end, "layer": s.layer, "resolution": s.resolution} for s in spans]
+    gap_list = [
+        {"start": g.start, "end": g.end, "reason": g.reason, "minutes": int((g.end - g.start) / MINUTE)} for g in gaps
+    ]
+    why = [batch["why"]]
+    sources = ", ".join(f"{s.start:%H:%M}-{s.end:%H:%M} {s.layer} ({s.resolution} rows)" for s in spans)
+    why.append(f"answer: {answered} events" + (f" from {sources}" if sources else " (nothing served)"))
+    why += [f"gap {g['start']:%H:%M}-{g['end']:%H:%M}: {g['reason']}" for g in gap_list]
+    if below:
+        why.append("speed coverage below the boundary is shown for comparison: the batch view answers here")
+    return {
+        "hour": hour,
+        "below_boundary": below,
+        "batch": batch,
+        "speed": [s.json() for s in segments],
+        "served": served,
+        "gaps": gap_list,
+        "events": answered,
+        "reconciliation": checks if isinstance(checks, str) else checks.get(hour),
+        "why": why,
+    }
+
+
+def _batch(
+    hour: datetime, pointer: Pointer | None, events: int, since: int | None, below: bool, lost: list[str] | str
+) -> dict[str, Any]:
+    where = (
+        "below the boundary: the batch view answers" if below else "at or above the boundary: the speed view answers"
+    )
+    if pointer is None:
+        state = "incomplete" if lost and not isinstance(lost, str) else "missing"
+        why = f"no completed batch run; {where}" + (" (a gap: no completed batch run for this hour)" if below else "")
+        return {"state": state, "run_id": None, "events": None, "indexed": None, "records_since": None,
+                "incomplete": lost, "why": why}  # fmt: skip
+    run = str(pointer.run_id)
+    indexed = f" ({pointer.indexed} records indexed when it ran)" if pointer.indexed is not None else ""
+    if lost and not isinstance(lost, str):
+        state, what = "incomplete", f"run {run[:8]} holds {events} events but records that may belong here were lost: "
+        what += "; ".join(lost)
+    elif since:
+        state = "stale"
+        what = (
+            f"run {run[:8]} holds {events} events; {since} records were indexed since (late data): answers use the "
+            "run until the hour is recomputed (trends batch run --stale)"
+        )
+    elif events == 0:
+        state, what = "empty", f"run {run[:8]} completed with no events{indexed}"
+    else:
+        state, what = "completed", f"run {run[:8]} holds {events} events{indexed}"
+    return {"state": state, "run_id": run, "events": events, "indexed": pointer.indexed, "records_since": since,
+            "incomplete": lost, "why": f"{what}; {where}"}  # fmt: skip
+
+
+def _pin(reader: ViewReader, pinned: datetime | None, mark: datetime | None) -> dict[str, Any] | None:
+    """Say what the pin moves between the views, and whether the speed view still holds what it moves there."""
+    if pinned is None:
+        return None
+    if mark is None or pinned >= mark:
+        moved = "nothing" if mark is not None and pinned == mark else "hours above the watermark to the batch view"
+        return {"moves_to_speed": None, "why": f"pinned at {pinned:%Y-%m-%d %H:%M}: moves {moved}"}
+    hi = min(mark, pinned + PIN_MAX_HOURS * HOUR)
+    segments = segments_of(speed_minutes(reader, read_speed_coverage(reader, pinned, hi), pinned, hi))
+    minutes = int((mark - pinned) / MINUTE)
+    by_state: dict[SpeedState, int] = {}
+    for s in segments:
+        by_state[s.state] = by_state.get(s.state, 0) + int((s.end - s.start) / MINUTE)
+    covered = by_state.get("covered", 0)
+    holes = [s.json() for s in segments if s.state != "covered"]
+    checked = "" if hi == mark else f" (the first {PIN_MAX_HOURS} hours checked)"
+    why = (
+        f"pinned at {pinned:%Y-%m-%d %H:%M}, below the watermark {mark:%Y-%m-%d %H:%M}: {minutes} minutes move to "
+        f"the speed view; {covered} of them are covered there{checked}"
+    )
+    if holes:
+        why += "; the others are gaps: " + ", ".join(
+            f"{n} minutes {REASON_OF_STATE[st]}" for st, n in by_state.items() if st != "covered"
+        )
+    return {
+        "moves_to_speed": {"start": pinned, "end": mark, "minutes": minutes, "covered": covered,
+                           "by_state": by_state, "holes": holes[:50]},
+        "why": why,
+    }  # fmt: skip
+
+
+def _boundary_why(low: datetime | None, mark: datetime | None, pinned: datetime | None) -> str:
+    if mark is None:
+        return "no batch run has completed: the speed view answers everything it covers"
+    out = f"every hour of [{low:%Y-%m-%d %H:%M}, {mark:%Y-%m-%d %H:%M}) has a completed batch run"
+    if pinned is not None:
+        return out + f"; an operator pinned the boundary at {pinned:%Y-%m-%d %H:%M} (trends batch pin), which wins"
+    return out + "; the batch view answers below the watermark, the speed view from it on"
+
+
+def _horizon_why(closed: datetime | None, held_by: int | None, idle: Sequence[int], indexed: bool) -> str:
+    if not indexed:
+        return "the event-time index has not read this topic yet"
+    if closed is None:
+        return "the index holds no record time yet"
+    held = f"held back by partition {held_by}" if held_by is not None else "every partition idle"
+    idle_text = f"; idle partitions (ignored): {', '.join(map(str, idle))}" if idle else ""
+    return (
+        f"event time closed up to {closed:%Y-%m-%d %H:%M:%S} ({held}{idle_text}): an hour is recomputed once the "
+        "horizon passes its end plus the grace"
+    )

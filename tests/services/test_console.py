@@ -1,0 +1,262 @@
+"""The operator console in headless Chromium, over the real speed layer, batch layer and Cassandra, with faults.
+
+One private topic and keyspace: a historical hour recomputed by the real batch job (and an empty one after it), an
+hour before them that nothing computed, then the speed layer's faults injected as ``test_speed_coverage.py`` does —
+speed rows deleted from the view, then the checkpoint lost and the job restarted at ``latest`` while events arrive.
+``trends serve`` serves the page; the assertions read the page's DOM text (what an operator reads), and the
+screenshots go to ``artifacts/``. Airflow is pointed at a port where nothing listens: the page must say so, not fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from confluent_kafka import Producer
+
+from batch_layer import job
+from infra import migrations
+from infra.cassandra import session, table
+from infra.settings import Settings
+from ingestion.dlq import encode_reject
+from ingestion.validate import Reason, Reject
+from serving import queries
+from serving.merge import NO_BATCH_RUN, SPEED_ROWS_GONE, STARTED_AFTER
+from serving.store import ViewReader
+from tests.helpers import free_port
+from tests.services.test_serving_api import serve
+from views.buckets import HOUR, MINUTE, floor
+from views.event import Event
+from views.store.pointers import PointerStore
+
+pytestmark = pytest.mark.spark
+
+TRENDS = str(Path(sys.executable).parent / "trends")
+
+
+def iso(t: datetime) -> str:
+    return f"{t:%Y-%m-%dT%H:%M:%SZ}"
+
+
+def events(start: datetime, minutes: int, per_minute: int, prefix: str) -> list[Event]:
+    return [
+        Event(id=f"{prefix}{m}-{i}", ts=start + m * MINUTE + timedelta(seconds=i % 60), item=f"#{prefix}{i % 7}",
+              user=f"u{i % 40}")
+        for m in range(minutes)
+        for i in range(per_minute)
+    ]  # fmt: skip
+
+
+def produce(settings: Settings, evs: list[Event]) -> None:
+    producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True, "acks": "all"})
+    for e in evs:
+        producer.produce(settings.kafka.events_topic, key=e.item, value=e.to_json(), timestamp=e.ts_ms)
+    assert producer.flush(60) == 0
+
+
+def speed(env: dict[str, str], *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [TRENDS, "speed", "run", *args], env={**env, **extra}, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def covers(note: str, m: datetime) -> bool:
+    """Tell whether a speed note ("HH:MM-HH:MM: why") covers minute ``m`` (of the note's hour)."""
+    a, b = (int(t[:2]) * 60 + int(t[3:5]) for t in (note[:5], note[6:11]))
+    return a <= m.hour * 60 + m.minute < (b if b > a else b + 24 * 60)
+
+
+def chromium() -> Any:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    browser, driver_bin = shutil.which("chromium"), shutil.which("chromedriver")
+    assert browser and driver_bin, "Debian's chromium and chromium-driver are needed (`make test` installs them)"
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,2600"):
+        options.add_argument(arg)
+    return webdriver.Chrome(options=options, service=Service(driver_bin))
+
+
+def test_the_console_explains_each_hour_with_the_faults_visible(
+    stack_up: Settings,
+    new_topic: Callable[..., str],
+    keyspace_settings: Settings,
+    spark: Any,
+    tmp_path: Path,
+    artifacts_dir: Path,
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    began = time.monotonic()
+    migrations.migrate(keyspace_settings)
+    topic, dlq = new_topic(partitions=2), new_topic(partitions=1)
+    s = keyspace_settings
+    settings = s.model_copy(
+        update={
+            "kafka": s.kafka.model_copy(update={"events_topic": topic, "dlq_topic": dlq}),
+            "speed": s.speed.model_copy(update={"query_name": f"console_{uuid.uuid4().hex[:8]}"}),
+            "batch": s.batch.model_copy(update={"lateness_s": 300, "grace_s": 300}),
+            "airflow": s.airflow.model_copy(update={"api_port": free_port()}),  # nothing listens there
+        }
+    )
+    checkpoints = tmp_path / "checkpoints"
+    env = {
+        **os.environ,
+        "TRENDS_KAFKA__EVENTS_TOPIC": topic,
+        "TRENDS_CASSANDRA__KEYSPACE": settings.cassandra.keyspace,
+        "TRENDS_SPEED__QUERY_NAME": settings.speed.query_name,
+        "TRENDS_SPEED__METRICS_PORT": "0",
+        "TRENDS_SPEED__TRIGGER_SECONDS": "1",
+        "TRENDS_SPEED__ALLOWED_LATENESS_S": "3600",
+        "TRENDS_SPARK__CHECKPOINT_ROOT": str(checkpoints),
+    }
+    now = datetime.now(UTC)
+    h0 = floor(now, HOUR)
+    batch_hour = h0 - 4 * HOUR  # recomputed by the batch job; the hour after it is recomputed empty
+    produce(settings, events(batch_hour + 10 * MINUTE, 3, 40, "h"))  # 120 events
+    a0 = floor(now, MINUTE) - 30 * MINUTE
+    produce(settings, events(a0, 8, 50, "a"))  # counted by the speed layer's first epoch
+    speed(env, "--available-now")
+    job.run(settings, batch_hour, batch_hour + 2 * HOUR, spark=spark)
+
+    # Fault 1: three minutes of speed rows gone from the view (what an expired TTL or a lost write leaves)
+    lost = [a0 + (2 + i) * MINUTE for i in range(3)]
+    with session(settings) as sess:
+        for m in lost:
+            sess.execute(
+                f"DELETE FROM {table(settings, 'speed_view')} WHERE slice = '*' AND day = %s AND bucket_start = %s",
+                (m.date(), m),
+            )
+    # Fault 2: the checkpoint is lost; events arrive while no job runs; the job restarts at latest
+    shutil.rmtree(checkpoints)
+    b0 = floor(now, MINUTE) - 12 * MINUTE
+    produce(settings, events(b0, 4, 50, "b"))  # never read by anyone: a gap, not a zero
+    proc = subprocess.Popen(
+        [TRENDS, "speed", "run"],
+        env={**env, "TRENDS_SPEED__STARTING_OFFSETS": "latest"},
+        stdout=(tmp_path / "speed.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while (initial := next(checkpoints.glob("*/sources/0/0"), None)) is None and time.monotonic() < deadline:
+            time.sleep(1)
+        assert initial is not None, (tmp_path / "speed.log").read_text()[-3000:]
+        c0 = floor(datetime.fromtimestamp(initial.stat().st_mtime, UTC), MINUTE) + MINUTE
+        produce(settings, events(c0, 2, 50, "c"))
+        with session(settings) as sess:
+            reader = ViewReader(settings, sess)
+            while queries.load(reader, c0, c0 + 2 * MINUTE, "*").merged.events < 100:
+                assert time.monotonic() < deadline, (tmp_path / "speed.log").read_text()[-3000:]
+                time.sleep(2)
+    finally:
+        proc.terminate()
+        proc.wait(120)
+    # Dead letters: two bad times and one malformed line, with the headers ingestion writes
+    producer = Producer(settings.kafka.client_config())
+    for reason in (Reason.BAD_TIME, Reason.BAD_TIME, Reason.MALFORMED_JSON):
+        value, headers, ts = encode_reject(Reject(b"{oops", reason, "test", "console.jsonl", 1, now))
+        producer.produce(dlq, value, headers=headers, timestamp=ts)
+    assert producer.flush(30) == 0
+    setup_s = time.monotonic() - began
+
+    start, end = batch_hour - HOUR, h0 + HOUR
+    with serve(settings, tmp_path / "serve.log") as url:
+        answer = httpx.get(f"{url}/api/v1/console", params={"start": iso(start), "end": iso(end)}, timeout=60).json()
+        assert (
+            httpx.get(f"{url}/api/v1/console", params={"start": iso(start), "end": iso(start + 49 * HOUR)})
+            .json()["detail"]
+            .startswith("end: the range holds 49 hours")
+        )
+        driver = chromium()
+        try:
+            driver.get(f"{url}/console?start={iso(start)}&end={iso(end)}")
+            WebDriverWait(driver, 60).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-loaded"))
+            assert not driver.find_element(By.ID, "error").is_displayed()
+            strips = {
+                datetime.fromisoformat(e.get_attribute("data-hour")): e
+                for e in driver.find_elements(By.CSS_SELECTOR, "#hours .strip")
+            }
+            assert sorted(strips) == [start + i * HOUR for i in range(6)]
+
+            def text(hour: datetime) -> str:
+                return str(strips[hour].text)
+
+            def speed_notes(m: datetime, state: str) -> list[str]:
+                notes = strips[floor(m, HOUR)].find_elements(By.CSS_SELECTOR, f"li[data-state={state}]")
+                return [str(n.text) for n in notes]
+
+            # batch: the hour nothing computed is missing and a gap below the boundary; the recomputed ones say so
+            assert strips[start].get_attribute("data-batch") == "missing"
+            assert f"gap {start:%H:%M}-{start + HOUR:%H:%M}: {NO_BATCH_RUN}" in text(start)
+            run_id = answer["hours"][1]["batch"]["run_id"]
+            assert strips[batch_hour].get_attribute("data-batch") == "completed"
+            assert f"run {run_id[:8]} · 120 events" in text(batch_hour) and "120 events answered" in text(batch_hour)
+            assert strips[batch_hour + HOUR].get_attribute("data-batch") == "empty"
+            assert "completed with no events" in text(batch_hour + HOUR)
+            assert driver.find_element(By.ID, "boundary").text == f"watermark {batch_hour + 2 * HOUR:%Y-%m-%d %H:%M}"
+            # speed fault 1: the deleted minutes are expired on their strip and gaps of the answer
+            for m in lost:
+                notes = speed_notes(m, "expired")
+                assert any(covers(n, m) and SPEED_ROWS_GONE in n for n in notes), (m, notes)
+                assert SPEED_ROWS_GONE in text(floor(m, HOUR))
+            # speed fault 2: the minutes nobody read after the checkpoint was lost
+            for m in (b0, b0 + 3 * MINUTE):
+                notes = speed_notes(m, "started_after")
+                assert any(covers(n, m) and STARTED_AFTER in n for n in notes), (m, notes)
+                assert f"{STARTED_AFTER}" in text(floor(m, HOUR))
+            assert any(n.startswith(f"{c0:%H:%M}-") for n in speed_notes(c0, "covered")), speed_notes(c0, "covered")
+            # the answer per hour is the truth of what was served: the lost and unread events are not in it
+            served = sum(h["events"] for h in answer["hours"])
+            assert served == answer["answer"]["events"] == 120 + 400 - 150 + 100, answer["answer"]
+            # around the strips
+            assert driver.find_element(By.ID, "airflow").text.startswith("Airflow unreachable")
+            reasons = {r.get_attribute("data-reason"): r.text for r in driver.find_elements(By.CSS_SELECTOR, "#dlq tr")}
+            assert reasons == {"bad_time": "bad_time 2", "malformed_json": "malformed_json 1"}, reasons
+            horizon = answer["horizon"]
+            assert len(driver.find_elements(By.CSS_SELECTOR, "#partitions tr")) == 1 + 2
+            assert driver.find_element(By.ID, "horizon").text.startswith(horizon["closed_at"].replace("T", " ")[:16])
+            assert "unknown" in driver.find_element(By.ID, "losses").text
+            assert "reconciliation: unknown" in text(batch_hour)
+            assert len(driver.find_elements(By.CSS_SELECTOR, "#epochs tr")) == 1 + 2
+            shot = artifacts_dir / "console.png"
+            assert driver.save_screenshot(str(shot)) and shot.stat().st_size > 20_000
+
+            # A pin below the watermark: the page says what it moves to the speed view and what is covered there
+            with session(settings) as sess:
+                PointerStore(settings, sess).pin(batch_hour + HOUR)
+            driver.refresh()
+            WebDriverWait(driver, 60).until(
+                lambda d: (
+                    d.find_elements(By.CSS_SELECTOR, f'#hours .strip[data-hour="{iso(batch_hour)}"]')
+                    and "pinned" in d.find_element(By.ID, "boundary").text
+                )
+            )
+            pin = str(driver.find_element(By.ID, "pin").text)
+            moved = httpx.get(f"{url}/api/v1/console", params={"start": iso(start), "end": iso(end)}).json()
+            covered = moved["boundary"]["pin"]["moves_to_speed"]["covered"]
+            assert f"60 minutes move to the speed view; {covered} of them are covered there" in pin, pin
+            assert (covered == 60) == ("gaps" not in pin)
+            empty = driver.find_element(By.CSS_SELECTOR, f'#hours .strip[data-hour="{iso(batch_hour + HOUR)}"]')
+            assert "below" not in str(empty.get_attribute("class"))  # the speed view answers it now
+            driver.save_screenshot(str(artifacts_dir / "console-pinned.png"))
+        finally:
+            driver.quit()
+    (artifacts_dir / "console.json").write_text(json.dumps(answer, indent=1, default=str))
+    print(f"console test: setup {setup_s:.0f} s, total {time.monotonic() - began:.0f} s")
