@@ -338,10 +338,6 @@ class BatchCollector:
         """Describe nothing up front: reading the state at registration would hit Cassandra."""
         return iter(())
 
-    def describe(self) -> list[Metric]:
-        """Describe nothing up front, so registering the collector does not read Cassandra and Airflow once."""
-        return []
-
     def collect(self) -> Iterator[Metric]:
         """Read the state now and yield it, with the success gauges."""
         from prometheus_client.core import GaugeMetricFamily  # noqa: PLC0415
