@@ -52,13 +52,15 @@ METRICS = {
     "trends_batch_index_horizon_lag_seconds": "Wall clock minus the index horizon; `partition` holds it back.",
     "trends_batch_index_partition_newest_timestamp_seconds": "Newest record time the index saw, per partition.",
     "trends_batch_index_idle_partitions": "Partitions without new records for batch.idle_partition_s (ignored).",
-    "trends_batch_index_skipped_records_total": "Records the indexer skipped (no timestamp, or removed unindexed).",
+    "trends_batch_index_skipped_records_total": "Records the indexer skipped: they carry no usable timestamp.",
+    "trends_batch_index_lost_records_total": "Records removed from Kafka (retention, DeleteRecords) before the "
+    "indexer read them (each loss recorded with its offsets and time bound: trends batch status).",
     "trends_batch_stale_hours": "Completed hours whose indexed records grew after their current run read them.",
     "trends_batch_missing_hours": "Hours below the watermark without a current run (within metrics.batch_scan_days).",
     "trends_batch_pending_hours": "Closed hours above the watermark without a current run (within the scan).",
     "trends_batch_incomplete_hours": "Hours that may hold records removed before they were indexed.",
-    "trends_batch_reconciliation_max_excess_ratio": "The last reconciliation's largest difference beyond its bound, "
-    "as a fraction of the batch figure (0: every compared figure within bounds).",
+    "trends_batch_reconciliation_beyond_bound_events": "The last reconciliation's largest difference beyond the "
+    "sketches' bounds, in events (0: the batch and speed views agree within them).",
     "trends_batch_reconciliation_timestamp_seconds": "When the last reconciliation ran.",
     "trends_airflow_up": "1 if the last scrape read Airflow's REST API within the timeout, else 0.",
     "trends_airflow_dag_last_success_timestamp_seconds": "End of the DAG's newest successful run.",
@@ -85,8 +87,9 @@ class BatchState:
     skipped: dict[int, int] = field(default_factory=dict)
     # Read by the loss and reconciliation work (new views/store reads); None until wired: never a made-up 0.
     incomplete_hours: int | None = None
-    reconciliation_max_excess_ratio: float | None = None
+    reconciliation_beyond_bound: int | None = None
     reconciliation_at: datetime | None = None
+    lost: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -152,11 +155,19 @@ def batch_families(state: BatchState) -> Iterator[Metric]:
     for partition, count in sorted(state.skipped.items()):
         skipped.add_metric([str(partition)], count)
     yield skipped
+    lost = CounterMetricFamily(
+        "trends_batch_index_lost_records",
+        METRICS["trends_batch_index_lost_records_total"],
+        labels=["partition"],
+    )
+    for partition, count in sorted(state.lost.items()):
+        lost.add_metric([str(partition)], count)
+    yield lost
     yield from gauge("trends_batch_stale_hours", state.stale_hours)
     yield from gauge("trends_batch_missing_hours", state.missing_hours)
     yield from gauge("trends_batch_pending_hours", state.pending_hours)
     yield from gauge("trends_batch_incomplete_hours", state.incomplete_hours)
-    yield from gauge("trends_batch_reconciliation_max_excess_ratio", state.reconciliation_max_excess_ratio)
+    yield from gauge("trends_batch_reconciliation_beyond_bound_events", state.reconciliation_beyond_bound)
     yield from gauge("trends_batch_reconciliation_timestamp_seconds", _ts(state.reconciliation_at))
 
 
@@ -183,17 +194,22 @@ class BatchReader:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._cluster: Any = None
-        self._stores: tuple[Any, Any] | None = None
+        self._stores: tuple[Any, Any, Any, Any] | None = None
 
-    def _open(self) -> tuple[Any, Any]:
+    def _open(self) -> tuple[Any, Any, Any, Any]:
         if self._stores is None:
             from batch_layer.index import IndexStore  # noqa: PLC0415
             from infra.cassandra import make_cluster  # noqa: PLC0415
+            from views.store.checks import Checks  # noqa: PLC0415
+            from views.store.losses import LossStore  # noqa: PLC0415
             from views.store.pointers import PointerStore  # noqa: PLC0415
 
             self._cluster = make_cluster(self.settings, connect_timeout=self.settings.metrics.batch_read_timeout_s)
             sess = self._cluster.connect()
-            self._stores = (PointerStore(self.settings, sess), IndexStore(self.settings, sess))
+            self._stores = (
+                PointerStore(self.settings, sess), IndexStore(self.settings, sess), LossStore(self.settings, sess),
+                Checks(self.settings, sess),
+            )  # fmt: skip
         return self._stores
 
     def close(self) -> None:
@@ -211,7 +227,7 @@ class BatchReader:
         from views.buckets import DAY, HOUR, closed_until, days_between, floor  # noqa: PLC0415
 
         try:
-            pointers, index = self._open()
+            pointers, index, losses, checks = self._open()
             cfg = self.settings
             topic = cfg.kafka.events_topic
             now = datetime.now(UTC)
@@ -227,6 +243,12 @@ class BatchReader:
                 completed = set(pointers.pointers_indexed(days_between(start, end)))
                 missing = hours_without_run(start, wm.mark, completed)
                 pending = hours_without_run(max(start, wm.mark), end, completed)
+            # incomplete hours have no lower bound (a loss may touch any hour before its bound): count those of the
+            # scanned range, up to the closed hours
+            scan_end = max(t for t in (closed, wm.mark, floor(now, HOUR)) if t is not None)
+            scan_start = floor(scan_end - cfg.metrics.batch_scan_days * DAY, HOUR)
+            incomplete = len(losses.incomplete(topic, scan_start, scan_end))
+            last = checks.last()
             return BatchState(
                 now=now,
                 watermark=wm,
@@ -235,7 +257,11 @@ class BatchReader:
                 stale_hours=stale,
                 missing_hours=missing,
                 pending_hours=pending,
-                skipped={p: s.skipped for p, s in states.items()},
+                skipped={p: s.untimed for p, s in states.items()},
+                incomplete_hours=incomplete,
+                reconciliation_beyond_bound=None if last is None else last.beyond_bound,
+                reconciliation_at=None if last is None else last.checked_at,
+                lost={p: s.lost for p, s in states.items()},
             )
         except Exception:
             self.close()

@@ -202,7 +202,8 @@ def test_the_exporter_reads_missing_pending_and_stale_hours_and_the_horizon(moni
     assert state.stale_hours == 0
     assert state.horizon.held_by in {0, 1} and state.horizon.idle == ()
     assert state.skipped == {0: 0, 1: 0}
-    assert state.incomplete_hours is None and state.reconciliation_max_excess_ratio is None  # not read yet
+    assert state.incomplete_hours == 0 and state.lost == {0: 0, 1: 0}  # nothing lost
+    assert state.reconciliation_beyond_bound is None and state.reconciliation_at is None  # never reconciled
 
 
 PROBE_DAG_ID = "probe_exporter"

@@ -59,9 +59,20 @@ def test_a_state_is_exported_in_base_units() -> None:
     assert got[("trends_batch_index_skipped_records_total", (("partition", "2"),))] == 7
     assert got[("trends_batch_stale_hours", ())] == 2 and got[("trends_batch_pending_hours", ())] == 5
     assert ("trends_batch_pinned_timestamp_seconds", ()) not in got  # not pinned: no sample
-    assert ("trends_batch_incomplete_hours", ()) not in got  # not read yet: no sample, never a made-up 0
+    assert ("trends_batch_incomplete_hours", ()) not in got  # not read: no sample, never a made-up 0
+    assert ("trends_batch_reconciliation_beyond_bound_events", ()) not in got  # no reconciliation yet
     assert ("trends_airflow_up", ()) not in got  # Airflow not asked
     assert {name.removesuffix("_total") for name, _ in got} <= {n.removesuffix("_total") for n in METRICS}
+
+
+def test_losses_and_the_last_reconciliation_are_exported() -> None:
+    checked = NOW - timedelta(minutes=3)
+    state = _state(incomplete_hours=4, reconciliation_beyond_bound=40, reconciliation_at=checked, lost={1: 20, 2: 0})
+    got = _scrape(BatchCollector(_settings(airflow_enabled=False), batch=lambda: state))
+    assert got[("trends_batch_incomplete_hours", ())] == 4
+    assert got[("trends_batch_reconciliation_beyond_bound_events", ())] == 40
+    assert got[("trends_batch_reconciliation_timestamp_seconds", ())] == checked.timestamp()
+    assert got[("trends_batch_index_lost_records_total", (("partition", "1"),))] == 20
 
 
 def test_no_watermark_yet_means_no_lag_sample_and_a_watermark_ahead_is_no_lag() -> None:
