@@ -243,10 +243,10 @@ class BatchReader:
                 completed = set(pointers.pointers_indexed(days_between(start, end)))
                 missing = hours_without_run(start, wm.mark, completed)
                 pending = hours_without_run(max(start, wm.mark), end, completed)
-            # incomplete hours have no lower bound (a loss may touch any hour before its bound): count those of the
-            # scanned range, up to the closed hours
-            scan_end = max(t for t in (closed, wm.mark, floor(now, HOUR)) if t is not None)
-            scan_start = floor(scan_end - cfg.metrics.batch_scan_days * DAY, HOUR)
+            # incomplete hours have no lower bound (a loss may touch any hour before its bound): count those from
+            # the batch view's first hour (or the scanned days) to now
+            scan_end = floor(now, HOUR) + HOUR
+            scan_start = wm.low or floor(scan_end - cfg.metrics.batch_scan_days * DAY, HOUR)
             incomplete = len(losses.incomplete(topic, scan_start, scan_end))
             last = checks.last()
             return BatchState(

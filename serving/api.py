@@ -428,6 +428,7 @@ def status(ctx: Context) -> dict[str, Any]:
         cov = reader.coverage(floor(now, MINUTE), floor(now, MINUTE) + MINUTE, "*")
         stale = reader.stale_hours()
         pin = queries.pin_effect(reader) if cov.pinned else None
+        losses, incomplete = queries.losses(reader, now)
     except _driver_errors() as exc:
         raise CassandraUnavailableError(_reason(exc)) from exc
     newest = cov.speed_newest_event
@@ -456,6 +457,9 @@ def status(ctx: Context) -> dict[str, Any]:
         "refresh_s": ctx.settings.serving.dashboard_refresh_s,
         # hours whose records grew after their batch run (late data): served as they were until recomputed
         "stale_hours": [{"hour": h, "records_since": n} for h, n in stale.items()],
+        # records removed from Kafka before the index read them, and the hours they may belong to (not accepted)
+        "losses": losses,
+        "incomplete_hours": incomplete,
     }
 
 

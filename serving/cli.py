@@ -91,6 +91,11 @@ def _provenance_lines(p: Any) -> list[str]:  # the caller escapes
         lines.append(f"  {s['layer']:5} {s['resolution']:6} {s['start']:%Y-%m-%d %H:%M} .. {s['end']:%Y-%m-%d %H:%M}")
     for g in p.gaps:
         lines.append(f"  GAP   {g['start']:%Y-%m-%d %H:%M} .. {g['end']:%Y-%m-%d %H:%M}  ({g.get('reason', '')})")
+    for i in getattr(p, "incomplete", []):
+        lines.append(
+            f"  INCOMPLETE {i['start']:%Y-%m-%d %H:%M} .. {i['end']:%Y-%m-%d %H:%M}: records lost before indexing "
+            f"may belong here: {'; '.join(i['losses'])}"
+        )
     return lines
 
 

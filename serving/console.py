@@ -13,8 +13,9 @@ Airflow and Kafka are read with short time bounds and at most every :data:`SLOW_
 being down is shown in its section ("Airflow unreachable"), never as an error of the page. Cassandra down is the
 API's 503, as for every other answer.
 
-Two inputs are not built yet and answer :data:`UNKNOWN`: records lost before indexing (:func:`index_losses`,
-:func:`incomplete_hours`) and stored reconciliations (:func:`last_reconciliations`).
+Records lost before indexing (:func:`index_losses`, :func:`incomplete_hours`) and the stored reconciliations
+(:func:`last_reconciliations`) come from the batch layer's records in Cassandra (``views.store.losses``,
+``views.store.checks``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from serving.merge import NOT_YET_SEEN, SPEED_ROWS_GONE, STARTED_AFTER, Span, Sp
 from serving.store import ViewReader
 from views.aggregation import GLOBAL_SLICE
 from views.buckets import HOUR, MINUTE, floor
+from views.store.checks import Checks
 from views.store.index_state import index_horizon, read_index_state
 from views.store.pointers import Pointer
 from views.store.speed import decode_counts, decode_hours
@@ -94,33 +96,33 @@ def hour_range(start: str | None, end: str | None, now: datetime) -> tuple[datet
 
 # -- inputs not built yet ---------------------------------------------------------------------------------------------
 def index_losses(reader: ViewReader) -> list[dict[str, Any]] | str:
-    """Return the records removed from the events topic before the index read them (not recorded yet: UNKNOWN).
-
-    To be wired to the index's loss records: each as ``{partition, first_offset, last_offset, records, noticed_at,
-    older_than}``.
-    """
-    del reader
-    return UNKNOWN
+    """Return the records removed from the events topic before the index read them, each with its bound."""
+    return [loss.to_json() for loss in reader.loss_store.losses(reader.settings.kafka.events_topic)]
 
 
 def incomplete_hours(reader: ViewReader, start: datetime, end: datetime) -> dict[datetime, list[str]] | str:
-    """Return the hours of ``[start, end)`` that lost records may belong to (not recorded yet: UNKNOWN).
-
-    To be wired to the index's losses: hour -> a description of each loss that may touch it (an hour listed here is
-    *incomplete*, whatever its run says).
-    """
-    del reader, start, end
-    return UNKNOWN
+    """Return the hours of ``[start, end)`` that lost records may belong to, each with the losses (not accepted)."""
+    found = reader.loss_store.incomplete(reader.settings.kafka.events_topic, start, end)
+    return {hour: [loss.describe() for loss in losses] for hour, losses in found.items()}
 
 
 def last_reconciliations(reader: ViewReader, hours: Sequence[datetime]) -> dict[datetime, dict[str, Any]] | str:
-    """Return each hour's last reconciliation of the batch view against the speed view (not stored yet: UNKNOWN).
+    """Return each hour's last reconciliation of the batch view against the speed view (hours never checked: none).
 
-    To be wired to the stored verdicts: hour -> ``{run_id, checked_at, beyond_bound, ok}`` (``beyond_bound``: the
-    largest difference beyond the sketches' bounds, 0 when the views agree within them).
+    ``beyond_bound``: the largest difference beyond the sketches' bounds, in events (0: the views agree within them).
     """
-    del reader, hours
-    return UNKNOWN
+    checks = Checks(reader.settings, reader.sess)
+    out: dict[datetime, dict[str, Any]] = {}
+    for hour in hours:
+        check = checks.of_hour(hour)
+        if check is not None:
+            out[hour] = {
+                "run_id": str(check.run_id),
+                "checked_at": check.checked_at,
+                "beyond_bound": check.beyond_bound,
+                "ok": check.ok,
+            }
+    return out
 
 
 # -- speed coverage, minute by minute ---------------------------------------------------------------------------

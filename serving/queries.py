@@ -55,6 +55,8 @@ class Provenance:
     speed_newest_event: datetime | None
     speed_updated_at: datetime | None
     stale: list[dict[str, Any]] = field(default_factory=list)  # batch hours with records indexed since their run
+    # hours that records removed from Kafka before they were indexed may belong to: incomplete, whoever served them
+    incomplete: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def of(cls, spans: list[Span], cov: Coverage) -> Provenance:
@@ -78,7 +80,22 @@ class Provenance:
                 for h, n in sorted(cov.stale.items())
                 if any(s.layer == "batch" and s.start < h + HOUR and h < s.end for s in spans)
             ],
+            incomplete=_incomplete_ranges(cov, spans),
         )
+
+
+def _incomplete_ranges(cov: Coverage, spans: list[Span]) -> list[dict[str, Any]]:
+    """Return the incomplete hours the answered spans touch, as ranges of hours with the same losses."""
+    out: list[dict[str, Any]] = []
+    for hour, losses in sorted(cov.incomplete.items()):
+        if not any(s.layer != "gap" and s.start < hour + HOUR and hour < s.end for s in spans):
+            continue
+        described = [loss.describe() for loss in losses]
+        if out and out[-1]["end"] == hour and out[-1]["losses"] == described:
+            out[-1]["end"] = hour + HOUR
+        else:
+            out.append({"start": hour, "end": hour + HOUR, "losses": described})
+    return out
 
 
 class Merged:
@@ -219,6 +236,24 @@ def gap_minutes(reader: ViewReader, now: datetime, hours: int = 24) -> dict[str,
     for g in window.provenance.gaps:
         out[g["reason"]] = out.get(g["reason"], 0) + int((g["end"] - g["start"]) / MINUTE)
     return out
+
+
+def losses(reader: ViewReader, now: datetime) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Return the recorded losses and the incomplete hours (ranges) from the batch view's first hour up to now."""
+    topic = reader.settings.kafka.events_topic
+    found = reader.loss_store.losses(topic)
+    if not found:
+        return [], []
+    low = reader.pointer_store.watermark().low or floor(now, HOUR) - 7 * DAY
+    start = min(low, min(loss.hours_end for loss in found) - HOUR)
+    ranges: list[dict[str, Any]] = []
+    for hour, touching in reader.loss_store.incomplete(topic, start, floor(now, HOUR) + HOUR, found).items():
+        keys = [f"{x.partition}:{x.first_offset}..{x.last_offset}" for x in touching]
+        if ranges and ranges[-1]["end"] == hour and ranges[-1]["losses"] == keys:
+            ranges[-1]["end"] = hour + HOUR
+        else:
+            ranges.append({"start": hour, "end": hour + HOUR, "losses": keys})
+    return [loss.to_json() for loss in found], ranges
 
 
 def pin_effect(reader: ViewReader) -> dict[str, Any] | None:

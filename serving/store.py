@@ -27,6 +27,7 @@ from serving.merge import Layer, Resolution, Span, SpeedCoverage
 from views.buckets import DAY, HOUR, MINUTE, as_date, days_between, floor, month_key, utc
 from views.store import cql
 from views.store.batch import BatchRows
+from views.store.losses import Loss, LossStore, decode_loss
 from views.store.pointers import PointerStore, decode_pointers, decode_stale, decode_watermark, fingerprint_of
 from views.store.rows import Request
 from views.store.speed import Epoch, SpeedRows, decode_counts, decode_epochs, decode_hours
@@ -65,6 +66,7 @@ class Coverage:
     speed_updated_at: datetime | None
     speed: SpeedCoverage = field(default_factory=lambda: SpeedCoverage(()))
     stale: dict[datetime, int] = field(default_factory=dict)  # batch hours -> records indexed since their run
+    incomplete: dict[datetime, list[Loss]] = field(default_factory=dict)  # hours lost records may belong to
 
     @property
     def speed_fresh_until(self) -> datetime | None:
@@ -147,6 +149,7 @@ class ViewReader:
         self.pointer_store = PointerStore(settings, sess)
         self.batch_rows = BatchRows(settings, sess)
         self.speed_rows = SpeedRows(settings, sess)
+        self.loss_store = LossStore(settings, sess)
         self._rows: dict[frozenset[str], dict[str, Any]] = {}
         self._pointers: dict[date, dict[datetime, Any]] = {}
         self._indexed: dict[datetime, int | None] = {}
@@ -219,17 +222,22 @@ class ViewReader:
         for day in days:
             months.setdefault(month_key(day), []).append(day)
         query = self.settings.speed.query_name
+        topic = self.settings.kafka.events_topic
         rows = self._exec_many(
             [
                 self.pointer_store.watermark_request(),
                 self.speed_rows.progress_request(query),
-                self.pointer_store.stale_request(self.settings.kafka.events_topic, floor(start, HOUR), end),
+                self.pointer_store.stale_request(topic, floor(start, HOUR), end),
                 self.speed_rows.epochs_request(query),
+                self.loss_store.losses_request(topic),
                 *(self.pointer_store.pointers_request(d) for d in missing),
                 *(self.batch_rows.fingerprints_request(slice_, m) for m in months),
             ]
         )
-        mark_rows, prog_rows, stale_rows, epoch_rows, rest = rows[0], rows[1], rows[2], rows[3], rows[4:]
+        mark_rows, prog_rows, stale_rows, epoch_rows, loss_rows = rows[:5]
+        rest = rows[5:]
+        losses = [decode_loss(topic, r) for r in loss_rows]
+        incomplete = self.loss_store.incomplete(topic, start, end, losses) if losses else {}
         mark = decode_watermark(mark_rows[0] if mark_rows else None)
         speed = self._speed_coverage(start, end, slice_, mark.boundary, decode_epochs(epoch_rows))
         for day, pointer_rows in zip(missing, rest[: len(missing)], strict=True):
@@ -253,6 +261,7 @@ class ViewReader:
         return Coverage(
             speed=speed,
             stale=stale,
+            incomplete=incomplete,
             boundary=mark.boundary,
             pinned=mark.pinned is not None,
             batch_low=mark.low,

@@ -147,6 +147,7 @@ def test_records_removed_before_indexing_make_hours_incomplete_until_the_loss_is
     assert code == 0, out
     assert f"{topic} partition 0 offsets 0..19 (20 records" in out
     assert "incomplete" in out and f"{H0 - 2 * HOUR:%Y-%m-%dT%HZ}" in out and f"{H0:%Y-%m-%dT%HZ}" in out
+    seen_by_operators(settings)
 
     # Its recompute is refused, naming the offsets and the flag; nothing runs.
     start, end = (H0 - 2 * HOUR).isoformat(), (H0 - HOUR).isoformat()
@@ -196,6 +197,35 @@ def test_records_removed_before_indexing_make_hours_incomplete_until_the_loss_is
     assert code == 0 and "2 hour(s)" in out, out
     code, out = trends(settings, "batch", "status")
     assert f"the pin serves 2 hour(s) [{H0:%Y-%m-%dT%H:%MZ}, {H0 + 2 * HOUR:%Y-%m-%dT%H:%MZ})" in out, out
+
+
+def seen_by_operators(settings: Settings) -> None:
+    """The loss and its bound in the API's status, the provenance of answers, the console and the metrics."""
+    from fastapi.testclient import TestClient
+
+    from batch_layer.exporter import BatchReader
+    from serving.api import create_app
+
+    def iso(t: datetime) -> str:
+        return f"{t:%Y-%m-%dT%H:%M:%SZ}"
+
+    with TestClient(create_app(settings)) as client:
+        status = client.get("/api/v1/status").json()
+        count = client.get("/api/v1/count", params={"start": iso(H0 - 3 * HOUR), "end": iso(H0 - 2 * HOUR)}).json()
+        console = client.get("/api/v1/console", params={"start": iso(H0 - 4 * HOUR), "end": iso(H0 + HOUR)}).json()
+    (loss,) = status["losses"]
+    assert (loss["partition"], loss["first_offset"], loss["last_offset"], loss["records"]) == (0, 0, 19, 20)
+    assert loss["older_than"] and loss["hours_before"] == (H0 + HOUR).isoformat()
+    assert any(r["start"] <= iso(H0 - 2 * HOUR) < r["end"] for r in status["incomplete_hours"]), status
+    # the hour that completed before the loss was noticed is answered, and said to be incomplete
+    (incomplete,) = count["provenance"]["incomplete"]
+    assert "partition 0 offsets 0..19" in incomplete["losses"][0], count
+    assert len(console["losses"]) == 1
+    strips = {h["hour"]: h for h in console["hours"]}
+    assert strips[iso(H0 - 3 * HOUR)]["batch"]["state"] == "incomplete", strips[iso(H0 - 3 * HOUR)]
+    state = BatchReader(settings).read()
+    assert state.lost == {0: 20, 1: 0} or state.lost.get(0) == 20
+    assert state.incomplete_hours is not None and state.incomplete_hours >= 2
 
 
 def test_a_speed_view_beyond_the_bounds_fails_the_hourly_verify(

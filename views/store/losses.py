@@ -158,9 +158,13 @@ class LossStore:
         self._stmt = cql.StatusStatements(settings, sess)
 
     # -- reads ----------------------------------------------------------------------------------------------------
+    def losses_request(self, topic: str) -> tuple[Any, tuple[Any, ...]]:
+        """Return the read of the topic's losses (decode each row with :func:`decode_loss`)."""
+        return self._stmt(cql.SELECT_LOSSES), (topic,)
+
     def losses(self, topic: str) -> list[Loss]:
         """Return every loss recorded for the topic, by partition and offset."""
-        rows = self.sess.execute(self._stmt(cql.SELECT_LOSSES), (topic,), execution_profile=READ_PROFILE)
+        rows = self.sess.execute(*self.losses_request(topic), execution_profile=READ_PROFILE)
         return [decode_loss(topic, r) for r in rows]
 
     def accepted(self, loss: Loss, start: datetime, end: datetime) -> set[datetime]:
