@@ -617,21 +617,23 @@ def missing_hours(settings: Settings, below: datetime, limit: int) -> list[datet
         return out
 
 
-def plan_hourly(settings: Settings, hour: datetime) -> list[datetime]:
+def plan_hourly(settings: Settings, hour: datetime, *, heal: bool = True) -> list[datetime]:
     """Return the hours an hourly DAG run computes: its own, missing closed hours below it, and stale ones.
+
+    :arg heal: also the missing and stale hours below it (not in a backfill's runs: each hour has its own there).
 
     Missing and stale hours that are incomplete (records lost before indexing may belong to them) are left out and
     logged: healing them would complete them as if whole; they wait for an operator's ``--accept-loss``.
 
     :raises offsets.LossNotAcceptedError: when the run's own hour is incomplete (the run turns red).
     """
-    limit = settings.batch.heal_max_hours
+    limit = settings.batch.heal_max_hours if heal else 0
     topic = settings.kafka.events_topic
     missing = missing_hours(settings, hour, limit)
-    stale = [h for h in stale_hours(settings) if h < hour][:limit]
-    heal = sorted({*missing, *stale} - {hour})
+    stale = [h for h in stale_hours(settings) if h < hour][:limit] if limit else []
+    healed = sorted({*missing, *stale} - {hour})
     with session(settings) as sess:
-        incomplete = incomplete_of(LossStore(settings, sess), topic, [*heal, hour])
+        incomplete = incomplete_of(LossStore(settings, sess), topic, [*healed, hour])
     if hour in incomplete:
         offsets.refuse_loss(topic, {hour: incomplete[hour]}, "`trends batch run --accept-loss`")
     if incomplete:
@@ -639,7 +641,7 @@ def plan_hourly(settings: Settings, hour: datetime) -> list[datetime]:
             "not healing %s incomplete hour(s) (%s .. %s): %s; `trends batch run --accept-loss` computes them",
             len(incomplete), min(incomplete).isoformat(), max(incomplete).isoformat(), _named(incomplete),
         )  # fmt: skip
-    return sorted({hour, *(h for h in heal if h not in incomplete)})
+    return sorted({hour, *(h for h in healed if h not in incomplete)})
 
 
 def backfill_chunks(

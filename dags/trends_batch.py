@@ -98,7 +98,7 @@ def trends_batch() -> None:
         return PokeReturnValue(is_done=offsets.is_closed(horizon, data_interval_end, settings))
 
     @task
-    def plan(data_interval_start: datetime | None = None) -> str:
+    def plan(data_interval_start: datetime | None = None, dag_run: Any = None) -> str:
         """Return the hours to compute (JSON): this one, missing closed hours below it, stale hours.
 
         Fails without retries when this hour is incomplete (records lost before indexing may belong to it): an
@@ -113,8 +113,12 @@ def trends_batch() -> None:
         from infra.settings import Settings
 
         assert data_interval_start is not None
+        # A backfill has a run of its own for every hour, some side by side: healing there would compute an hour
+        # another run of the backfill is computing (twice, racing). Scheduled runs heal what an outage left.
+        run_type = getattr(dag_run, "run_type", None)
+        backfill = getattr(run_type, "value", run_type) == "backfill"
         try:
-            hours = plan_hourly(Settings(), data_interval_start)
+            hours = plan_hourly(Settings(), data_interval_start, heal=not backfill)
         except LossNotAcceptedError as exc:
             raise AirflowFailException(str(exc)) from exc
         return json.dumps([h.isoformat() for h in hours])
