@@ -35,7 +35,7 @@ from views.buckets import month_key
 from views.event import Event
 from views.store.batch import BatchRows
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.backfill]  # 3-7 min: make test-backfill, kept out of make test
 
 TRENDS = str(Path(sys.executable).parent / "trends")
 REPO_DAGS = Path(__file__).resolve().parents[2] / "dags"
