@@ -33,6 +33,7 @@ from infra.cassandra import READ_PROFILE, session, table, write_many
 from infra.errors import TrendsError
 from infra.settings import Settings
 from views.buckets import HOUR, utc
+from views.store.index_state import index_horizon
 from views.store.losses import Loss, LossStore, loss_bound
 from views.store.pointers import Pointer, PointerStore
 
@@ -170,20 +171,9 @@ def horizon_of(states: Iterable[PartitionState], now: datetime, idle_after: time
     later (an event arriving after that is late, and the hour it belongs to turns stale and is recomputed). The
     horizon never runs ahead of the wall clock.
     """
-    with_data = [s for s in states if s.max_ts_ms is not None]
-    newest = {s.partition: s.max_ts for s in states}
-    active = [s for s in with_data if s.last_record_at is not None and now - s.last_record_at <= idle_after]
-    idle = tuple(sorted(s.partition for s in with_data if s not in active))
-    held_by = None
-    closed: datetime | None = None
-    if active:
-        oldest = min(active, key=lambda s: (s.max_ts_ms, s.partition))
-        held_by, closed = oldest.partition, oldest.max_ts
-    elif with_data:
-        closed = max(*(s.max_ts for s in with_data if s.max_ts), now - idle_after)
-    if closed is not None:
-        closed = min(closed, now)
-    return Horizon(closed, held_by, idle, newest)
+    states = list(states)
+    rule = index_horizon(states, now, idle_after)
+    return Horizon(rule.closed_at, rule.held_by, rule.idle, {s.partition: s.max_ts for s in states})
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from infra.cassandra import READ_PROFILE, table
 from infra.settings import Settings
@@ -22,6 +22,17 @@ if TYPE_CHECKING:
 SELECT_INDEX_STATE = (
     "SELECT partition, next_offset, max_ts, last_record_at, updated_at FROM {batch_index_state} WHERE topic = %s"
 )
+
+
+class PartitionProgress(Protocol):
+    """What the horizon rule needs of a partition (the indexer's state, or its row read back)."""
+
+    @property
+    def partition(self) -> int: ...  # noqa: D102
+    @property
+    def max_ts(self) -> datetime | None: ...  # noqa: D102
+    @property
+    def last_record_at(self) -> datetime | None: ...  # noqa: D102
 
 
 @dataclass(frozen=True)
@@ -60,12 +71,12 @@ def read_index_state(settings: Settings, sess: Session, topic: str) -> list[Inde
     return decode_index_state(sess.execute(stmt, (topic,), execution_profile=READ_PROFILE))
 
 
-def index_horizon(parts: Iterable[IndexedPartition], now: datetime, idle_after: timedelta) -> IndexHorizon:
+def index_horizon(parts: Iterable[PartitionProgress], now: datetime, idle_after: timedelta) -> IndexHorizon:
     """Return the horizon: the oldest newest-record time of the partitions that got a record within ``idle_after``.
 
-    The rule of ``batch_layer.index.horizon_of``: an idle partition does not hold the horizon back; when every
-    partition is idle the horizon is the newest record time or ``now - idle_after``, whichever is later; it never
-    runs ahead of ``now``.
+    The one home of the rule (``batch_layer.index.horizon_of`` calls it): an idle partition does not hold the
+    horizon back; when every partition is idle the horizon is the newest record time or ``now - idle_after``,
+    whichever is later; it never runs ahead of ``now``.
     """
     with_data = [p for p in parts if p.max_ts is not None]
     active = [p for p in with_data if p.last_record_at is not None and now - p.last_record_at <= idle_after]
