@@ -130,7 +130,7 @@ def status(settings: Settings, hours: int) -> None:
             )
         if mark is None:
             return
-        checks = Checks(settings, sess)
+        checks = Checks(settings, sess).of_hours([mark - i * HOUR for i in range(1, hours + 1)])
         for i in range(1, hours + 1):
             hour = mark - i * HOUR
             for r in store.latest_runs(hour, 3):
@@ -139,7 +139,7 @@ def status(settings: Settings, hours: int) -> None:
                     f"  {hour:%Y-%m-%dT%H:%MZ} {r.status:9} read {r.rows_read} kept {r.rows_kept} "
                     f"dedup {r.rows_deduped} late {r.rows_late} offsets {r.offsets} code {r.code_version}{accepted}"
                 )
-            check = checks.of_hour(hour)
+            check = checks.get(hour)
             if check is not None:
                 verdict = "within bounds" if check.ok else f"BEYOND BOUNDS by {check.beyond_bound}"
                 click.echo(

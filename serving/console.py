@@ -118,18 +118,11 @@ def last_reconciliations(reader: ViewReader, hours: Sequence[datetime]) -> dict[
 
     ``beyond_bound``: the largest difference beyond the sketches' bounds, in events (0: the views agree within them).
     """
-    checks = Checks(reader.settings, reader.sess)
-    out: dict[datetime, dict[str, Any]] = {}
-    for hour in hours:
-        check = checks.of_hour(hour)
-        if check is not None:
-            out[hour] = {
-                "run_id": str(check.run_id),
-                "checked_at": check.checked_at,
-                "beyond_bound": check.beyond_bound,
-                "ok": check.ok,
-            }
-    return out
+    found = Checks(reader.settings, reader.sess).of_hours(hours)
+    return {
+        hour: {"run_id": str(c.run_id), "checked_at": c.checked_at, "beyond_bound": c.beyond_bound, "ok": c.ok}
+        for hour, c in found.items()
+    }
 
 
 # -- speed coverage, minute by minute ---------------------------------------------------------------------------
