@@ -15,11 +15,11 @@ from typing_extensions import override
 from infra.errors import StackError
 from infra.process import http_ok, write_private
 from infra.security import exposure_problem
-from infra.services.base import Service, ServiceStatus
+from infra.services.base import LoopbackProcess, ServiceStatus
 from infra.supervisor import SupervisorState
 
 
-class PipelineService(Service):
+class PipelineService(LoopbackProcess):
     """A long-running ``trends`` command of the pipeline (the streaming job, the API), run like the servers.
 
     Its environment is the stack's settings as ``TRENDS_*`` variables, so it reads exactly what the stack was
@@ -29,16 +29,6 @@ class PipelineService(Service):
     needs_java = False
     bundle = None
     args: tuple[str, ...] = ()
-
-    @property
-    @override
-    def host(self) -> str:
-        return "127.0.0.1"
-
-    @property
-    @override
-    def main_log(self) -> Path:
-        return self.stdout_file
 
     @property
     @override
