@@ -85,10 +85,19 @@ CORE_VENV ?= .venv-core
 $(CORE_VENV)/.installed: pyproject.toml constraints.txt $(shell find app infra ingestion speed_layer batch_layer views serving -name '*.py' -o -name '*.cql' 2>/dev/null)
 	rm -rf $(CORE_VENV) && $(PY) -m venv $(CORE_VENV)
 	$(CORE_VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt .
+	rm -rf build  # setuptools' build folder of the non-editable install
 	touch $@
 
-test-install: setup $(CORE_VENV)/.installed
-	TRENDS_TEST_CORE_VENV=$(CORE_VENV) $(BIN)/pytest -m install tests/services/test_install.py
+# And `pip install '.[airflow]'` in .venv-airflow, where the DAG files must parse.
+AIRFLOW_VENV ?= .venv-airflow
+$(AIRFLOW_VENV)/.installed: pyproject.toml constraints.txt
+	rm -rf $(AIRFLOW_VENV) && $(PY) -m venv $(AIRFLOW_VENV)
+	$(AIRFLOW_VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt '.[airflow]'
+	rm -rf build
+	touch $@
+
+test-install: setup $(CORE_VENV)/.installed $(AIRFLOW_VENV)/.installed
+	TRENDS_TEST_CORE_VENV=$(CORE_VENV) TRENDS_TEST_AIRFLOW_VENV=$(AIRFLOW_VENV) $(BIN)/pytest -m install tests/services/test_install.py
 
 # The shipped alert rules: promtool's check and unit tests, then a real Prometheus scraping the batch exporter.
 test-alerting: setup $(GOTOOLS)
@@ -123,4 +132,4 @@ stack-down: $(INSTALLED)
 	$(BIN)/trends stack down
 
 clean:
-	rm -rf $(VENV) $(CORE_VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) $(CORE_VENV) $(AIRFLOW_VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -88,6 +88,49 @@ def trends(venv: Path, env: dict[str, str], *args: str, timeout: float = 600) ->
     return proc.stdout + proc.stderr
 
 
+@pytest.fixture(scope="module")
+def airflow_venv() -> Path:
+    """Return the venv with `pip install -c constraints.txt '.[airflow]'` (made here when it is missing)."""
+    venv = Path(os.environ.get("TRENDS_TEST_AIRFLOW_VENV", ROOT / ".venv-airflow"))
+    venv = venv if venv.is_absolute() else ROOT / venv
+    if not (venv / "bin" / "airflow").exists():
+        subprocess.run(["python3.11", "-m", "venv", str(venv)], check=True)
+        subprocess.run(
+            [str(venv / "bin" / "pip"), "install", "--quiet", "-c", str(ROOT / "constraints.txt"), f"{ROOT}[airflow]"],
+            check=True,
+            timeout=1800,
+        )
+    return venv
+
+
+PARSE = r"""
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=%r)
+print("ERRORS", {k: str(v)[-500:] for k, v in bag.import_errors.items()})
+print("DAGS", sorted(bag.dags))
+"""
+
+
+def test_the_dag_files_parse_with_only_the_airflow_extra(airflow_venv: Path, tmp_path: Path) -> None:
+    """`pip install '.[airflow]'` (no dev tools) is enough for the DAG processor."""
+    proc = subprocess.run(
+        [str(airflow_venv / "bin" / "python"), "-c", PARSE % str(ROOT / "dags")],
+        cwd=tmp_path,  # the installed package, not the checkout, provides the pipeline's modules
+        env={**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ERRORS {}" in proc.stdout, proc.stdout[-3000:]
+    assert "DAGS ['trends_backfill', 'trends_batch']" in proc.stdout
+    pytest_missing = subprocess.run(
+        [str(airflow_venv / "bin" / "python"), "-c", "import pytest"], capture_output=True, check=False
+    )
+    assert pytest_missing.returncode != 0  # no dev tools in it
+
+
 def test_airflow_is_not_installed(core_venv: Path) -> None:
     proc = subprocess.run(
         [str(core_venv / "bin" / "python"), "-c", "import airflow"], capture_output=True, text=True, check=False
