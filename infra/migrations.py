@@ -180,7 +180,10 @@ def locked(sess: Session, keyspace: str, wait_s: float = LOCK_WAIT_S) -> Iterato
     try:
         yield lock
     finally:
-        lock.release()
+        try:
+            lock.release()
+        except Exception:  # the block's own error matters more; the TTL frees the lock
+            logger.warning("could not release the migration lock (it expires in %s s)", lock.ttl_s, exc_info=True)
 
 
 def applied(sess: Session) -> dict[int, str]:
