@@ -14,7 +14,7 @@ import json
 import logging
 from typing import Any
 
-from infra.errors import TrendsError
+from infra.errors import ConfigurationError
 from infra.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ DEFINITION_FILE = "trends_view_definition.json"
 KLL_K = 200  # kll_sketch_agg_double's default k (views.aggregation passes none)
 
 
-class ViewDefinitionChangedError(TrendsError):
+class ViewDefinitionChangedError(ConfigurationError):
     """The settings define the views differently from the speed checkpoint's state."""
 
 

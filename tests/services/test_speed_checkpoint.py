@@ -1,8 +1,9 @@
 """A speed checkpoint started with one view definition refuses a start with another, and says what to do.
 
 The real speed job (``trends speed run --available-now``) over a fresh topic and keyspace: a first run records the
-definition beside its checkpoint; a run with a new slice dimension on that checkpoint exits 1 naming the change and
-the way out, and writes nothing; the way out (a new query name, so a new checkpoint) runs.
+definition beside its checkpoint; a run with a new slice dimension on that checkpoint exits 78 (EX_CONFIG: the
+supervisor does not restart it) naming the change and the way out, and writes nothing; the way out (a new query
+name, so a new checkpoint) runs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 
 from infra import migrations
 from infra.cassandra import session
+from infra.errors import EXIT_CONFIG
 from infra.settings import Settings
 from ingestion.producer import EventProducer
 from speed_layer.checkpoint import DEFINITION_FILE, fingerprint, view_definition
@@ -74,7 +76,7 @@ def test_a_changed_view_definition_is_refused_on_an_old_checkpoint(
     assert _slices(settings) == {"*"}
 
     refused = _speed(settings, root, "speed_ckpt", ["country"])
-    assert refused.returncode == 1, refused.stderr[-3000:]
+    assert refused.returncode == EXIT_CONFIG, refused.stderr[-3000:]  # 78: a supervisor does not restart it
     assert "the view definition changed since the speed checkpoint" in refused.stderr
     assert "slice_dims: [] -> ['country']" in refused.stderr
     assert "TRENDS_SPEED__QUERY_NAME" in refused.stderr and "trends batch run" in refused.stderr
