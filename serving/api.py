@@ -37,8 +37,9 @@ from pydantic import BaseModel
 from infra.cassandra import make_cluster
 from infra.settings import Settings
 from serving import console, params, queries
+from serving.cache import RowCache
 from serving.merge import Resolution
-from serving.store import ReadBudget, ReadBudgetExceededError, RowCache, ViewReader
+from serving.store import ReadBudget, ReadBudgetExceededError, ViewReader
 from views.buckets import MINUTE, floor
 
 logger = logging.getLogger(__name__)
