@@ -12,17 +12,18 @@ cannot dominate. Items need ``min_support`` recent events; they rank by lift, th
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import logging
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 import datasketches as ds
 
-from serving.cache import Answer, AnswerCache, BatchPart, Bucket, speed_key
+from serving.cache import Answer, AnswerCache, BatchPart, Bucket, PartUnion, RowCache, speed_key
 from serving.merge import GAP_REASONS, Resolution, Span, plan, punch
 from serving.store import SKETCH_FIELDS, Coverage, ReadBudget, ViewReader
 from views import sketches
@@ -184,14 +185,35 @@ def load_many(
         raise ValueError(msg)
     if keep_rows is None:
         keep_rows = "items_fi" in fields and coarsest != "day" and item is None
-    cov = reader.coverage(min(w[0] for w in windows), max(w[1] for w in windows), slice_)
-    plans = [
-        plan(start, end, cov.boundary, cov.batch_hours, cov.current_days, cov.speed, coarsest) for start, end in windows
-    ]
-    if reader.answers is not None and not keep_rows:
-        question = (tuple(windows), slice_, coarsest, frozenset(fields), item)
-        return _answer(reader, reader.answers, question, plans, cov, budget)
-    step = RESOLUTIONS[coarsest]
+    lo, hi = min(w[0] for w in windows), max(w[1] for w in windows)
+    question = (tuple(windows), slice_, coarsest, frozenset(fields), item)
+    answers = reader.answers if not keep_rows else None
+    recent = reader.recent_coverage(lo, hi, slice_) if answers is not None else None
+    if answers is not None and recent is not None:  # state read moments ago: enough to answer from the cache
+        plans = [_plan(recent, start, end, coarsest) for start, end in windows]
+        hit = _hit(answers, question, plans, recent, budget)
+        if hit is not None:
+            return hit
+    cov = reader.coverage(lo, hi, slice_)
+    plans = [_plan(cov, start, end, coarsest) for start, end in windows]
+    if answers is not None:
+        return _answer(reader, answers, question, plans, cov, budget)
+    return _merge_read(reader, windows, slice_, plans, cov, fields, item, keep_rows, budget, RESOLUTIONS[coarsest])
+
+
+def _merge_read(
+    reader: ViewReader,
+    windows: Sequence[tuple[datetime, datetime]],
+    slice_: str,
+    plans: list[list[Span]],
+    cov: Coverage,
+    fields: Sequence[str],
+    item: str | None,
+    keep_rows: bool,
+    budget: ReadBudget | None,
+    step: timedelta,
+) -> list[Window]:
+    """Read every row of the plans and merge them as they stream in (no answer cache, or the rows are kept)."""
     out = [
         Window(start, end, slice_, Provenance.of(spans, cov), Merged(step, item))
         for (start, end), spans in zip(windows, plans, strict=True)
@@ -258,6 +280,31 @@ def _batch_signature(plans: list[list[Span]], cov: Coverage) -> tuple[Any, ...]:
     return tuple(out)
 
 
+def _plan(cov: Coverage, start: datetime, end: datetime, coarsest: Resolution) -> list[Span]:
+    return plan(start, end, cov.boundary, cov.batch_hours, cov.current_days, cov.speed, coarsest)
+
+
+def _signature(plans: list[list[Span]], cov: Coverage) -> tuple[Any, list[SpeedMinuteVersion], Any]:
+    """Return the batch signature, the speed minutes with their versions, and the whole signature of the plans."""
+    batch_signature = _batch_signature(plans, cov)
+    minutes = _speed_minutes(plans, cov)
+    others = tuple((s.start, s.end, s.layer, s.reason) for spans in plans for s in spans if s.layer != "batch")
+    return batch_signature, minutes, (batch_signature, others, tuple(minutes))
+
+
+def _hit(
+    cache: AnswerCache, question: tuple[Any, ...], plans: list[list[Span]], cov: Coverage, budget: ReadBudget | None
+) -> list[Window] | None:
+    """Return the cached answer when its signature is the plans' (a lookup), else None."""
+    before = cache.peek(question)
+    if before is None or before.signature != _signature(plans, cov)[2]:
+        return None
+    cache.count("hit")
+    if budget is not None:
+        budget.charge_bytes(sum(p.sketch_bytes for p in before.batch_parts) + before.speed_bytes, 0)
+    return _described(before.windows, plans, cov, before.holes)
+
+
 def _answer(
     reader: ViewReader,
     cache: AnswerCache,
@@ -267,17 +314,12 @@ def _answer(
     budget: ReadBudget | None,
 ) -> list[Window]:
     """Answer from the cache when nothing the answer rests on moved; else read only what moved, merge, keep."""
+    hit = _hit(cache, question, plans, cov, budget)
+    if hit is not None:
+        return hit
     windows, slice_, coarsest, fields, item = question
-    batch_signature = _batch_signature(plans, cov)
-    minutes = _speed_minutes(plans, cov)
-    others = tuple((s.start, s.end, s.layer, s.reason) for spans in plans for s in spans if s.layer != "batch")
-    signature = (batch_signature, others, tuple(minutes))
+    batch_signature, minutes, signature = _signature(plans, cov)
     before = cache.peek(question)
-    if before is not None and before.signature == signature:
-        cache.count("hit")
-        if budget is not None:
-            budget.charge_bytes(sum(p.sketch_bytes for p in before.batch_parts) + before.speed_bytes, 0)
-        return _described(before.windows, plans, cov, before.holes)
     step = RESOLUTIONS[coarsest]
     if before is not None and before.batch_signature == batch_signature:
         cache.count("partial")
@@ -289,22 +331,25 @@ def _answer(
         batch_spans = [s for spans in plans for s in spans if s.layer == "batch"]
         rows = reader.stream(batch_spans, slice_, fields, budget, runs=cov.runs) if batch_spans else iter(())
         parts = _batch_parts(windows, rows, step, item)
-    speed, holes = _speed_rows(reader, slice_, fields, minutes, budget)
     merged = []
     for (start, end), part in zip(windows, parts, strict=True):
         m = Merged(step, item)
         m.events, m.rows, m.counts = part.events, part.rows, defaultdict(int, part.counts)
         if item is None:
             m.sketches.add(*part.sketches)
-        for b in speed:
-            if start <= b.start < end:
-                m.add(b)
         merged.append(Window(start, end, slice_, Provenance.of([], cov), m))
+    holes: set[datetime] = set()
+    speed_bytes = 0
+    for b in _speed_rows(reader, slice_, fields, minutes, budget, holes):  # merged as they stream in
+        speed_bytes += b.sketch_bytes
+        for w in merged:
+            if w.start <= b.start < w.end:
+                w.merged.add(b)
+                break
     if holes:
         logger.warning(
             "%d speed minute(s) counted by the speed layer have no (whole) row: answered as gaps", len(holes)
         )
-    speed_bytes = sum(b.sketch_bytes for b in speed)
     size = sum(p.size for p in parts) + sum(_merged_size(w.merged) for w in merged)
     cache.put(question, Answer(batch_signature, signature, parts, merged, frozenset(holes), speed_bytes, size))
     return _described(merged, plans, cov, holes)
@@ -332,9 +377,9 @@ def _described(
 def _batch_parts(
     windows: Sequence[tuple[datetime, datetime]], rows: Iterable[Bucket], step: timedelta, item: str | None
 ) -> list[BatchPart]:
-    """Merge each window's batch rows into one part: its counts and its sketches, serialized."""
+    """Merge each window's batch rows, as they stream in, into one part: its counts and its sketches, serialized."""
     merged = [Merged(step, item) for _ in windows]
-    blobs: list[tuple[list[bytes], list[bytes], list[bytes]]] = [([], [], []) for _ in windows]
+    unions = [PartUnion() for _ in windows]
     spent = [0] * len(windows)
     for b in rows:
         for i, (start, end) in enumerate(windows):
@@ -346,20 +391,17 @@ def _batch_parts(
                 key = floor(b.start, step)
                 if item is None:
                     m.counts[key] += b.events
-                    for blob, out in zip((b.users_hll, b.values_kll, b.items_fi), blobs[i], strict=True):
-                        if blob:
-                            out.append(blob)
+                    unions[i].add(b.users_hll, b.values_kll, b.items_fi)
                 elif b.items_fi:
                     m.counts[key] += int(ds.frequent_strings_sketch.deserialize(b.items_fi).get_estimate(item))
                 break
-    parts = []
-    for m, (hlls, klls, fis), cost in zip(merged, blobs, spent, strict=True):
-        hll = bytes(sketches.merge_hll(hlls).serialize_compact()) if hlls else b""
-        kll = bytes(sketches.merge_kll(klls).serialize()) if klls else b""
-        items = sketches.merge_items(fis) if fis else None
-        fi = bytes(items.serialize()) if items is not None else b""
-        parts.append(BatchPart(m.events, m.rows, dict(m.counts), (hll, kll, fi), cost))
-    return parts
+    return [
+        BatchPart(m.events, m.rows, dict(m.counts), union.serialized(), cost)
+        for m, union, cost in zip(merged, unions, spent, strict=True)
+    ]
+
+
+KEEP_SPEED_MINUTES = 360  # a question's speed minutes are kept one by one up to this many (~13 MB of 36 KB rows)
 
 
 def _speed_rows(
@@ -368,15 +410,18 @@ def _speed_rows(
     fields: frozenset[str],
     minutes: list[SpeedMinuteVersion],
     budget: ReadBudget | None,
-) -> tuple[list[Bucket], set[datetime]]:
-    """Return the speed rows of the minutes (kept ones from the cache, the others read) and the holes.
+    holes: set[datetime],
+) -> Iterator[Bucket]:
+    """Yield the speed rows of the minutes in time order (kept ones from the cache, the others read); note the holes.
 
     A row is kept under its minute's version only when it holds exactly the events its epoch counted there (a
     short row is a hole; a longer one was written by a micro-batch whose count is not recorded yet: used, not kept).
-    A minute counted events in whose row is missing or short is a hole (answered as a gap).
+    A minute counted events in whose row is missing or short is a hole (answered as a gap). Rows are kept one by one
+    only for a question with at most :data:`KEEP_SPEED_MINUTES` of them: a long speed window (the batch layer
+    lagging) streams through, costing time, not memory.
     """
-    cache = reader.speed_cache
-    found: dict[datetime, Bucket] = {}
+    cache = reader.speed_cache if len(minutes) <= KEEP_SPEED_MINUTES else None
+    kept: list[Bucket] = []
     todo: dict[datetime, SpeedMinuteVersion] = {}
     for version in minutes:
         minute, epoch, counted = version
@@ -384,28 +429,43 @@ def _speed_rows(
         if hit is None:
             todo[minute] = version
         elif hit:
-            found[minute] = hit[0]
+            kept.append(hit[0])
             if budget is not None:
                 budget.charge(hit[0])
-    holes: set[datetime] = set()
-    if todo:
-        spans = _runs_of(sorted(todo))
-        got = {b.start: b for b in reader.stream(spans, slice_, fields, budget)}
-        for minute, (_, epoch, counted) in todo.items():
-            bucket = got.get(minute)
-            if bucket is None:
-                if counted > 0:
-                    holes.add(minute)
-                elif cache is not None:
-                    cache.put(speed_key(slice_, fields, epoch, minute, counted), ())
-                continue
-            if bucket.events < counted:
-                holes.add(minute)
-                continue
-            found[minute] = bucket
-            if cache is not None and bucket.events == counted:
-                cache.put(speed_key(slice_, fields, epoch, minute, counted), (bucket,))
-    return [found[m] for m in sorted(found)], holes
+    read = reader.stream(_runs_of(sorted(todo)), slice_, fields, budget) if todo else iter(())
+    seen: set[datetime] = set()
+    yield from heapq.merge(kept, _checked(read, todo, holes, seen, cache, slice_, fields), key=lambda b: b.start)
+    for minute, (_, epoch, counted) in todo.items():
+        if minute in seen:
+            continue
+        if counted > 0:
+            holes.add(minute)  # counted, but no row
+        elif cache is not None:
+            cache.put(speed_key(slice_, fields, epoch, minute, counted), ())
+
+
+def _checked(
+    read: Iterable[Bucket],
+    todo: dict[datetime, SpeedMinuteVersion],
+    holes: set[datetime],
+    seen: set[datetime],
+    cache: RowCache | None,
+    slice_: str,
+    fields: frozenset[str],
+) -> Iterator[Bucket]:
+    """Yield the rows read that hold at least what their epoch counted (keeping exact ones), noting short ones."""
+    for bucket in read:
+        version = todo.get(bucket.start)
+        if version is None:
+            continue
+        seen.add(bucket.start)
+        _, epoch, counted = version
+        if bucket.events < counted:
+            holes.add(bucket.start)
+            continue
+        if cache is not None and bucket.events == counted:
+            cache.put(speed_key(slice_, fields, epoch, bucket.start, counted), (bucket,))
+        yield bucket
 
 
 def _runs_of(minutes: list[datetime]) -> list[Span]:

@@ -16,11 +16,13 @@ change with every micro-batch: :mod:`serving.cache` keeps them by the events the
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
+from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 from infra.cassandra import READ_PROFILE
@@ -65,6 +67,7 @@ class Coverage:
         return self.speed.fresh_until
 
 
+RECENT_WINDOWS = 256  # coverages kept for serving.state_max_age_ms (a handful of windows are asked at any time)
 QUORUM_LEVELS = {"QUORUM", "LOCAL_QUORUM", "EACH_QUORUM", "ALL"}
 
 
@@ -94,6 +97,7 @@ class ViewReader:
         self.speed_rows = SpeedRows(settings, sess)
         self.loss_store = LossStore(settings, sess)
         self._rows: dict[frozenset[str], dict[str, Any]] = {}
+        self._recent: dict[tuple[datetime, datetime, str], tuple[float, Coverage]] = {}
         cacheable = rows_cacheable(settings)
         mib = 1024 * 1024
         self.cache = RowCache(settings.serving.cache_mb * mib) if cacheable else None
@@ -101,6 +105,19 @@ class ViewReader:
         self.speed_cache = RowCache(settings.serving.cache_mb * mib) if settings.serving.cache_mb > 0 else None
         answers_mb = settings.serving.answer_cache_mb
         self.answers = AnswerCache(answers_mb * mib) if cacheable and answers_mb > 0 else None
+
+    def recent_coverage(self, start: datetime, end: datetime, slice_: str) -> Coverage | None:
+        """Return the coverage of this window read less than ``serving.state_max_age_ms`` ago (None: none that recent).
+
+        Only to answer from the answer cache: the speed rows' keep-until is checked against the clock again (a gap
+        that appears by expiry is never hidden), and anything to read is planned on a coverage read anew.
+        """
+        max_age = self.settings.serving.state_max_age_ms / 1000
+        found = self._recent.get((start, end, slice_)) if max_age > 0 else None
+        if found is None or monotonic() - found[0] > max_age:
+            return None
+        cov = found[1]
+        return dataclasses.replace(cov, speed=dataclasses.replace(cov.speed, now=datetime.now(UTC)))
 
     def statements(self, fields: frozenset[str]) -> dict[str, Any]:
         """Return the row reads selecting only ``fields`` of the sketches (prepared once per field set)."""
@@ -203,7 +220,7 @@ class ViewReader:
             read = indexed.get(hour)
             if hour in hours and read is not None and records > read:
                 stale[hour] = records - read
-        return Coverage(
+        cov = Coverage(
             speed=speed,
             stale=stale,
             incomplete=incomplete,
@@ -216,6 +233,11 @@ class ViewReader:
             speed_updated_at=utc(prog.updated_at) if prog else None,
             runs=runs,
         )
+        if self.settings.serving.state_max_age_ms > 0:
+            if len(self._recent) > RECENT_WINDOWS:
+                self._recent.clear()
+            self._recent[(start, end, slice_)] = (monotonic(), cov)
+        return cov
 
     def _speed_coverage(
         self, start: datetime, end: datetime, slice_: str, boundary: datetime | None, epochs: list[Epoch]

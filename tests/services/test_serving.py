@@ -164,6 +164,9 @@ def test_cached_batch_rows_follow_the_pointer(served: tuple[Settings, list[Event
         cold = queries.summary(queries.load(reader.request_reader(), start, end, "*"))
         misses = reader.cache.misses
         warm = queries.summary(queries.load(reader.request_reader(), start, end, "*"))
+        assert reader.answers is not None and reader.answers.hits == 1  # the same question again: a lookup
+        shorter = queries.load(reader, start, end - MIN, "*")  # another question over the same batch rows
+        assert queries.summary(shorter).events == len(exact(events, start, end - MIN))
         assert reader.cache.misses == misses and reader.cache.hits > 0  # every batch row came from the cache
         assert (warm.events, warm.users, warm.top_items) == (cold.events, cold.users, cold.top_items)
         # KLL compaction is randomized: warm and cold quantiles are each within the rank error of the exact ranks
