@@ -10,7 +10,8 @@
   reason, so a gap that appears — speed rows expiring at their hour's keep-until — changes it), the run of every
   batch hour merged (and the pointers' fingerprint of every daily rollup) and, per speed minute, its owning epoch
   and count. A repeated question whose signature is unchanged is a lookup; when only the speed part moved, the
-  merged batch part is kept and only the speed minutes whose count changed are read again.
+  merged batch part is kept, and so is the merged part of the speed minutes older than the speed layer's lateness
+  (final for their epoch): only the newer minutes are merged again, and only those whose count changed are read.
 
 Provenance is never cached: every answer describes the coverage read for it (freshness, stale and incomplete hours).
 """
@@ -168,6 +169,19 @@ class BatchPart:
         return ROW_OVERHEAD_BYTES * (1 + len(self.counts)) + sum(map(len, self.sketches))
 
 
+@dataclass(frozen=True)
+class SpeedPart:
+    """A window's settled speed minutes (older than the speed layer's lateness) merged, with their versions.
+
+    :arg versions: (minute, epoch, events counted) of each minute merged, in time order.
+    :arg holes: those minutes counted whose rows were missing or short.
+    """
+
+    versions: tuple[tuple[datetime, str, int], ...]
+    part: BatchPart
+    holes: frozenset[datetime]
+
+
 @dataclass
 class Answer:
     """A question's merged windows and what they were merged under.
@@ -185,6 +199,7 @@ class Answer:
     holes: frozenset[datetime]
     speed_bytes: int  # the speed rows' sketch bytes merged (the budget of a hit)
     size: int
+    speed_parts: list[SpeedPart]  # per window, its settled speed minutes merged
 
 
 class AnswerCache(_Lru[Answer]):

@@ -18,12 +18,12 @@ import logging
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import datasketches as ds
 
-from serving.cache import Answer, AnswerCache, BatchPart, Bucket, PartUnion, RowCache, speed_key
+from serving.cache import Answer, AnswerCache, BatchPart, Bucket, PartUnion, RowCache, SpeedPart, speed_key
 from serving.merge import GAP_REASONS, Resolution, Span, plan, punch
 from serving.store import SKETCH_FIELDS, Coverage, ReadBudget, ViewReader
 from views import sketches
@@ -318,7 +318,7 @@ def _answer(
     if hit is not None:
         return hit
     windows, slice_, coarsest, fields, item = question
-    batch_signature, minutes, signature = _signature(plans, cov)
+    batch_signature, _, signature = _signature(plans, cov)
     before = cache.peek(question)
     step = RESOLUTIONS[coarsest]
     if before is not None and before.batch_signature == batch_signature:
@@ -331,28 +331,104 @@ def _answer(
         batch_spans = [s for spans in plans for s in spans if s.layer == "batch"]
         rows = reader.stream(batch_spans, slice_, fields, budget, runs=cov.runs) if batch_spans else iter(())
         parts = _batch_parts(windows, rows, step, item)
-    merged = []
-    for (start, end), part in zip(windows, parts, strict=True):
+    settled_before = _settled_before(reader, cov)
+    olds = before.speed_parts if before is not None else [None] * len(windows)
+    holes: set[datetime] = set()
+    merged: list[Window] = []
+    speed_parts: list[SpeedPart] = []
+    speed_bytes = 0
+    for (start, end), part, spans, old in zip(windows, parts, plans, olds, strict=True):
+        versions = _speed_minutes([spans], cov)
+        settled = tuple(v for v in versions if v[0] < settled_before)
+        sp = _settled_part(reader, question, settled, old, budget)
+        speed_parts.append(sp)
+        holes |= sp.holes
         m = Merged(step, item)
-        m.events, m.rows, m.counts = part.events, part.rows, defaultdict(int, part.counts)
+        m.events = part.events + sp.part.events
+        m.rows = part.rows + sp.part.rows
+        m.counts = defaultdict(int, part.counts)
+        for t, n in sp.part.counts.items():
+            m.counts[t] += n
         if item is None:
             m.sketches.add(*part.sketches)
+            m.sketches.add(*sp.part.sketches)
+        tail = versions[len(settled) :]
+        for b in _speed_rows(reader, slice_, fields, tail, budget, holes):  # merged as they stream in
+            speed_bytes += b.sketch_bytes
+            m.add(b)
+        speed_bytes += sp.part.sketch_bytes
         merged.append(Window(start, end, slice_, Provenance.of([], cov), m))
-    holes: set[datetime] = set()
-    speed_bytes = 0
-    for b in _speed_rows(reader, slice_, fields, minutes, budget, holes):  # merged as they stream in
-        speed_bytes += b.sketch_bytes
-        for w in merged:
-            if w.start <= b.start < w.end:
-                w.merged.add(b)
-                break
     if holes:
         logger.warning(
             "%d speed minute(s) counted by the speed layer have no (whole) row: answered as gaps", len(holes)
         )
-    size = sum(p.size for p in parts) + sum(_merged_size(w.merged) for w in merged)
-    cache.put(question, Answer(batch_signature, signature, parts, merged, frozenset(holes), speed_bytes, size))
+    size = sum(p.size for p in parts) + sum(sp.part.size for sp in speed_parts)
+    size += sum(_merged_size(w.merged) for w in merged)
+    answer = Answer(batch_signature, signature, parts, merged, frozenset(holes), speed_bytes, size, speed_parts)
+    cache.put(question, answer)
     return _described(merged, plans, cov, holes)
+
+
+def _settled_before(reader: ViewReader, cov: Coverage) -> datetime:
+    """Return the minute before which the speed layer no longer changes its rows (its lateness behind its newest).
+
+    Late events up to ``speed.allowed_lateness_s`` behind the newest event still update a minute's row; older
+    minutes are final for their epoch, so the answer keeps them merged in one part, and a speed move re-merges only
+    the minutes after it.
+    """
+    fresh = cov.speed.fresh_until
+    if fresh is None:
+        return datetime.min.replace(tzinfo=UTC)
+    lateness = timedelta(seconds=reader.settings.speed.allowed_lateness_s)
+    return floor(fresh - lateness, MINUTE) - MINUTE
+
+
+def _settled_part(
+    reader: ViewReader,
+    question: tuple[Any, ...],
+    settled: tuple[SpeedMinuteVersion, ...],
+    old: SpeedPart | None,
+    budget: ReadBudget | None,
+) -> SpeedPart:
+    """Return the window's settled speed minutes merged: the previous part as it was, extended, or built anew."""
+    _, slice_, coarsest, fields, item = question
+    step = RESOLUTIONS[coarsest]
+    if old is not None and old.versions == settled:
+        if budget is not None:
+            budget.charge_bytes(old.part.sketch_bytes, 0)
+        return old
+    seed = None
+    new = settled
+    if old is not None and old.versions and settled[: len(old.versions)] == old.versions:
+        seed, new = old, settled[len(old.versions) :]  # minutes settled since: merged into the previous part
+        if budget is not None:
+            budget.charge_bytes(old.part.sketch_bytes, 0)
+    holes: set[datetime] = set(seed.holes) if seed is not None else set()
+    rows = _speed_rows(reader, slice_, fields, list(new), budget, holes)
+    part = _merge_part(rows, step, item, seed.part if seed is not None else None)
+    return SpeedPart(settled, part, frozenset(holes))
+
+
+def _merge_part(rows: Iterable[Bucket], step: timedelta, item: str | None, seed: BatchPart | None) -> BatchPart:
+    """Merge rows as they stream in into one part (on top of ``seed``'s): counts, sketches serialized, bytes read."""
+    union = PartUnion()
+    events, count, spent = 0, 0, 0
+    counts: dict[datetime, int] = defaultdict(int)
+    if seed is not None:
+        events, count, spent = seed.events, seed.rows, seed.sketch_bytes
+        counts.update(seed.counts)
+        union.add(*seed.sketches)
+    for b in rows:
+        events += b.events
+        count += 1
+        spent += b.sketch_bytes
+        key = floor(b.start, step)
+        if item is None:
+            counts[key] += b.events
+            union.add(b.users_hll, b.values_kll, b.items_fi)
+        elif b.items_fi:
+            counts[key] += int(ds.frequent_strings_sketch.deserialize(b.items_fi).get_estimate(item))
+    return BatchPart(events, count, dict(counts), union.serialized(), spent)
 
 
 def _merged_size(m: Merged) -> int:
