@@ -21,6 +21,8 @@ Then ``trends serve --workers N`` runs over the same keyspace and 8 and 64 concu
 connection each) send trending requests for ``--http-seconds``: requests/s, p50/p99 and errors (any status but
 200), beside the same clients against ``/health`` of the same server and the ratio. The answers are cached (the
 same few questions, as a dashboard's viewers ask them); ``serving.max_concurrent_requests`` is raised to the clients.
+Each HTTP run is repeated per ``--state-max-age-ms``: 0 (the default: the layers' state is read for every request)
+and 250 (the state reused for 250 ms by a process's requests: answers at most that much behind the layers).
 
 Last, the cost of the most expensive request the API allows (``--rss``): a second keyspace holds only speed-view
 minutes (the batch view lagging: the costly case) with realistic sketches, about ``serving.max_read_mb`` of them in
@@ -284,11 +286,21 @@ def start_server(settings: Settings, workers: int = 1, **extra: str) -> tuple[su
         time.sleep(0.3)
 
 
-def http_bench(settings: Settings, end: datetime, clients: Sequence[int], seconds: float, workers: int) -> None:
+def http_bench(
+    settings: Settings, end: datetime, clients: Sequence[int], seconds: float, workers: int, state_age_ms: int
+) -> None:
     """Run ``trends serve --workers N`` on the bench keyspace and load it with concurrent clients."""
     most = max(clients)
-    proc, base = start_server(settings, workers, TRENDS_SERVING__MAX_CONCURRENT_REQUESTS=str(most))
-    print(f"http: trends serve --workers {workers}, serving.max_concurrent_requests {most}, answers cached")
+    proc, base = start_server(
+        settings,
+        workers,
+        TRENDS_SERVING__MAX_CONCURRENT_REQUESTS=str(most),
+        TRENDS_SERVING__STATE_MAX_AGE_MS=str(state_age_ms),
+    )
+    print(
+        f"http: trends serve --workers {workers}, serving.max_concurrent_requests {most}, answers cached, "
+        f"serving.state_max_age_ms {state_age_ms} ({'state read per request' if not state_age_ms else 'state reused'})"
+    )
     try:
         for n in clients:
             bare_n, bare_lat, bare_errors = hammer(f"{base}/health", n, seconds)
@@ -410,6 +422,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[8, 64])
     parser.add_argument("--workers", type=int, default=2, help="worker processes of trends serve")
     parser.add_argument("--http-seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--state-max-age-ms", type=int, nargs="+", default=[0, 250], help="serving.state_max_age_ms of HTTP runs"
+    )
     parser.add_argument("--write-concurrency", type=int, default=8, help="concurrent writes of the fill")
     parser.add_argument("--rss", action=argparse.BooleanOptionalAction, default=True, help="the RSS measurement")
     parser.add_argument("--rss-only", action="store_true", help="only the RSS measurement")
@@ -432,7 +447,8 @@ def main() -> None:
                 print(f"trending {label:>3}: skipped (needs --days >= {2 * window / DAY:g})")
                 continue
             in_process(settings, end, window, label, args.runs, goals[label])
-        http_bench(settings, end, args.clients, args.http_seconds, args.workers)
+        for age in args.state_max_age_ms:
+            http_bench(settings, end, args.clients, args.http_seconds, args.workers, age)
     finally:
         with session(base) as sess:
             sess.execute(f"DROP KEYSPACE IF EXISTS {settings.cassandra.keyspace}")
