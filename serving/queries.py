@@ -114,6 +114,8 @@ class Merged:
         self.rows = 0
         self.sketches = sketches.SketchUnion()
         self.counts: dict[datetime, int] = defaultdict(int)  # events per step (or the item's estimate)
+        # answers derived from these merged sketches (a cached window is asked the same questions again)
+        self.derived: dict[tuple[Any, ...], Any] = {}
 
     def add(self, b: Bucket) -> None:
         """Merge one row."""
@@ -765,34 +767,47 @@ class Trending:
 
 def trending(recent: Window, baseline: Window, limit: int = 10, min_support: int = 5) -> Trending:
     """Rank items by their lift from the baseline window to the recent window."""
-    recent_fi = recent.merged.sketches.items
-    base_fi = baseline.merged.sketches.items
-    scale = (recent.end - recent.start) / (baseline.end - baseline.start)
-    items: list[TrendingItem] = []
-    max_error = 0
-    if recent_fi is not None and not recent_fi.is_empty():
-        max_error = sketches.items_max_error(recent_fi)
-        for item, est, lo, hi in recent_fi.get_frequent_items(ds.frequent_items_error_type.NO_FALSE_NEGATIVES):
-            if est < min_support:
-                continue
-            base = int(base_fi.get_estimate(item)) if base_fi is not None else 0
-            # The rise is measured against the most the baseline can hold: an item the baseline's sketch no longer
-            # tracks reads 0 there, but may have had up to the sketch's maximum error.
-            base_hi = int(base_fi.get_upper_bound(item)) if base_fi is not None else 0
-            lift = (est + 1) / (base_hi * scale + 1)
-            items.append(TrendingItem(item, int(est), base, base_hi, round(lift, 4), int(lo), int(hi)))
-    items.sort(key=lambda t: (-t.lift, -t.recent, t.item))
+    key = ("trending", id(baseline.merged), baseline.start, baseline.end, limit, min_support)
+    ranked = recent.merged.derived.get(key)
+    if ranked is None:
+        ranked = recent.merged.derived[key] = _rank(recent, baseline, limit, min_support)
+    items, max_error = ranked
     return Trending(
         recent.start,
         recent.end,
         baseline.start,
         baseline.end,
         recent.slice,
-        items[:limit],
+        list(items),
         min_support,
         max_error,
         {"recent": recent.provenance, "baseline": baseline.provenance},
     )
+
+
+def _rank(recent: Window, baseline: Window, limit: int, min_support: int) -> tuple[tuple[TrendingItem, ...], int]:
+    """Return the ``limit`` items rising most and the recent sketch's maximum error (kept with the merged window)."""
+    recent_fi = recent.merged.sketches.items
+    base_fi = baseline.merged.sketches.items
+    scale = (recent.end - recent.start) / (baseline.end - baseline.start)
+    ranked: list[tuple[float, int, str, int, int, int]] = []
+    max_error = 0
+    if recent_fi is not None and not recent_fi.is_empty():
+        max_error = sketches.items_max_error(recent_fi)
+        upper = base_fi.get_upper_bound if base_fi is not None else None
+        for item, est, lo, hi in recent_fi.get_frequent_items(ds.frequent_items_error_type.NO_FALSE_NEGATIVES):
+            if est < min_support:
+                continue
+            # The rise is measured against the most the baseline can hold: an item the baseline's sketch no longer
+            # tracks reads 0 there, but may have had up to the sketch's maximum error.
+            base_hi = int(upper(item)) if upper is not None else 0
+            ranked.append((round((est + 1) / (base_hi * scale + 1), 4), int(est), item, base_hi, int(lo), int(hi)))
+    best = heapq.nsmallest(limit, ranked, key=lambda t: (-t[0], -t[1], t[2]))
+    items = tuple(
+        TrendingItem(item, est, int(base_fi.get_estimate(item)) if base_fi is not None else 0, base_hi, lift, lo, hi)
+        for lift, est, item, base_hi, lo, hi in best
+    )
+    return items, max_error
 
 
 @dataclass
