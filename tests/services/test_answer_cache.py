@@ -253,3 +253,32 @@ def test_several_workers_answer_alike_and_metrics_add_up(planted: Planted) -> No
         proc.terminate()
         proc.wait(30)
     assert not metrics_dir.exists()  # a fresh directory per start, removed at the end
+
+
+def test_a_move_of_the_newest_minute_keeps_the_settled_speed_part(planted: Planted) -> None:
+    """Minutes older than the speed layer's lateness stay merged; only the newer ones are merged (and read) again."""
+    p, h0 = planted, planted.h0
+    start, end = h0 + 2 * HOUR, h0 + 3 * HOUR  # all speed minutes; the newest is end - 1 min
+    question = (((start, end),), "*", "day", frozenset(queries.NEEDS["top"]), None)
+    with session(p.settings) as sess:
+        reader = ViewReader(p.settings, sess)
+        assert reader.answers is not None and reader.speed_cache is not None
+        first = queries.load(reader, start, end, "*", fields=queries.NEEDS["top"], keep_rows=False)
+        before = reader.answers.peek(question)
+        assert before is not None and first.merged.events == 180
+        settled = before.speed_parts[0]
+        assert len(settled.versions) == 60 - 11  # lateness 600 s: the last 11 minutes may still change
+        reads = reader.speed_cache.misses
+        sink = sink_of(p.settings, 24 * 3600)
+        sink.epoch_id = reader.speed_rows.epochs(p.settings.speed.query_name)[0].id
+        try:
+            p.speed_rows(sink, {end - MINUTE: 5}, 1)
+        finally:
+            sink.close()
+        moved = queries.load(reader, start, end, "*", fields=queries.NEEDS["top"], keep_rows=False)
+        after = reader.answers.peek(question)
+        assert moved.merged.events == 182 and reader.answers.partial == 1
+        assert after is not None and after.speed_parts[0] is settled  # kept as it was, not merged again
+        assert reader.speed_cache.misses == reads + 1  # the moved minute alone was read
+        items = moved.merged.sketches.items
+        assert items is not None and items.total_weight == 182  # the kept part and the newer minutes, each once
