@@ -111,7 +111,7 @@ def _wait_speed(settings: Settings, until: datetime, timeout_s: float = 600) -> 
     with session(settings) as sess:
         reader = ViewReader(settings, sess)
         while time.monotonic() < deadline:
-            newest = reader.request_reader().coverage(until - HOUR, until, "*").speed_newest_event
+            newest = reader.coverage(until - HOUR, until, "*").speed_newest_event
             if newest is not None and newest >= until:
                 return newest
             time.sleep(2)

@@ -473,6 +473,33 @@ class ServingSettings(BaseModel):
         "the batch run they belong to, so a rerun is never served stale; 0 disables. Used only when reads see "
         "every acknowledged write (quorum reads and writes, or replication factor 1).",
     )
+    # -- issue 23: answers for many viewers (answer cache, worker processes) --
+    answer_cache_mb: int = Field(
+        64,
+        ge=0,
+        description="Memory (MiB) a serving process may use to keep merged answers, keyed by what makes them true "
+        "(the question, the plan with its gaps, the batch runs merged, each speed minute's epoch and count): a "
+        "repeated question is a lookup until a layer moves; when only the speed layer moved, only the speed "
+        "minutes whose count changed are read again. 0 disables. Used under the same condition as `cache_mb`.",
+    )
+    state_max_age_ms: int = Field(
+        0,
+        ge=0,
+        le=60_000,
+        description="How old (ms) the layers' state behind a cached answer may be when a request is answered from "
+        "the answer cache without reading the state again (shared by concurrent requests of one process); 0 reads "
+        "it for every request. A cached answer is then at most this much behind the layers (a speed hour's rows "
+        "expiring is still checked against the clock on every request); anything read is planned on state read "
+        "for that request.",
+    )
+    workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Worker processes of `trends serve` (uvicorn workers on one port). They share nothing but "
+        "Cassandra: each holds its own session and caches, and `/metrics` adds up all of them (Prometheus "
+        "multiprocess mode in a fresh directory per server start).",
+    )
 
     @field_validator("api_token", mode="before")
     @classmethod

@@ -15,10 +15,11 @@ rules that span parameters, which OpenAPI cannot express, are stated in each ope
 # No `from __future__ import annotations`: FastAPI reads the endpoints' annotations at runtime, some of them local.
 import gc
 import logging
+import os
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -31,14 +32,14 @@ from cassandra.connection import ConnectionException
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from pydantic import BaseModel
 
 from infra.cassandra import make_cluster
 from infra.settings import Settings
 from serving import console, params, queries
 from serving.merge import Resolution
-from serving.store import ReadBudget, ReadBudgetExceededError, RowCache, ViewReader
+from serving.store import ReadBudget, ReadBudgetExceededError, ViewReader
 from views.buckets import MINUTE, floor
 
 logger = logging.getLogger(__name__)
@@ -111,18 +112,20 @@ class Backend:
         self.last_error: str | None = None
 
     @property
-    def cache(self) -> RowCache | None:
-        """Return the batch-row cache shared by this process's readers (None before connecting or when disabled)."""
-        return self._reader.cache if self._reader is not None else None
+    def current(self) -> ViewReader | None:
+        """Return the process's reader (its caches) if connected, without connecting."""
+        return self._reader
 
     def reader(self) -> ViewReader:
-        """Return a per-request reader.
+        """Return the process's reader (shared by every request: it holds no state of a request).
 
         :raises CassandraUnavailableError: Cassandra is unreachable or the views are not migrated.
         """
+        reader = self._reader
+        if reader is not None:
+            return reader
         with self._lock:
-            reader = self._reader or self._connect()
-            return reader.request_reader()
+            return self._reader or self._connect()
 
     def _connect(self) -> ViewReader:
         now = time.monotonic()
@@ -171,22 +174,68 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:500]
 
 
-class RowCacheCollector:
-    """The batch-row cache's size and its hit and miss counters, read from the cache on each scrape."""
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # set by `trends serve --workers N` (N > 1) to a fresh directory
 
-    def __init__(self) -> None:
-        self.cache: RowCache | None = None  # the backend's (None: caching is off); the /metrics route sets it
 
-    def collect(self) -> Iterator[Metric]:
-        """Yield the cache's figures (nothing while the cache is off)."""
-        cache = self.cache
-        if cache is None:
-            return
-        yield GaugeMetricFamily(
-            "trends_api_row_cache_bytes", "Bytes of batch-view rows the cache holds (serving.cache_mb).", cache.bytes
+def multiprocess() -> bool:
+    """Tell whether this process is one of several workers whose metrics prometheus_client adds up in files."""
+    return bool(os.environ.get(MULTIPROC_ENV))
+
+
+class CacheMetrics:
+    """The caches' sizes and outcomes as Prometheus metrics, brought up to date after each request and on scrape.
+
+    Plain counters and gauges (not a collector reading the caches on scrape): with several workers a scrape is
+    answered by one of them, and only metrics written to prometheus_client's files add up across all of them.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.row_bytes = Gauge(
+            "trends_api_row_cache_bytes",
+            "Bytes of view rows the caches hold (batch rows by run, speed minutes by count; serving.cache_mb).",
+            registry=registry,
+            multiprocess_mode="livesum",
         )
-        yield CounterMetricFamily("trends_api_row_cache_hits", "Batch-row reads answered from the cache.", cache.hits)
-        yield CounterMetricFamily("trends_api_row_cache_misses", "Batch-row reads sent to Cassandra.", cache.misses)
+        self.row_hits = Counter(
+            "trends_api_row_cache_hits", "View-row reads answered from the cache.", registry=registry
+        )
+        self.row_misses = Counter("trends_api_row_cache_misses", "View-row reads sent to Cassandra.", registry=registry)
+        self.answer_bytes = Gauge(
+            "trends_api_answer_cache_bytes",
+            "Bytes of merged answers the answer cache holds (serving.answer_cache_mb).",
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.answers = Counter(
+            "trends_api_answers",
+            "Questions by outcome: hit (a lookup), partial (batch part kept, changed speed minutes read), miss.",
+            ["outcome"],
+            registry=registry,
+        )
+        self._seen: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _add(self, name: str, now: int, counter: Any) -> None:
+        delta = now - self._seen.get(name, 0)
+        if delta > 0:
+            counter.inc(delta)
+            self._seen[name] = now
+
+    def sync(self, reader: ViewReader | None) -> None:
+        """Copy the reader's cache figures into the metrics (counters by what changed since the last call)."""
+        if reader is None:
+            return
+        with self._lock:
+            caches = [c for c in (reader.cache, reader.speed_cache) if c is not None]
+            self.row_bytes.set(sum(c.bytes for c in caches))
+            self._add("row_hits", sum(c.hits for c in caches), self.row_hits)
+            self._add("row_misses", sum(c.misses for c in caches), self.row_misses)
+            answers = reader.answers
+            if answers is not None:
+                self.answer_bytes.set(answers.bytes)
+                self._add("hit", answers.hits, self.answers.labels("hit"))
+                self._add("partial", answers.partial, self.answers.labels("partial"))
+                self._add("miss", answers.misses, self.answers.labels("miss"))
 
 
 @dataclass
@@ -197,15 +246,13 @@ class Metrics:
     requests: Counter
     latency: Histogram
     cassandra_up: Gauge
-    cache: RowCacheCollector
+    cache: CacheMetrics
     gaps: Gauge
 
     @classmethod
     def create(cls) -> "Metrics":
-        """Register the API's metrics."""
+        """Register the API's metrics (in this process's files too when several workers serve: :func:`multiprocess`)."""
         reg = CollectorRegistry()
-        cache = RowCacheCollector()
-        reg.register(cache)
         return cls(
             reg,
             Counter("trends_api_requests", "HTTP requests by route and status.", ["route", "status"], registry=reg),
@@ -216,13 +263,19 @@ class Metrics:
                 buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
                 registry=reg,
             ),
-            Gauge("trends_api_cassandra_up", "1 if the last Cassandra read succeeded.", registry=reg),
-            cache,
+            Gauge(
+                "trends_api_cassandra_up",
+                "1 if the last Cassandra read succeeded.",
+                registry=reg,
+                multiprocess_mode="mostrecent",
+            ),
+            CacheMetrics(reg),
             Gauge(
                 "trends_api_gap_minutes",
                 "Minutes of the last 24 h (slice *) that answers report as gaps, by reason (read on scrape).",
                 ["reason"],
                 registry=reg,
+                multiprocess_mode="mostrecent",
             ),
         )
 
@@ -508,7 +561,6 @@ def ready(ctx: Context) -> dict[str, str]:
 )
 def prometheus(ctx: Context) -> Response:
     """Prometheus text: requests and latency by route, Cassandra up, the batch-row cache, gaps by reason."""
-    ctx.metrics.cache.cache = ctx.backend.cache
     unavailable: tuple[type[BaseException], ...] = (CassandraUnavailableError, *_driver_errors())
     try:
         gaps = queries.gap_minutes(ctx.backend.reader(), datetime.now(UTC))
@@ -519,6 +571,11 @@ def prometheus(ctx: Context) -> Response:
         ctx.metrics.cassandra_up.set(1)
         for reason, minutes in gaps.items():
             ctx.metrics.gaps.labels(reason).set(minutes)
+    ctx.metrics.cache.sync(ctx.backend.current)
+    if multiprocess():  # every worker's figures, added up from prometheus_client's files
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
     return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -585,6 +642,7 @@ def create_app(settings: Settings) -> FastAPI:
         finally:
             if query:
                 busy["queries"] -= 1
+                metrics.cache.sync(backend.current)
         route = getattr(request.scope.get("route"), "path", "unmatched")
         metrics.requests.labels(route, str(response.status_code)).inc()
         metrics.latency.labels(route).observe(time.perf_counter() - began)
@@ -606,6 +664,11 @@ def create_app(settings: Settings) -> FastAPI:
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def app_from_env() -> FastAPI:
+    """Build the app from ``TRENDS_*`` variables (the factory of each worker of ``trends serve --workers N``)."""
+    return create_app(Settings())
 
 
 def parameter_schemas(settings: Settings) -> dict[str, dict[str, Any]]:

@@ -118,11 +118,17 @@ def query() -> None:
     is_flag=True,
     help="Bind a non-loopback address without an API token (or with a short one); logs a warning.",
 )
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    help="Worker processes on the port (default: serving.workers); they share nothing but Cassandra.",
+)
 @click.pass_obj
-def serve(settings: Settings, host: str | None, port: int | None, insecure: bool) -> None:
+def serve(settings: Settings, host: str | None, port: int | None, insecure: bool, workers: int | None) -> None:
     """Serve the HTTP API (/api/v1, /docs, /health, /ready, /metrics) and the dashboard (/).
 
     Off loopback the API needs TRENDS_SERVING__API_TOKEN (16 characters or more) unless --insecure is given.
+    With several workers, /metrics adds up all of them (Prometheus multiprocess mode, a fresh directory per start).
     """
     from infra.security import exposure_problem
 
@@ -143,8 +149,44 @@ def serve(settings: Settings, host: str | None, port: int | None, insecure: bool
 
     from serving.api import create_app
 
-    click.echo(f"dashboard http://{host}:{port}/  API docs http://{host}:{port}/docs")
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower(), access_log=False)
+    workers = workers if workers is not None else settings.serving.workers
+    click.echo(f"dashboard http://{host}:{port}/  API docs http://{host}:{port}/docs  ({workers} worker(s))")
+    if workers == 1:
+        uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower(), access_log=False)
+        return
+    _serve_workers(settings, host, port, workers)
+
+
+def _serve_workers(settings: Settings, host: str, port: int, workers: int) -> None:
+    """Run uvicorn's workers over :func:`serving.api.app_from_env`, with a fresh metrics directory for this start.
+
+    The workers are new interpreters: they read these settings from ``TRENDS_*`` variables and write their metrics
+    to files in ``PROMETHEUS_MULTIPROC_DIR``, which must exist before prometheus_client is imported there and must not
+    hold files of an earlier server (their counts would be added in).
+    """
+    import os
+    import shutil
+    import tempfile
+
+    import uvicorn
+
+    from serving.api import MULTIPROC_ENV
+
+    metrics_dir = tempfile.mkdtemp(prefix="trends-serve-metrics-")
+    os.environ.update(settings.to_env())
+    os.environ[MULTIPROC_ENV] = metrics_dir
+    try:
+        uvicorn.run(
+            "serving.api:app_from_env",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            log_level=settings.log_level.lower(),
+            access_log=False,
+        )
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 @query.command()

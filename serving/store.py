@@ -1,28 +1,33 @@
 """Read both views from Cassandra for a merge plan: the boundary, coverage, freshness and the rows of each span.
 
 All statements are prepared once per reader and bound; every read uses the read consistency profile. A reader
-holds one session (the API keeps one for its lifetime).
+holds one session, its statements and its caches, and no state of a request: the API keeps one for its lifetime and
+every request uses it. The read path goes one way: :meth:`ViewReader.coverage` reads the state of both layers (with
+the current run of every hour of the window), :func:`serving.merge.plan` splits the window, :meth:`ViewReader.stream`
+reads the rows of the plan's spans under the runs of that same coverage, and :mod:`serving.queries` merges them
+(through the answer cache of :mod:`serving.cache`).
 
 Batch rows are immutable once their run is current (a rerun writes a new version under a new run id and swaps the
 pointer), so a reader keeps the batch rows it has read in a bounded LRU (:class:`RowCache`) keyed by the run they
 belong to: a rerun changes the key, never the entry, and a cached row cannot be stale. Daily rollups are keyed by
 the fingerprint of their day's pointers and cached only when the row read carries that fingerprint. Speed rows
-change with every micro-batch and are always read.
+change with every micro-batch: :mod:`serving.cache` keeps them by the events the speed layer counted in their minute.
 """
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import logging
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Iterator
+import uuid
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
+from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 from infra.cassandra import READ_PROFILE
 from infra.settings import CassandraSettings, Settings
+from serving.cache import AnswerCache, Bucket, RowCache
 from serving.merge import Layer, Resolution, Span, SpeedCoverage
 from views.buckets import DAY, HOUR, MINUTE, as_date, days_between, floor, month_key, utc
 from views.store import cql
@@ -41,19 +46,6 @@ SKETCH_FIELDS = cql.SKETCH_FIELDS
 
 
 @dataclass(frozen=True)
-class Bucket:
-    """One row of a view as a query sees it."""
-
-    start: datetime
-    resolution: Resolution
-    layer: Layer
-    events: int
-    users_hll: bytes
-    values_kll: bytes
-    items_fi: bytes
-
-
-@dataclass(frozen=True)
 class Coverage:
     """What the merge rule needs to know about both layers for a window."""
 
@@ -67,6 +59,7 @@ class Coverage:
     speed: SpeedCoverage = field(default_factory=lambda: SpeedCoverage(()))
     stale: dict[datetime, int] = field(default_factory=dict)  # batch hours -> records indexed since their run
     incomplete: dict[datetime, list[Loss]] = field(default_factory=dict)  # hours lost records may belong to
+    runs: Mapping[date, Mapping[datetime, uuid.UUID]] = field(default_factory=dict)  # current run per hour, per day
 
     @property
     def speed_fresh_until(self) -> datetime | None:
@@ -74,58 +67,7 @@ class Coverage:
         return self.speed.fresh_until
 
 
-ROW_OVERHEAD_BYTES = 200  # a cached row's object and key, besides its sketch bytes
-
-
-def _size(rows: tuple[Bucket, ...]) -> int:
-    return ROW_OVERHEAD_BYTES + sum(
-        ROW_OVERHEAD_BYTES + len(b.users_hll) + len(b.values_kll) + len(b.items_fi) for b in rows
-    )
-
-
-class RowCache:
-    """A thread-safe LRU of immutable batch rows, bounded in bytes: key -> the rows (maybe none) one read returned."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._entries: OrderedDict[Hashable, tuple[tuple[Bucket, ...], int]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, key: Hashable) -> tuple[Bucket, ...] | None:
-        """Return the cached rows of a key (most recently used now), or None."""
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                self.misses += 1
-                return None
-            self._entries.move_to_end(key)
-            self.hits += 1
-            return entry[0]
-
-    def put(self, key: Hashable, rows: tuple[Bucket, ...]) -> None:
-        """Keep the rows of a key, evicting the least recently used entries beyond ``max_bytes``."""
-        size = _size(rows)
-        if size > self.max_bytes:
-            return
-        with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self._bytes -= old[1]
-            self._entries[key] = (rows, size)
-            self._bytes += size
-            while self._bytes > self.max_bytes:
-                _, (_, evicted) = self._entries.popitem(last=False)
-                self._bytes -= evicted
-
-    @property
-    def bytes(self) -> int:
-        """Return the bytes held (sketches plus a fixed overhead per row and entry)."""
-        return self._bytes
-
-
+RECENT_WINDOWS = 256  # coverages kept for serving.state_max_age_ms (a handful of windows are asked at any time)
 QUORUM_LEVELS = {"QUORUM", "LOCAL_QUORUM", "EACH_QUORUM", "ALL"}
 EVERY_DC_WRITES = {"EACH_QUORUM", "ALL"}  # a write acknowledged by a quorum of every data centre
 GLOBAL_LEVELS = {"QUORUM", "EACH_QUORUM", "ALL"}  # quorums of all replicas, whatever their data centre
@@ -164,7 +106,11 @@ def rows_cacheable(settings: Settings) -> bool:
 
 
 class ViewReader:
-    """Prepared reads of the speed and batch views."""
+    """Prepared reads of the speed and batch views over one session, and the caches of the process that holds it.
+
+    It keeps no state of a request (the pointers a request reads travel in its :class:`Coverage`), so concurrent
+    requests share one reader.
+    """
 
     def __init__(self, settings: Settings, sess: Session) -> None:
         self.settings = settings
@@ -174,30 +120,37 @@ class ViewReader:
         self.speed_rows = SpeedRows(settings, sess)
         self.loss_store = LossStore(settings, sess)
         self._rows: dict[frozenset[str], dict[str, Any]] = {}
-        self._pointers: dict[date, dict[datetime, Any]] = {}
-        self._indexed: dict[datetime, int | None] = {}
-        self.cache = RowCache(settings.serving.cache_mb * 1024 * 1024) if rows_cacheable(settings) else None
-        if self.cache is None and settings.serving.cache_mb > 0:
+        self._recent: dict[tuple[datetime, datetime, str], tuple[float, Coverage]] = {}
+        cacheable = rows_cacheable(settings)
+        if not cacheable and settings.serving.cache_mb > 0:
             _ok, why = reads_see_acknowledged_writes(settings.cassandra)
-            logger.info("batch row cache off: %s do not make every read see every acknowledged write", why)
+            logger.info("batch row and answer caches off: %s do not make every read see every acknowledged write", why)
+        mib = 1024 * 1024
+        self.cache = RowCache(settings.serving.cache_mb * mib) if cacheable else None
+        # speed minutes kept by their epoch's count: right at any consistency level (a short row is never kept)
+        self.speed_cache = RowCache(settings.serving.cache_mb * mib) if settings.serving.cache_mb > 0 else None
+        answers_mb = settings.serving.answer_cache_mb
+        self.answers = AnswerCache(answers_mb * mib) if cacheable and answers_mb > 0 else None
 
-    def _row_statements(self, fields: frozenset[str]) -> dict[str, Any]:
+    def recent_coverage(self, start: datetime, end: datetime, slice_: str) -> Coverage | None:
+        """Return the coverage of this window read less than ``serving.state_max_age_ms`` ago (None: none that recent).
+
+        Only to answer from the answer cache: the speed rows' keep-until is checked against the clock again (a gap
+        that appears by expiry is never hidden), and anything to read is planned on a coverage read anew.
+        """
+        max_age = self.settings.serving.state_max_age_ms / 1000
+        found = self._recent.get((start, end, slice_)) if max_age > 0 else None
+        if found is None or monotonic() - found[0] > max_age:
+            return None
+        cov = found[1]
+        return dataclasses.replace(cov, speed=dataclasses.replace(cov.speed, now=datetime.now(UTC)))
+
+    def statements(self, fields: frozenset[str]) -> dict[str, Any]:
         """Return the row reads selecting only ``fields`` of the sketches (prepared once per field set)."""
         stmts = self._rows.get(fields)
         if stmts is None:
             stmts = self._rows[fields] = cql.prepare_reads(self.sess, self.settings, fields)
         return stmts
-
-    def request_reader(self) -> ViewReader:
-        """Return a reader sharing this one's session and prepared statements, with an empty pointer cache.
-
-        A long-lived process (the API) takes one per request: batch reruns move the pointers, and requests served
-        by concurrent threads must not share a cache.
-        """
-        other = copy.copy(self)
-        other._pointers = {}
-        other._indexed = {}
-        return other
 
     def ping(self, timeout: float) -> None:
         """Read one row of the watermark table (readiness); raise the driver's error when Cassandra cannot."""
@@ -208,42 +161,43 @@ class ViewReader:
         futures = [self.sess.execute_async(stmt, params, execution_profile=READ_PROFILE) for stmt, params in requests]
         return [list(f.result()) for f in futures]
 
-    def pointers(self, day: date) -> dict[datetime, Any]:
-        """Return the current batch run per completed hour of a day (cached per reader)."""
-        self._load_pointers([day])
-        return self._pointers[day]
+    def pointers(self, day: date) -> dict[datetime, uuid.UUID]:
+        """Return the current batch run per completed hour of a day (read now)."""
+        return self.read_pointers([day])[0][day]
 
-    def _load_pointers(self, days: list[date]) -> None:
-        missing = [d for d in days if d not in self._pointers]
-        requests = [self.pointer_store.pointers_request(d) for d in missing]
-        for day, rows in zip(missing, self._exec_many(requests), strict=True):
-            self._keep_pointers(day, rows)
-
-    def _keep_pointers(self, day: date, rows: list[Any]) -> None:
-        pointers = decode_pointers(rows)
-        self._pointers[day] = {h: p.run_id for h, p in pointers.items()}
-        self._indexed.update({h: p.indexed for h, p in pointers.items()})
+    def read_pointers(
+        self, days: Iterable[date]
+    ) -> tuple[dict[date, dict[datetime, uuid.UUID]], dict[datetime, int | None]]:
+        """Return the current run per hour of each day, and the indexed records each run read (one round)."""
+        wanted = sorted(set(days))
+        runs: dict[date, dict[datetime, uuid.UUID]] = {}
+        indexed: dict[datetime, int | None] = {}
+        rows = self._exec_many([self.pointer_store.pointers_request(d) for d in wanted])
+        for day, day_rows in zip(wanted, rows, strict=True):
+            pointers = decode_pointers(day_rows)
+            runs[day] = {h: p.run_id for h, p in pointers.items()}
+            indexed.update({h: p.indexed for h, p in pointers.items()})
+        return runs, indexed
 
     def stale_hours(self, limit: int = 1000) -> dict[datetime, int]:
         """Return every batch hour whose indexed records grew after its current run, with how many arrived since."""
         noticed = self.pointer_store.stale(self.settings.kafka.events_topic)
-        self._load_pointers(sorted({h.date() for h in noticed}))
+        _, indexed = self.read_pointers({h.date() for h in noticed})
         out = {}
         for hour, records in noticed.items():
-            read = self._indexed.get(hour)
+            read = indexed.get(hour)
             if read is not None and records > read:
                 out[hour] = records - read
         return dict(sorted(out.items())[:limit])
 
     def coverage(self, start: datetime, end: datetime, slice_: str) -> Coverage:
-        """Read the boundary, the completed hours, current daily rollups and what the speed layer counted.
+        """Read the boundary, the completed hours (with their runs), current daily rollups and what speed counted.
 
         One round of concurrent reads (the watermark, the speed progress and epochs, the hour pointers of the
-        window's days not cached yet, the daily rollups' fingerprints of its months), then one more for the speed
-        coverage of the part of the window at or above the boundary.
+        window's days, the daily rollups' fingerprints of its months), then one more for the speed coverage of the
+        part of the window at or above the boundary.
         """
         days = days_between(start, end)
-        missing = [d for d in days if d not in self._pointers]
         months: dict[str, list[date]] = {}
         for day in days:
             months.setdefault(month_key(day), []).append(day)
@@ -256,7 +210,7 @@ class ViewReader:
                 self.pointer_store.stale_request(topic, floor(start, HOUR), end),
                 self.speed_rows.epochs_request(query),
                 self.loss_store.losses_request(topic),
-                *(self.pointer_store.pointers_request(d) for d in missing),
+                *(self.pointer_store.pointers_request(d) for d in days),
                 *(self.batch_rows.fingerprints_request(slice_, m) for m in months),
             ]
         )
@@ -266,25 +220,29 @@ class ViewReader:
         incomplete = self.loss_store.incomplete(topic, start, end, losses) if losses else {}
         mark = decode_watermark(mark_rows[0] if mark_rows else None)
         speed = self._speed_coverage(start, end, slice_, mark.boundary, decode_epochs(epoch_rows))
-        for day, pointer_rows in zip(missing, rest[: len(missing)], strict=True):
-            self._keep_pointers(day, pointer_rows)
+        runs: dict[date, dict[datetime, uuid.UUID]] = {}
+        indexed: dict[datetime, int | None] = {}
+        for day, pointer_rows in zip(days, rest[: len(days)], strict=True):
+            pointers = decode_pointers(pointer_rows)
+            runs[day] = {h: p.run_id for h, p in pointers.items()}
+            indexed.update({h: p.indexed for h, p in pointers.items()})
         current: set[date] = set()
-        for month_days, rollups in zip(months.values(), rest[len(missing) :], strict=True):
+        for month_days, rollups in zip(months.values(), rest[len(days) :], strict=True):
             wanted = set(month_days)
             for r in rollups:
                 day = as_date(r.day)
-                if day in wanted and r.hour_runs == fingerprint_of(self._pointers[day]):
+                if day in wanted and r.hour_runs == fingerprint_of(runs[day]):
                     current.add(day)
         hours: set[datetime] = set()
         for day in days:
-            hours |= set(self._pointers[day])
+            hours |= set(runs[day])
         prog = prog_rows[0] if prog_rows else None
         stale = {}
         for hour, records in decode_stale(stale_rows).items():  # stale while the index holds more than its run read
-            read = self._indexed.get(hour)
+            read = indexed.get(hour)
             if hour in hours and read is not None and records > read:
                 stale[hour] = records - read
-        return Coverage(
+        cov = Coverage(
             speed=speed,
             stale=stale,
             incomplete=incomplete,
@@ -295,7 +253,13 @@ class ViewReader:
             current_days=current,
             speed_newest_event=utc(prog.newest_event_ts) if prog else None,
             speed_updated_at=utc(prog.updated_at) if prog else None,
+            runs=runs,
         )
+        if self.settings.serving.state_max_age_ms > 0:
+            if len(self._recent) > RECENT_WINDOWS:
+                self._recent.clear()
+            self._recent[(start, end, slice_)] = (monotonic(), cov)
+        return cov
 
     def _speed_coverage(
         self, start: datetime, end: datetime, slice_: str, boundary: datetime | None, epochs: list[Epoch]
@@ -324,9 +288,15 @@ class ViewReader:
             now,
         )
 
-    def read(self, spans: list[Span], slice_: str, fields: Iterable[str] = SKETCH_FIELDS) -> list[Bucket]:
+    def read(
+        self,
+        spans: list[Span],
+        slice_: str,
+        fields: Iterable[str] = SKETCH_FIELDS,
+        runs: Mapping[date, Mapping[datetime, uuid.UUID]] | None = None,
+    ) -> list[Bucket]:
         """Return all the rows that serve the spans, in time order (see :meth:`stream`; this holds them all)."""
-        return list(self.stream(spans, slice_, fields))
+        return list(self.stream(spans, slice_, fields, runs=runs))
 
     def stream(
         self,
@@ -334,6 +304,7 @@ class ViewReader:
         slice_: str,
         fields: Iterable[str] = SKETCH_FIELDS,
         budget: ReadBudget | None = None,
+        runs: Mapping[date, Mapping[datetime, uuid.UUID]] | None = None,
     ) -> Iterator[Bucket]:
         """Yield the rows that serve the spans (gaps read nothing) in time order, as they arrive.
 
@@ -346,8 +317,14 @@ class ViewReader:
         batch minute span reads (and caches) its whole hour of that run, so a sliding window reuses it.
 
         :arg budget: charged with every row yielded; it raises once the request has read too much.
+        :arg runs: the current run of each hour of the batch spans' days, as the plan's coverage read them (the
+            spans were planned with them); None reads them now.
         """
-        reads = _ReadSchedule(self, slice_, frozenset(fields))
+        if runs is None:
+            batch_days = {s.start.date() for s in spans if s.layer == "batch"}
+            runs = self.read_pointers(batch_days)[0] if batch_days else {}
+        wanted = frozenset(fields)
+        reads = _ReadSchedule(self.sess, self.statements(wanted), self.cache, slice_, wanted, runs)
         hour_spans: dict[date, list[Span]] = {}
         for span in spans:
             if span.layer == "gap":
@@ -368,7 +345,8 @@ class ViewReader:
             yield bucket
 
     @staticmethod
-    def _bucket(start: datetime | None, resolution: Resolution, layer: Layer, r: Any) -> Bucket:
+    def bucket(start: datetime | None, resolution: Resolution, layer: Layer, r: Any) -> Bucket:
+        """Turn a row read into a :class:`Bucket` (sketches not selected are empty)."""
         if start is None:
             msg = "a view row without a bucket start"
             raise ValueError(msg)
@@ -396,8 +374,15 @@ class ReadBudget:
 
         :raises ReadBudgetExceededError: the request has read more sketch bytes than allowed.
         """
-        self.rows += 1
-        self.bytes += len(bucket.users_hll) + len(bucket.values_kll) + len(bucket.items_fi)
+        self.charge_bytes(bucket.sketch_bytes)
+
+    def charge_bytes(self, sketch_bytes: int, rows: int = 1) -> None:
+        """Count rows served from the answer cache as if read (the same question costs the same budget).
+
+        :raises ReadBudgetExceededError: the request has read more sketch bytes than allowed.
+        """
+        self.rows += rows
+        self.bytes += sketch_bytes
         if self.bytes > self.max_bytes:
             raise ReadBudgetExceededError(self.max_bytes, self.rows)
 
@@ -431,14 +416,32 @@ class _Unit:
 
 
 class _ReadSchedule:
-    """The reads of one :meth:`ViewReader.stream`, scheduled: a unit per read (or cache hit), run in time order."""
+    """The reads of one :meth:`ViewReader.stream`, scheduled: a unit per read (or cache hit), run in time order.
 
-    def __init__(self, reader: ViewReader, slice_: str, fields: frozenset[str]) -> None:
-        self.reader = reader
+    It is given all it reads with (the session, the prepared reads, the batch-row cache, the runs of the plan's
+    coverage) and reaches back into nothing.
+    """
+
+    def __init__(
+        self,
+        sess: Session,
+        statements: Mapping[str, Any],
+        cache: RowCache | None,
+        slice_: str,
+        fields: frozenset[str],
+        runs: Mapping[date, Mapping[datetime, uuid.UUID]],
+    ) -> None:
+        self.sess = sess
+        self.stmt = statements
+        self.cache = cache
         self.slice = slice_
         self.fields = fields
-        self.stmt = reader._row_statements(fields)
+        self.runs = runs
         self.units: list[_Unit] = []
+
+    def pointers(self, day: date) -> Mapping[datetime, uuid.UUID]:
+        """Return the current runs of a day's hours as the plan's coverage read them."""
+        return self.runs.get(day, {})
 
     def _add(
         self,
@@ -458,16 +461,15 @@ class _ReadSchedule:
         self.units.append(_Unit(start, bound, emit, min(rows, page)))
 
     def _cached(self, key: Hashable) -> tuple[Bucket, ...] | None:
-        cache = self.reader.cache
-        return cache.get(key) if cache is not None else None
+        return self.cache.get(key) if self.cache is not None else None
 
     def _remember(self, key: Hashable, rows: Iterable[Bucket]) -> None:
-        if self.reader.cache is not None:
-            self.reader.cache.put(key, tuple(rows))
+        if self.cache is not None:
+            self.cache.put(key, tuple(rows))
 
     def speed(self, span: Span) -> None:
         """Read a speed span a day at a time, streamed in pages (never cached: it changes every micro-batch)."""
-        bucket = self.reader._bucket
+        bucket = ViewReader.bucket
 
         def emit(rows: Iterable[Any]) -> Iterator[Bucket]:
             return (bucket(utc(r.bucket_start), "minute", "speed", r) for r in rows)
@@ -481,7 +483,7 @@ class _ReadSchedule:
     def day(self, span: Span) -> None:
         """Serve a daily rollup, cached under the fingerprint of the day's pointers."""
         day = span.start.date()
-        fingerprint = fingerprint_of(self.reader.pointers(day))
+        fingerprint = fingerprint_of(self.pointers(day))
         key = ("day", self.slice, day, fingerprint, self.fields)
         hit = self._cached(key)
         if hit is not None:
@@ -490,7 +492,7 @@ class _ReadSchedule:
 
         def emit(result: Iterable[Any]) -> list[Bucket]:
             rows = list(result)
-            got = [self.reader._bucket(span.start, "day", "batch", r) for r in rows]
+            got = [ViewReader.bucket(span.start, "day", "batch", r) for r in rows]
             if all(r.hour_runs == fingerprint for r in rows):  # re-merged since the coverage read: don't keep it
                 self._remember(key, got)
             return got
@@ -500,7 +502,7 @@ class _ReadSchedule:
     def minutes(self, span: Span) -> None:
         """Serve batch minutes from the current run's whole hour (cached under that run)."""
         hour = floor(span.start, HOUR)
-        run = self.reader.pointers(hour.date()).get(hour)
+        run = self.pointers(hour.date()).get(hour)
         key = ("minutes", self.slice, hour, run, self.fields)
         hit = self._cached(key)
         if hit is not None:
@@ -508,17 +510,17 @@ class _ReadSchedule:
             return
 
         def emit(rows: Iterable[Any]) -> list[Bucket]:
-            got = [self.reader._bucket(utc(r.bucket_start), "minute", "batch", r) for r in rows]
+            got = [ViewReader.bucket(utc(r.bucket_start), "minute", "batch", r) for r in rows]
             self._remember(key, got)
             return [b for b in got if span.start <= b.start < span.end]
 
-        whole = self.reader.cache is not None  # without a cache, read only the span
+        whole = self.cache is not None  # without a cache, read only the span
         lo, hi = (hour, hour + HOUR) if whole else (span.start, span.end)
         self._add(span.start, "minutes", (self.slice, hour, run, lo, hi), emit, int((hi - lo) / MINUTE))
 
     def hours(self, day: date, spans: list[Span]) -> None:
         """Serve whole hours of a day: cached ones from the cache, the others with one range read (<= 24 rows)."""
-        pointers = self.reader.pointers(day)
+        pointers = self.pointers(day)
         cached: dict[datetime, tuple[Bucket, ...]] = {}
         missing: dict[datetime, Hashable] = {}
         for span in spans:
@@ -534,7 +536,7 @@ class _ReadSchedule:
             for r in rows:
                 hour = utc(r.hour)
                 if hour is not None and hour in missing and pointers.get(hour) == r.run_id:
-                    found[hour] = (self.reader._bucket(hour, "hour", "batch", r),)
+                    found[hour] = (ViewReader.bucket(hour, "hour", "batch", r),)
             for hour, key in missing.items():  # an hour without a row for this slice is cached as empty
                 found.setdefault(hour, ())
                 self._remember(key, found[hour])
@@ -555,7 +557,7 @@ class _ReadSchedule:
         whether they come from the cache or from Cassandra: warm and cold answers merge alike.
         """
         units = sorted(self.units, key=lambda u: u.start)
-        sess = self.reader.sess
+        sess = self.sess
         pending: dict[int, Any] = {}
         issued, ahead_rows = 0, 0
         for i, unit in enumerate(units):

@@ -161,9 +161,12 @@ def test_cached_batch_rows_follow_the_pointer(served: tuple[Settings, list[Event
     with session(settings) as sess:
         reader = ViewReader(settings, sess)
         assert reader.cache is not None
-        cold = queries.summary(queries.load(reader.request_reader(), start, end, "*"))
+        cold = queries.summary(queries.load(reader, start, end, "*"))
         misses = reader.cache.misses
-        warm = queries.summary(queries.load(reader.request_reader(), start, end, "*"))
+        warm = queries.summary(queries.load(reader, start, end, "*"))
+        assert reader.answers is not None and reader.answers.hits == 1  # the same question again: a lookup
+        shorter = queries.load(reader, start, end - MIN, "*")  # another question over the same batch rows
+        assert queries.summary(shorter).events == len(exact(events, start, end - MIN))
         assert reader.cache.misses == misses and reader.cache.hits > 0  # every batch row came from the cache
         assert (warm.events, warm.users, warm.top_items) == (cold.events, cold.users, cold.top_items)
         # KLL compaction is randomized: warm and cold quantiles are each within the rank error of the exact ranks
@@ -175,7 +178,7 @@ def test_cached_batch_rows_follow_the_pointer(served: tuple[Settings, list[Event
                 assert lo - answer.quantile_rank_error <= float(rank) <= hi + answer.quantile_rank_error
 
         # A new version of H0 with every minute counted twice becomes current: the warm reader serves it at once.
-        minutes = queries.load(reader.request_reader(), H0, H0 + HOUR, "*", coarsest="minute").buckets
+        minutes = queries.load(reader, H0, H0 + HOUR, "*", coarsest="minute").buckets
         doubled = [ViewRow("*", b.start, 2 * b.events, b.users_hll, b.values_kll, b.items_fi, b.start, b.start)
                    for b in minutes]  # fmt: skip
         merged = merge_all((b.users_hll, b.values_kll, b.items_fi) for b in minutes)
@@ -184,11 +187,11 @@ def test_cached_batch_rows_follow_the_pointer(served: tuple[Settings, list[Event
         run = uuid.uuid1()
         store.rows.write_versions({H0: run}, {H0: doubled}, {H0: [hour_row]})
         store.pointers.swap([(H0, run, None)])
-        after = queries.summary(queries.load(reader.request_reader(), start, end, "*"))
+        after = queries.summary(queries.load(reader, start, end, "*"))
         assert after.events == cold.events + len(exact(events, start, H0 + HOUR))
 
         job.run(settings, H0, H0 + HOUR, spark=spark)  # the batch layer's rerun restores the hour: served at once
-        restored = queries.summary(queries.load(reader.request_reader(), start, end, "*"))
+        restored = queries.summary(queries.load(reader, start, end, "*"))
         assert restored.events == cold.events == len(exact(events, start, end))
 
 

@@ -202,11 +202,15 @@ def test_ops_endpoints(server: str) -> None:
     metrics = httpx.get(f"{server}/metrics").text
     assert 'trends_api_requests_total{route="/api/v1/status",status="200"}' in metrics
     assert "trends_api_cassandra_up 1.0" in metrics
-    # a batch window asked twice: the second answer's batch rows come from the process's row cache
+    # a batch window asked twice: the second answer is a lookup in the process's answer cache
+    hits = r'^trends_api_answers_total\{outcome="hit"\} (\S+)$'
+    before = float((re.findall(hits, httpx.get(f"{server}/metrics").text, re.M) or ["0"])[0])
     window = f"start={iso(H0)}&end={iso(H0 + HOUR)}"
     assert httpx.get(f"{server}/api/v1/count?{window}").json() == httpx.get(f"{server}/api/v1/count?{window}").json()
-    cache = dict(re.findall(r"^trends_api_row_cache_(\w+) (\S+)$", httpx.get(f"{server}/metrics").text, re.M))
-    assert float(cache["hits_total"]) >= 1 and float(cache["bytes"]) > 0, cache
+    text = httpx.get(f"{server}/metrics").text
+    assert float(re.findall(hits, text, re.M)[0]) >= before + 1
+    cache = dict(re.findall(r"^trends_api_(row|answer)_cache_bytes (\S+)$", text, re.M))
+    assert float(cache["row"]) > 0 and float(cache["answer"]) > 0, cache
 
 
 BAD_REQUESTS = [

@@ -72,18 +72,16 @@ def test_a_long_window_is_merged_as_it_streams_in(long_speed_window: tuple[Setti
     with session(settings) as sess:
         reader = ViewReader(settings, sess)
         # prepare, warm the driver
-        queries.load(reader.request_reader(), END - 60 * MIN, END, "*", fields=("items_fi",))
+        queries.load(reader, END - 60 * MIN, END, "*", fields=("items_fi",))
 
         def top() -> queries.Top:
-            w = queries.load(reader.request_reader(), END - ROWS * MIN, END, "*", fields=("items_fi",), keep_rows=False)
+            w = queries.load(reader, END - ROWS * MIN, END, "*", fields=("items_fi",), keep_rows=False)
             assert w.provenance.spans[0]["layer"] == "speed" and not w.buckets
             return queries.top(w, 10)
 
         answer, streamed = traced_peak(top)
         held, holding = traced_peak(
-            lambda: queries.load(
-                reader.request_reader(), END - ROWS * MIN, END, "*", fields=("items_fi",), keep_rows=True
-            )
+            lambda: queries.load(reader, END - ROWS * MIN, END, "*", fields=("items_fi",), keep_rows=True)
         )
     assert sum(b.events for b in held.buckets) == events == held.merged.events  # the same rows, all of them
     assert answer.items and answer.items_max_error > 0
@@ -100,5 +98,5 @@ def test_the_read_budget_stops_a_request_that_reads_too_much(long_speed_window: 
             queries.load(reader, END - ROWS * MIN, END, "*", fields=("items_fi",), budget=budget)
         assert budget.bytes > sketch_bytes // 4 and budget.rows < ROWS // 3, (budget.rows, exc.value)
         enough = ReadBudget(sketch_bytes)
-        queries.load(reader.request_reader(), END - ROWS * MIN, END, "*", fields=("items_fi",), budget=enough)
+        queries.load(reader, END - ROWS * MIN, END, "*", fields=("items_fi",), budget=enough)
         assert (enough.rows, enough.bytes) == (ROWS, sketch_bytes)

@@ -84,8 +84,8 @@ def test_limits_and_ranks(settings: Settings) -> None:
 def test_row_cache_is_a_bounded_lru_that_keeps_empty_reads() -> None:
     from datetime import UTC, datetime
 
-    from serving.store import ROW_OVERHEAD_BYTES as O
-    from serving.store import Bucket, RowCache
+    from serving.cache import ROW_OVERHEAD_BYTES as O
+    from serving.cache import Bucket, RowCache
 
     row = Bucket(datetime(2026, 1, 1, tzinfo=UTC), "hour", "batch", 1, b"h" * 100, b"", b"f" * 100)
     one = O + (O + 200)  # an entry of one row: entry overhead + row overhead + its sketch bytes
