@@ -882,6 +882,22 @@ class Settings(BaseSettings):
         _flatten(self, (), out)
         return out
 
+    def secret_vars(self) -> dict[str, str]:
+        """Return the variable of every secret setting (``SecretStr``) and the section it belongs to.
+
+        E.g. ``TRENDS_KAFKA__SASL_PASSWORD`` -> ``kafka``: a child process is given the secrets of the sections
+        (services) it talks to only (:func:`infra.process.child_env`).
+        """
+        out: dict[str, str] = {}
+        for section, field in type(self).model_fields.items():
+            model = field.annotation
+            if not (isinstance(model, type) and issubclass(model, BaseModel)):
+                continue
+            for name, sub in model.model_fields.items():
+                if "SecretStr" in str(sub.annotation):
+                    out[ENV_PREFIX + f"{section}{ENV_NESTED_DELIMITER}{name}".upper()] = section
+        return out
+
 
 def _flatten(model: BaseModel, prefix: tuple[str, ...], out: dict[str, str]) -> None:
     for name, field in type(model).model_fields.items():
