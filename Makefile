@@ -17,6 +17,7 @@ help:
 	@echo "make test-reliability  the fault-injection suite (not part of make test)"
 	@echo "make test-cluster      Spark standalone cluster, 3-broker Kafka, 2-node Cassandra (not part of make test)"
 	@echo "make test-backfill     trends batch backfill over 30 days and with Cassandra stopped (not part of make test)"
+	@echo "make test-tls          the pipeline over TLS and SASL_SSL on a private TLS stack (not part of make test)"
 	@echo "make test-alerting     the alert rules (promtool) and a real Prometheus firing the watermark-lag alert"
 	@echo "make gotools     build promtool and prometheus from Go modules into ~/.cache/trends/bin (once, ~6 min)"
 	@echo "make lint        ruff check, ruff format --check, mypy, lint-imports (the layering contracts)"
@@ -76,6 +77,12 @@ test-cluster: setup
 # Airflow (3-7 min; kept out of make test, which would pass 30 minutes with it).
 test-backfill: setup
 	$(BIN)/pytest -m backfill tests/services/test_batch_backfill_cli.py
+
+# The whole pipeline over TLS (Kafka SASL_SSL with SCRAM-SHA-512, Cassandra client encryption and a password) on a
+# private TLS stack (ports 19110-19116), compared with the same run on the plaintext stack (~6-10 min).
+.PHONY: test-tls
+test-tls: setup
+	$(BIN)/pytest -m tls tests/services/test_tls_pipeline.py
 
 # The shipped alert rules: promtool's check and unit tests, then a real Prometheus scraping the batch exporter.
 test-alerting: setup $(GOTOOLS)
