@@ -330,7 +330,8 @@ class StackSettings(BaseModel):
         description="Run the local Kafka and Cassandra with TLS: a CA and server certificates are generated into "
         "<data_dir>/tls at `stack up`; Kafka listens with kafka.security_protocol SSL or SASL_SSL (SCRAM-SHA-512 or "
         "PLAIN users from kafka.sasl_*), Cassandra with client encryption (and a password when "
-        "cassandra.username/password are set). Clients default to that CA and cassandra.ssl.",
+        "cassandra.username/password are set). Clients default to that CA and cassandra.ssl (and, with SSL, whose "
+        "listeners require client certificates, to the stack's client certificate).",
     )
     kafka_cluster_id: str = Field(
         "tR3nDsLoCaLcLuStEr0001",
@@ -851,6 +852,10 @@ class Settings(BaseSettings):
             ca = self.tls_dir / "ca.pem"
             if self.kafka.ssl_ca_file is None:
                 self.kafka.ssl_ca_file = ca
+            if self.kafka.security_protocol == "SSL" and self.kafka.ssl_certificate_file is None:
+                # The stack's SSL listeners authenticate clients by certificate: use the stack's client certificate.
+                self.kafka.ssl_certificate_file = self.tls_dir / "client.pem"
+                self.kafka.ssl_key_file = self.tls_dir / "client-key.pem"
             if "ssl" not in self.cassandra.model_fields_set:
                 self.cassandra.ssl = True
             if self.cassandra.ssl_ca_file is None:

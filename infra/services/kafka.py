@@ -202,7 +202,7 @@ class Kafka(Service):
         The PEM keystore (key and chain) and CA come from :func:`infra.tls.ensure_stack_tls`. With SASL_SSL the
         brokers log in to each other as the configured user with its mechanism; SCRAM users are created by
         ``kafka-storage format --add-scram`` (:meth:`prepare`), PLAIN users are listed in the JAAS config. With SSL
-        clients may present a certificate of the CA (``ssl.client.auth=requested``).
+        every client must present a certificate of the CA (``ssl.client.auth=required``: mutual TLS).
         """
         host, port, ctl = self.host, self.client_port, self.controller_port
         kafka = self.settings.kafka
@@ -218,7 +218,8 @@ class Kafka(Service):
             "ssl.truststore.type=PEM",
             f"ssl.truststore.location={files.ca}",
             "ssl.endpoint.identification.algorithm=https",
-            f"ssl.client.auth={'requested' if proto == 'SSL' else 'none'}",
+            # SSL alone: the client certificate is the authentication (mutual TLS); SASL_SSL: the SASL login is.
+            f"ssl.client.auth={'required' if proto == 'SSL' else 'none'}",
         ]
         if proto != "SASL_SSL":
             return "\n".join(lines)

@@ -254,7 +254,11 @@ def test_kafka_tls_listeners_and_scram_user(tmp_path: Path) -> None:
     assert "ScramLoginModule" in jaas and f'password="{KAFKA_PW}"' in jaas
     assert kafka.scram_arguments() == ["--add-scram", f"SCRAM-SHA-512=[name=trends,password={KAFKA_PW}]"]
     ssl_only = Kafka(tls_stack_settings(tmp_path, security_protocol="SSL"))
-    assert "ssl.client.auth=requested" in ssl_only.listener_config().splitlines()
+    assert "ssl.client.auth=required" in ssl_only.listener_config().splitlines()
+    assert "ssl.client.auth=none" in lines
+    # The stack's SSL clients authenticate with the stack's client certificate.
+    assert ssl_only.settings.kafka.ssl_certificate_file == tmp_path / "tls" / "client.pem"
+    assert "ssl.certificate.location" in ssl_only.settings.kafka.client_config()
     assert ssl_only.scram_arguments() == []
 
 
