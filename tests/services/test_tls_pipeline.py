@@ -1,11 +1,12 @@
 """The whole pipeline over TLS: Kafka on SASL_SSL (SCRAM-SHA-512), Cassandra with client encryption and a password.
 
-A private stack of its own (``stack.tls``: a CA and certificates generated at ``stack up``, fixed ports 19110-19124,
+A private stack of its own (``stack.tls``: a CA and certificates generated at ``stack up``, fixed ports 19110-19121,
 a temporary data_dir), started by the same code as ``trends stack up``; the shared stack is used only for the same
 run in plaintext. Secrets come from a secrets folder (TRENDS_SECRETS_DIR), and every command runs as an operator
 would run it — ``trends ingest generate``, ``trends speed run``, ``trends batch run``, ``trends serve`` — in child
 processes whose environments hold no secret. The answers of the API over TLS equal the plaintext stack's for the
-same seeded stream. Refusals: a plaintext client, a client without the CA, a wrong password.
+same seeded stream. Refusals: a plaintext client, a client without the CA, a wrong password. A second private broker
+on SSL alone requires client certificates (mutual TLS), read through librdkafka and Spark's Kafka source.
 
 Takes several minutes (two stacks' worth of Spark runs): ``make test-tls``.
 """
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -26,7 +29,7 @@ from typing import Any
 
 import httpx
 import pytest
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from infra import migrations, stack, topics
@@ -47,6 +50,7 @@ HOUR = timedelta(hours=1)
 SEED = 20251
 # Ports of the private TLS stack (the range 19100-19199 is this suite's).
 KAFKA_PORT, CONTROLLER_PORT, CQL_PORT, STORAGE_PORT, JMX_PORT, API_PORT, PLAIN_API_PORT = range(19110, 19117)
+MTLS_KAFKA_PORT, MTLS_CONTROLLER_PORT = 19120, 19121
 
 
 def iso(t: datetime) -> str:
@@ -253,3 +257,66 @@ def test_trends_config_and_process_environments_never_show_secrets(tls_stack: St
     files = {p.name: p.read_text() for p in Path(tls_stack.env["TRENDS_SECRETS_DIR"]).iterdir()}
     assert files["TRENDS_KAFKA__SASL_PASSWORD"] == KAFKA_PW
     assert "TRENDS_AIRFLOW__ADMIN_PASSWORD" not in files
+
+
+def test_hostname_verification_is_on_by_default(tls_stack: Stack) -> None:
+    """The nodes' certificate names 127.0.0.1 and localhost: another expected name fails the handshake."""
+    ctx = tls_stack.settings.cassandra.ssl_context()
+    assert ctx is not None and ctx.check_hostname
+    with (
+        socket.create_connection(("127.0.0.1", CQL_PORT), timeout=10) as raw,
+        ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        assert tls.version() in ("TLSv1.2", "TLSv1.3")
+    with (
+        socket.create_connection(("127.0.0.1", CQL_PORT), timeout=10) as raw,
+        pytest.raises(ssl.SSLCertVerificationError, match="mismatch"),
+    ):
+        ctx.wrap_socket(raw, server_hostname="cassandra.example.com")
+
+
+@pytest.fixture(scope="module")
+def mtls_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    """A private broker on SSL only: clients authenticate with a certificate of the stack's CA (mutual TLS)."""
+    settings = Settings(
+        data_dir=tmp_path_factory.mktemp("mtls") / "data",
+        kafka={"bootstrap_servers": f"127.0.0.1:{MTLS_KAFKA_PORT}", "security_protocol": "SSL", "partitions": 2},
+        stack={"tls": True, "kafka_controller_port": MTLS_CONTROLLER_PORT, "kafka_heap": "384m"},
+    )
+    assert settings.kafka.ssl_certificate_file == settings.tls_dir / "client.pem"
+    try:
+        stack.up(settings, ["kafka"])
+        topics.ensure_topics(settings.kafka)
+        yield settings
+    finally:
+        stack.down(settings, ["kafka"])
+
+
+def test_mutual_tls_with_librdkafka_and_spark(mtls_kafka: Settings, spark: Any) -> None:
+    settings = mtls_kafka
+    topic = settings.kafka.events_topic
+    producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True, "acks": "all"})
+    for i in range(100):
+        producer.produce(topic, key=str(i % 7), value=json.dumps({"n": i}))
+    assert producer.flush(30) == 0
+    # Without a client certificate the broker refuses the handshake.
+    no_cert = {
+        k: v
+        for k, v in settings.kafka.client_config().items()
+        if k not in ("ssl.certificate.location", "ssl.key.location")
+    }
+    with pytest.raises(KafkaException):
+        AdminClient({**no_cert, "socket.timeout.ms": 5000, "log_level": 0}).list_topics(timeout=8)
+    # Spark's Kafka source (the Java client) with the certificate, key and CA inline as PEM.
+    opts = settings.kafka.spark_options()
+    assert "kafka.ssl.keystore.key" in opts and "kafka.ssl.truststore.certificates" in opts
+    frame = (
+        spark.read.format("kafka")  # type: ignore[attr-defined]
+        .options(**opts)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("endingOffsets", "latest")
+        .load()
+    )
+    values = sorted(json.loads(bytes(r.value))["n"] for r in frame.select("value").collect())
+    assert values == list(range(100))
