@@ -1,12 +1,13 @@
 """The whole pipeline over TLS: Kafka on SASL_SSL (SCRAM-SHA-512), Cassandra with client encryption and a password.
 
-A private stack of its own (``stack.tls``: a CA and certificates generated at ``stack up``, fixed ports 19110-19121,
+A private stack of its own (``stack.tls``: a CA and certificates generated at ``stack up``, fixed ports 19110-19122,
 a temporary data_dir), started by the same code as ``trends stack up``; the shared stack is used only for the same
 run in plaintext. Secrets come from a secrets folder (TRENDS_SECRETS_DIR), and every command runs as an operator
 would run it — ``trends ingest generate``, ``trends speed run``, ``trends batch run``, ``trends serve`` — in child
 processes whose environments hold no secret. The answers of the API over TLS equal the plaintext stack's for the
 same seeded stream. Refusals: a plaintext client, a client without the CA, a wrong password. A second private broker
-on SSL alone requires client certificates (mutual TLS), read through librdkafka and Spark's Kafka source.
+on SSL alone requires client certificates (mutual TLS), read through librdkafka and Spark's Kafka source; an Airflow
+task reaches both services with the settings and secrets files the stack gives Airflow.
 
 Takes several minutes (two stacks' worth of Spark runs): ``make test-tls``.
 """
@@ -33,6 +34,8 @@ from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from infra import migrations, stack, topics
+from infra.airflow.config import airflow_executable
+from infra.airflow.service import Airflow
 from infra.cassandra import ping, session
 from infra.process import child_env
 from infra.settings import Settings
@@ -50,7 +53,7 @@ HOUR = timedelta(hours=1)
 SEED = 20251
 # Ports of the private TLS stack (the range 19100-19199 is this suite's).
 KAFKA_PORT, CONTROLLER_PORT, CQL_PORT, STORAGE_PORT, JMX_PORT, API_PORT, PLAIN_API_PORT = range(19110, 19117)
-MTLS_KAFKA_PORT, MTLS_CONTROLLER_PORT = 19120, 19121
+MTLS_KAFKA_PORT, MTLS_CONTROLLER_PORT, AIRFLOW_PORT = 19120, 19121, 19122
 
 
 def iso(t: datetime) -> str:
@@ -320,3 +323,82 @@ def test_mutual_tls_with_librdkafka_and_spark(mtls_kafka: Settings, spark: Any) 
     )
     values = sorted(json.loads(bytes(r.value))["n"] for r in frame.select("value").collect())
     assert values == list(range(100))
+
+
+PROBE_DAG = '''
+"""Reach Kafka and Cassandra over TLS from an Airflow task, with the settings of the task's environment."""
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+from airflow.sdk import dag, task
+
+OUT = Path({out!r})
+
+
+@dag(dag_id="tls_probe", schedule=None, start_date=datetime(2026, 5, 1, tzinfo=UTC), catchup=False)
+def tls_probe():
+    @task
+    def reach():
+        from confluent_kafka.admin import AdminClient
+
+        from infra.cassandra import ping
+        from infra.settings import Settings
+
+        settings = Settings()
+        topics = AdminClient({{**settings.kafka.client_config(), "log_level": 0}}).list_topics(timeout=20).topics
+        doc = {{
+            "kafka_protocol": settings.kafka.security_protocol,
+            "kafka_topics": sorted(topics),
+            "cassandra_ssl": settings.cassandra.ssl,
+            "cassandra_ok": ping(settings, timeout=10),
+            "secrets_dir": os.environ.get("TRENDS_SECRETS_DIR"),
+            "environ": "\\n".join(f"{{k}}={{v}}" for k, v in os.environ.items()),
+        }}
+        (OUT / "probe.json").write_text(json.dumps(doc))
+
+    reach()
+
+
+tls_probe()
+'''
+
+
+def test_airflow_tasks_reach_the_tls_services_with_their_secrets_from_files(
+    tls_stack: Stack, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    root = tmp_path_factory.mktemp("airflow-tls")
+    dags, out = root / "dags", root / "out"
+    dags.mkdir()
+    out.mkdir()
+    (dags / "tls_probe.py").write_text(PROBE_DAG.format(out=str(out)))
+    base = tls_stack.settings
+    settings = base.model_copy(
+        update={"airflow": base.airflow.model_copy(update={"api_port": AIRFLOW_PORT, "dags_folder": dags})}
+    )
+    airflow = Airflow(settings)
+    try:
+        stack.up(settings, ["airflow"])
+        env = airflow.process_env()
+        assert not [k for k, v in env.items() if any(s in v for s in SECRETS)]
+        proc = subprocess.run(
+            [str(airflow_executable()), "dags", "test", "tls_probe"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert (out / "probe.json").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    finally:
+        stack.down(settings, ["airflow"])
+    doc = json.loads((out / "probe.json").read_text())
+    assert doc["kafka_protocol"] == "SASL_SSL" and settings.kafka.events_topic in doc["kafka_topics"]
+    assert doc["cassandra_ssl"] and doc["cassandra_ok"]
+    assert doc["secrets_dir"] == str(airflow.home / "secrets")
+    assert not [s for s in SECRETS if s in doc["environ"]]  # the task's environment holds none of them
+    held = {p.name for p in (airflow.home / "secrets").iterdir()}
+    assert held == {"TRENDS_KAFKA__SASL_PASSWORD", "TRENDS_CASSANDRA__PASSWORD"}  # not the API token
