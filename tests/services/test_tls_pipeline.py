@@ -323,6 +323,11 @@ def test_mutual_tls_with_librdkafka_and_spark(mtls_kafka: Settings, spark: Any) 
     )
     values = sorted(json.loads(bytes(r.value))["n"] for r in frame.select("value").collect())
     assert values == list(range(100))
+    # The speed job's streaming plan lists the source's options (the UI and explain show it): the key is redacted.
+    stream = spark.readStream.format("kafka").options(**opts).option("subscribe", topic).load()  # type: ignore[attr-defined]
+    plan = stream._jdf.queryExecution().analyzed().toString()
+    assert "kafka.ssl.keystore.key=*********(redacted)" in plan
+    assert "PRIVATE KEY" not in plan
 
 
 PROBE_DAG = '''
