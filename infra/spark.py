@@ -23,7 +23,8 @@ logger = logging.getLogger(__name__)
 
 LOG4J2_CONF = Path(__file__).parent / "conf" / "spark" / "log4j2.properties"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-REDACTED_OPTIONS = r"(?i)url|jaas|ssl\.keystore\.key|ssl\.key\.password|sasl\.password"  # option names with secret values
+# Names of data source options whose values are secret (redacted from plans and the UI).
+REDACTED_OPTIONS = r"(?i)url|jaas|ssl\.keystore\.key|ssl\.key\.password|sasl\.password"
 
 
 def spark_conf(settings: Settings, app: str) -> dict[str, str]:

@@ -108,8 +108,8 @@ class Cassandra(Service):
                 "(AllowAllAuthenticator). Keep TRENDS_CASSANDRA__CONTACT_POINTS on 127.0.0.x, or let the stack run "
                 "it with PasswordAuthenticator: set TRENDS_CASSANDRA__USERNAME and TRENDS_CASSANDRA__PASSWORD (at "
                 f"least {MIN_SECRET_CHARS} characters); the stack creates that superuser role and disables the "
-                "default cassandra/cassandra one. Client traffic is not encrypted: on an untrusted network run nodes "
-                "with client TLS (client_encryption_options) and point the pipeline at them instead."
+                "default cassandra/cassandra one. Client traffic is not encrypted unless TRENDS_STACK__TLS=true "
+                "(client_encryption_options; docs/deploy.md): set it on an untrusted network."
             )
             raise StackError(msg)
         short = too_short(

@@ -81,6 +81,12 @@ class Kafka(Service):
         where = f"{self.name} on {self.host}:{self.client_port}"
         if self.settings.stack.tls:
             self._check_tls(where)
+            if kafka.security_protocol == "SASL_SSL" and not is_loopback(self.host):
+                password = kafka.sasl_password.get_secret_value() if kafka.sasl_password is not None else ""
+                short = too_short("TRENDS_KAFKA__SASL_PASSWORD", password)
+                if short:
+                    msg = f"refusing to start {where}, which is not a loopback address: {short}"
+                    raise StackError(msg)
             return
         if kafka.security_protocol not in ("PLAINTEXT", "SASL_PLAINTEXT"):
             msg = (
@@ -100,8 +106,8 @@ class Kafka(Service):
                 "with SASL: set TRENDS_KAFKA__SECURITY_PROTOCOL=SASL_PLAINTEXT, TRENDS_KAFKA__SASL_MECHANISM=PLAIN, "
                 "TRENDS_KAFKA__SASL_USERNAME and TRENDS_KAFKA__SASL_PASSWORD (at least "
                 f"{MIN_SECRET_CHARS} characters). SASL_PLAINTEXT sends that password unencrypted: on an untrusted "
-                "network run brokers with SASL_SSL (TLS keystores, SCRAM users, an authorizer; docs/deploy.md) and "
-                "point the pipeline at them instead."
+                "network let the stack run TLS (TRENDS_STACK__TLS=true with SASL_SSL and SCRAM-SHA-512; "
+                "docs/deploy.md), or run your own brokers and point the pipeline at them."
             )
             raise StackError(msg)
         short = too_short(

@@ -277,6 +277,13 @@ def test_kafka_tls_stack_refuses(tmp_path: Path, kafka: dict[str, str], message:
         Kafka(Settings(data_dir=tmp_path, kafka={"security_protocol": "SSL"})).check_safe()
 
 
+def test_kafka_tls_stack_off_loopback_needs_a_long_password(tmp_path: Path) -> None:
+    off = tls_stack_settings(tmp_path, bootstrap_servers="10.9.8.7:9092", sasl_password="short-pw")  # noqa: S106
+    with pytest.raises(StackError, match=r"not a loopback address.*at least 16"):
+        Kafka(off).check_safe()
+    Kafka(tls_stack_settings(tmp_path, bootstrap_servers="10.9.8.7:9092")).check_safe()  # 23 characters: fine
+
+
 def test_cassandra_client_encryption(tmp_path: Path) -> None:
     settings = tls_stack_settings(tmp_path)
     node = Cassandra(settings)
