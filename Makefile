@@ -8,7 +8,7 @@ JARS := $(VENV)/.jars
 BROWSER := $(VENV)/.browser
 GOTOOLS := $(VENV)/.gotools
 
-.PHONY: help setup demo test test-unit test-services test-reliability test-cluster test-alerting test-backfill gotools lint format lock stack-down clean
+.PHONY: help setup demo test test-unit test-services test-reliability test-cluster test-alerting test-backfill test-install gotools lint format lock stack-down clean
 
 help:
 	@echo "make demo        set up, start the stack and run the whole pipeline (stream, Airflow backfill, API, dashboard)"
@@ -17,6 +17,7 @@ help:
 	@echo "make test-reliability  the fault-injection suite (not part of make test)"
 	@echo "make test-cluster      Spark standalone cluster, 3-broker Kafka, 2-node Cassandra (not part of make test)"
 	@echo "make test-backfill     trends batch backfill over 30 days and with Cassandra stopped (not part of make test)"
+	@echo "make test-install      pip install . (no extras, no Airflow) in .venv-core: ingest, speed, batch, serve work"
 	@echo "make test-tls          the pipeline over TLS and SASL_SSL on a private TLS stack (not part of make test)"
 	@echo "make test-alerting     the alert rules (promtool) and a real Prometheus firing the watermark-lag alert"
 	@echo "make gotools     build promtool and prometheus from Go modules into ~/.cache/trends/bin (once, ~6 min)"
@@ -78,8 +79,29 @@ test-cluster: setup
 test-backfill: setup
 	$(BIN)/pytest -m backfill tests/services/test_batch_backfill_cli.py
 
+# The install without extras (`pip install .`, the pinned versions, no Airflow) in its own venv, non-editable:
+# `trends ingest`, the speed job, `trends batch index|run` and `trends serve` against the local stack, and
+# `import airflow` failing there (~3 min with a warm pip cache; not part of make test).
+CORE_VENV ?= .venv-core
+$(CORE_VENV)/.installed: pyproject.toml constraints.txt $(shell find app infra ingestion speed_layer batch_layer views serving -name '*.py' -o -name '*.cql' 2>/dev/null)
+	rm -rf $(CORE_VENV) && $(PY) -m venv $(CORE_VENV)
+	$(CORE_VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt .
+	rm -rf build  # setuptools' build folder of the non-editable install
+	touch $@
+
+# And `pip install '.[airflow]'` in .venv-airflow, where the DAG files must parse.
+AIRFLOW_VENV ?= .venv-airflow
+$(AIRFLOW_VENV)/.installed: pyproject.toml constraints.txt
+	rm -rf $(AIRFLOW_VENV) && $(PY) -m venv $(AIRFLOW_VENV)
+	$(AIRFLOW_VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt '.[airflow]'
+	rm -rf build
+	touch $@
+
+test-install: setup $(CORE_VENV)/.installed $(AIRFLOW_VENV)/.installed
+	TRENDS_TEST_CORE_VENV=$(CORE_VENV) TRENDS_TEST_AIRFLOW_VENV=$(AIRFLOW_VENV) $(BIN)/pytest -m install tests/services/test_install.py
+
 # The whole pipeline over TLS (Kafka SASL_SSL with SCRAM-SHA-512, Cassandra client encryption and a password) on a
-# private TLS stack (ports 19110-19116), compared with the same run on the plaintext stack (~6-10 min).
+# private TLS stack (ports 19110-19122), compared with the same run on the plaintext stack (4-8 min here).
 .PHONY: test-tls
 test-tls: setup
 	$(BIN)/pytest -m tls tests/services/test_tls_pipeline.py
@@ -98,17 +120,23 @@ format: $(INSTALLED)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# Resolve the direct dependencies of pyproject.toml together in a throw-away venv and pin the result.
+# Resolve the direct dependencies of pyproject.toml together in a throw-away venv and pin the result. [dev]
+# includes [airflow], so one set holds every extra; each install (none, [airflow], [dev]) is then resolved again
+# within the pins, so a pin one of them cannot use fails here rather than in a deployment.
 lock:
 	rm -rf .lock-venv && $(PY) -m venv .lock-venv
 	.lock-venv/bin/pip install --quiet --disable-pip-version-check -e '.[dev]'
 	.lock-venv/bin/pip check
-	{ echo "# Resolved with 'make lock' from pyproject.toml; install with pip -c constraints.txt."; \
+	{ echo "# Resolved with 'make lock' from pyproject.toml (every extra); install with pip -c constraints.txt."; \
 	  .lock-venv/bin/pip freeze --exclude-editable | grep -v '^-e '; } > constraints.txt
+	for extras in '' '[airflow]' '[dev]'; do \
+	  .lock-venv/bin/pip install --quiet --disable-pip-version-check --dry-run --ignore-installed -c constraints.txt ".$$extras" \
+	    || { echo "the pins do not resolve for .$$extras"; exit 1; }; \
+	done
 	rm -rf .lock-venv
 
 stack-down: $(INSTALLED)
 	$(BIN)/trends stack down
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) $(CORE_VENV) $(AIRFLOW_VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

@@ -1,7 +1,8 @@
 """The ``trends`` console command: one subcommand group per layer, each defined next to the code it runs.
 
 Groups are imported lazily (``--help`` must not start a JVM or import pyspark). Known failures
-(:class:`~infra.errors.TrendsError`) print their message and exit 1; usage errors exit 2 as usual with click.
+(:class:`~infra.errors.TrendsError`) print their message and exit 1 (78 when the settings or state are refused: a
+supervisor does not restart that); usage errors exit 2 as usual with click.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except TrendsError as exc:
         click.secho(f"error: {exc}", fg="red", err=True)
-        sys.exit(1)
+        sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         sys.exit(130)

@@ -24,10 +24,13 @@ from typing import Any
 import click
 
 from batch_layer import index, job
+from batch_layer.backfill import DAG_ID as BACKFILL_DAG_ID
+from batch_layer.backfill import BackfillFailedError, Follower, index_events
 from infra import migrations, stack, topics
 from infra.airflow.client import AirflowClient
 from infra.airflow.config import AirflowConfig
 from infra.cassandra import session
+from infra.errors import StackError
 from infra.services.pipeline import ApiService
 from infra.settings import Settings
 from serving.store import ViewReader
@@ -35,7 +38,6 @@ from views.buckets import HOUR, MINUTE, closed_until, floor, utc
 from views.store.batch import BatchRows
 from views.store.pointers import PointerStore
 
-BACKFILL_DAG_ID = "trends_backfill"
 # Planted bursts: item rank : factor : minutes before the end of the history : duration (minutes).
 BURSTS = ((40, 15.0, 25, 20), (90, 12.0, 25, 20), (150, 10.0, 25, 20))
 RECENT = timedelta(minutes=30)  # the window the demo asks about
@@ -142,17 +144,14 @@ def _backfill(settings: Settings, first: datetime) -> list[datetime]:
     conf = {"start": todo[0].isoformat(), "end": (todo[-1] + HOUR).isoformat()}
     click.echo(f"airflow dags trigger {BACKFILL_DAG_ID} --conf '{json.dumps(conf)}'")
     run_id = af.trigger(token, BACKFILL_DAG_ID, conf)
-    t0 = time.monotonic()
-    seen: dict[str, int] = {}
-
-    def progress(counts: dict[str, int]) -> None:
-        if counts != seen:
-            seen.clear()
-            seen.update(counts)
-            shown = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-            click.echo(f"  {time.monotonic() - t0:5.0f} s  {shown}")
-
-    af.wait_run(token, BACKFILL_DAG_ID, run_id, timeout_s=1800, on_poll=progress)
+    # followed as `trends batch backfill --wait` follows it: chunks done of total, events, ETA, failed tries
+    follower = Follower(af, run_id, click.echo, index_events(settings), poll_s=3)
+    snap = follower.follow(timeout_s=1800)
+    if snap is None:
+        msg = f"{BACKFILL_DAG_ID} run {run_id} not done within 30 min"
+        raise StackError(msg)
+    if snap.state == "failed":
+        raise BackfillFailedError(follower.failure(snap))
     return starts
 
 

@@ -77,15 +77,39 @@ def run(
 
 
 @batch.command()
+@click.option(
+    "--rebuild",
+    is_flag=True,
+    help="Drop the topic's index (spans, hour totals, checkpoint) and index the whole topic again from Kafka.",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="With --rebuild: rebuild even though Kafka removed the first offsets of some partition (they become "
+    "losses and their hours incomplete).",
+)
 @click.pass_obj
-def index(settings: Settings) -> None:
-    """Bring the event-time index of the events topic up to date (incremental; safe to kill and rerun)."""
-    from batch_layer.index import horizon, run_index
+def index(settings: Settings, rebuild: bool, force: bool) -> None:
+    """Bring the event-time index of the events topic up to date (incremental; safe to kill and rerun).
+
+    With --rebuild, first drop it and read the topic from its first offsets: after an upgrade that changes how the
+    index is built, or when its rows were lost or damaged. Pause the DAGs (and other `trends batch index` runs)
+    meanwhile; batch runs and pointers are kept, hours whose count differs afterwards turn stale.
+    """
+    from batch_layer.index import horizon, rebuild_index, run_index
+
+    if force and not rebuild:
+        msg = "--force only goes with --rebuild"
+        raise click.UsageError(msg)
 
     def progress(r: Any) -> None:
         click.echo(r.line(), err=True)
 
-    result = run_index(settings, progress=progress)
+    if rebuild:
+        dropped, result = rebuild_index(settings, force=force, progress=progress)
+        click.echo(f"dropped the index of {settings.kafka.events_topic}: {dropped} day(s) of spans; rebuilt from Kafka")
+    else:
+        result = run_index(settings, progress=progress)
     click.echo(result.line())
     click.echo(horizon(settings).describe())
     if result.losses:
@@ -130,7 +154,7 @@ def status(settings: Settings, hours: int) -> None:
             )
         if mark is None:
             return
-        checks = Checks(settings, sess)
+        checks = Checks(settings, sess).of_hours([mark - i * HOUR for i in range(1, hours + 1)])
         for i in range(1, hours + 1):
             hour = mark - i * HOUR
             for r in store.latest_runs(hour, 3):
@@ -139,7 +163,7 @@ def status(settings: Settings, hours: int) -> None:
                     f"  {hour:%Y-%m-%dT%H:%MZ} {r.status:9} read {r.rows_read} kept {r.rows_kept} "
                     f"dedup {r.rows_deduped} late {r.rows_late} offsets {r.offsets} code {r.code_version}{accepted}"
                 )
-            check = checks.of_hour(hour)
+            check = checks.get(hour)
             if check is not None:
                 verdict = "within bounds" if check.ok else f"BEYOND BOUNDS by {check.beyond_bound}"
                 click.echo(

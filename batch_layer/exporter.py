@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import urllib.error
 import urllib.parse
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from infra.airflow.client import AirflowAPIError, AirflowClient
 from infra.settings import Settings
 
 if TYPE_CHECKING:
@@ -272,22 +272,12 @@ class AirflowReader:
     """Reads the DAGs' last successes and recent task failures through :class:`AirflowClient` (GETs only)."""
 
     def __init__(self, settings: Settings) -> None:
-        from infra.airflow.client import AirflowClient  # noqa: PLC0415
-
         self.settings = settings
         self.client = AirflowClient(settings)
-        self._token: str | None = None
 
     def _get(self, path: str) -> Any:
-        if self._token is None:
-            self._token = self.client.token()
-        try:
-            return self.client.get(self._token, path)
-        except urllib.error.HTTPError as exc:
-            if exc.code != 401:
-                raise
-            self._token = self.client.token()  # the JWT expired: log in again, once
-            return self.client.get(self._token, path)
+        """GET as the client's bearer: ``airflow.api_token`` as is, else a login renewed once when it expires."""
+        return self.client.api("GET", path)
 
     def read(self) -> AirflowState:
         """Ask the REST API about each DAG of ``metrics.airflow_dags`` (a DAG Airflow does not know is skipped)."""
@@ -298,8 +288,8 @@ class AirflowReader:
             quoted = urllib.parse.quote(dag_id, safe="")
             try:
                 runs = self._get(f"/api/v2/dags/{quoted}/dagRuns?state=success&order_by=-end_date&limit=1")
-            except urllib.error.HTTPError as exc:
-                if exc.code == 404:
+            except AirflowAPIError as exc:
+                if exc.status == 404:
                     logger.debug("Airflow does not know DAG %s (not parsed yet?)", dag_id)
                     continue
                 raise

@@ -340,6 +340,25 @@ class IndexStore:
         self.views.mark_stale(topic, stale)
         return len(stale)
 
+    def drop(self, topic: str) -> int:
+        """Delete the topic's spans, hour totals and checkpoint; return how many days of spans there were.
+
+        The days come from the tables' partition keys (``SELECT DISTINCT``, a scan of keys only: an operator's
+        rebuild, not a hot path). Deletes get newer write timestamps than the rows they cover and the rebuild's
+        rows newer ones still, so nothing dropped comes back and nothing rebuilt is shadowed.
+        """
+        spans, hours, state = (table(self.settings, n) for n in ("batch_index_spans", "batch_index_hours",
+                                                                  "batch_index_state"))  # fmt: skip
+        days: dict[str, set[date]] = {}
+        for name in (spans, hours):
+            rows = self.sess.execute(f"SELECT DISTINCT topic, day FROM {name}", execution_profile=READ_PROFILE)
+            days[name] = {r.day.date() if hasattr(r.day, "date") else r.day for r in rows if r.topic == topic}
+        for name, found in days.items():
+            delete = self.sess.prepare(f"DELETE FROM {name} WHERE topic = ? AND day = ?")
+            self._write(delete, [(topic, d) for d in sorted(found)])
+        self.sess.execute(self.sess.prepare(f"DELETE FROM {state} WHERE topic = ?"), (topic,))
+        return len(days[spans])
+
     def write_states(self, topic: str, states: Iterable[PartitionState]) -> None:
         """Write the checkpoint of the partitions (after the spans they cover)."""
         now = datetime.now(UTC)
@@ -623,6 +642,44 @@ def run_index(
     total.seconds = time.monotonic() - t0
     logger.info("%s", total.line())
     return total
+
+
+def rebuild_index(
+    settings: Settings,
+    *,
+    topic: str | None = None,
+    force: bool = False,
+    progress: Callable[[IndexResult], None] | None = None,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> tuple[int, IndexResult]:
+    """Drop the topic's index and index the topic again from its first offsets; return (days dropped, the pass).
+
+    :raises TrendsError: when Kafka removed the first offsets of a partition and ``force`` is not given: the
+        rebuilt index could not place those records, their hours would turn incomplete.
+    """
+    from confluent_kafka import TopicPartition  # noqa: PLC0415
+
+    topic = topic or settings.kafka.events_topic
+    consumer = _consumer(settings)
+    try:
+        lows = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[0]
+            for p in _partitions(consumer, topic)
+        }
+    finally:
+        consumer.close()
+    removed = {p: low for p, low in lows.items() if low > 0}
+    if removed and not force:
+        msg = (
+            f"Kafka no longer holds the first offsets of {topic} (partition: first offset kept = {removed}); a "
+            "rebuilt index cannot place the removed records, so their hours would turn incomplete (recorded as "
+            "losses). Rebuild anyway with --force, or keep the current index."
+        )
+        raise TrendsError(msg)
+    with session(settings) as sess:
+        dropped = IndexStore(settings, sess).drop(topic)
+    logger.warning("dropped the event-time index of %s (%d day(s) of spans); indexing it again", topic, dropped)
+    return dropped, run_index(settings, topic=topic, progress=progress, now=now)
 
 
 def _add(total: IndexResult, one: IndexResult) -> None:

@@ -77,12 +77,23 @@ def up(settings: Settings, services: tuple[str, ...], with_airflow: bool, no_ini
     click.echo(f"stack up in {time.monotonic() - t0:.1f} s (data in {settings.data_dir})")
 
 
-def _init(settings: Settings, names: list[str] | None) -> None:
+def _init(settings: Settings, names: list[str] | None, *, apply_topic_config: bool = False) -> None:
     from infra import migrations, topics  # noqa: PLC0415
 
     if names is None or "kafka" in names:
-        for topic, state in topics.ensure_topics(settings.kafka).items():
+        changes: list[topics.ConfigChange] = []
+        for topic, state in topics.ensure_topics(
+            settings.kafka, apply_config=apply_topic_config, changes=changes
+        ).items():
             click.echo(f"topic      {topic:22} {state}")
+        for change in changes:
+            if apply_topic_config:
+                click.echo(f"topic      changed {change.describe()}")
+            else:
+                click.echo(
+                    f"topic      kept {change.topic} {change.key}={change.current} (settings: {change.wanted}; "
+                    "--apply-topic-config applies them)"
+                )
     if names is None or "cassandra" in names:
         applied = migrations.migrate(settings)
         total = len(migrations.discover())
@@ -90,13 +101,20 @@ def _init(settings: Settings, names: list[str] | None) -> None:
 
 
 @stack.command()
+@click.option(
+    "--apply-topic-config",
+    is_flag=True,
+    help="Set the configured configs (retention, min ISR, timestamps) on existing topics too; prints each change.",
+)
 @click.pass_obj
-def init(settings: Settings) -> None:
+def init(settings: Settings, apply_topic_config: bool) -> None:
     """Create the topics and apply the CQL migrations on the configured clusters (re-runnable).
 
-    Works against real clusters too: it only uses the client settings.
+    Works against real clusters too: it only uses the client settings. New topics get the configured configs; an
+    existing topic's configs are the operator's (kafka-configs.sh) and are only listed where they differ, unless
+    --apply-topic-config. Migrations take a lock, so two deployments running init at once apply them once.
     """
-    _init(settings, None)
+    _init(settings, None, apply_topic_config=apply_topic_config)
 
 
 @stack.command()

@@ -7,6 +7,9 @@ that doubles with each quick failure (``backoff``, ``2 x backoff``, … up to ``
 the supervisor too. SIGTERM/SIGINT stop it: the signal is passed to the running command, which is awaited, and no
 restart follows.
 
+Exit status 78 (:data:`infra.errors.EXIT_CONFIG`) ends it too: the command refused its settings or state (a speed
+checkpoint of another view definition), which a restart cannot change; the operator must act.
+
 The state file (JSON, rewritten atomically) says how often the command was restarted, how the last runs ended
 (their exit statuses) and when the next start is due: ``trends stack status`` shows it, and the fault suite
 (``tests/reliability``) checks it. Each run gets the restart count so far in the environment variable
@@ -34,6 +37,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Final
 
+from infra.errors import EXIT_CONFIG
 from infra.process import write_private
 
 logger = logging.getLogger("infra.supervisor")
@@ -144,11 +148,17 @@ def supervise(
         state = SupervisorState(
             **{**asdict(state), "child_pid": None, "last_exit_code": code, "last_exit_at": _now(), "exits": exits}
         )
-        if code == 0 or stop.is_set() or (max_restarts is not None and state.restarts >= max_restarts):
+        refused = code == EXIT_CONFIG
+        if code == 0 or refused or stop.is_set() or (max_restarts is not None and state.restarts >= max_restarts):
             state = SupervisorState(**{**asdict(state), "stopped": True})
             state.write(state_file)
-            why = "stopped" if stop.is_set() else "done" if code == 0 else "too many restarts"
-            logger.info("%s exited with status %s after %.0f s (%s)", cmd[0], code, ran, why)
+            why = (
+                "stopped" if stop.is_set() else "done" if code == 0
+                else "refused its configuration: not restarted, the operator must act" if refused
+                else "too many restarts"
+            )  # fmt: skip
+            log = logger.error if refused else logger.info
+            log("%s exited with status %s after %.0f s (%s)", cmd[0], code, ran, why)
             return code
         quick_failures = 1 if ran >= healthy_after_s else quick_failures + 1
         delay = backoff_delay(quick_failures, backoff_s, backoff_max_s)

@@ -1,14 +1,17 @@
 """Create the pipeline's Kafka topics with their partitions, replication and retention.
 
 Creation is idempotent: an existing topic keeps its partitions (a count can only grow and changing it moves
-keys between partitions, so we refuse silently-different counts with an error), and its retention-related
-configs are brought to the settings with an incremental alter.
+keys between partitions, so we refuse silently-different counts with an error). An existing topic's configs belong
+to its operator (the runbook has them changed with ``kafka-configs.sh``): they are compared with the settings and
+left alone, unless the caller asks to apply the settings (``trends stack init --apply-topic-config``), which
+changes only the keys that differ and reports each change.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from infra.errors import StackError
 from infra.settings import KafkaSettings
@@ -54,17 +57,34 @@ def topic_specs(kafka: KafkaSettings) -> list[TopicSpec]:
     ]
 
 
-def ensure_topics(kafka: KafkaSettings, specs: list[TopicSpec] | None = None) -> dict[str, str]:
-    """Create missing topics and align the configs of existing ones; return name -> "created"/"exists"."""
+@dataclass(frozen=True)
+class ConfigChange:
+    """A topic config whose value on the broker differs from the settings (``current`` None: not set there)."""
+
+    topic: str
+    key: str
+    current: str | None
+    wanted: str
+
+    def describe(self) -> str:
+        """Return ``topic key: current -> wanted``."""
+        return f"{self.topic} {self.key}: {self.current if self.current is not None else '(unset)'} -> {self.wanted}"
+
+
+def ensure_topics(
+    kafka: KafkaSettings,
+    specs: list[TopicSpec] | None = None,
+    *,
+    apply_config: bool = False,
+    changes: list[ConfigChange] | None = None,
+) -> dict[str, str]:
+    """Create missing topics with the configured settings; return name -> "created"/"exists".
+
+    An existing topic's configs are compared with the spec; the differences are appended to ``changes`` and
+    applied only with ``apply_config`` (otherwise the operator's values stay).
+    """
     from confluent_kafka import KafkaException  # noqa: PLC0415
-    from confluent_kafka.admin import (  # noqa: PLC0415
-        AdminClient,
-        AlterConfigOpType,
-        ConfigEntry,
-        ConfigResource,
-        NewTopic,
-        ResourceType,
-    )
+    from confluent_kafka.admin import AdminClient, NewTopic  # noqa: PLC0415
 
     specs = specs if specs is not None else topic_specs(kafka)
     admin = AdminClient({**kafka.client_config(), "log_level": 3})
@@ -101,16 +121,49 @@ def ensure_topics(kafka: KafkaSettings, specs: list[TopicSpec] | None = None) ->
                 "partition counts are not changed automatically (it would move keys between partitions)"
             )
             raise StackError(msg)
-        resource = ConfigResource(
-            ResourceType.TOPIC,
-            spec.name,
-            incremental_configs=[
-                ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in spec.config.items()
-            ],
-        )
-        for future in admin.incremental_alter_configs([resource]).values():
-            future.result(timeout=TIMEOUT_S)
+        found = align_config(admin, spec, apply=apply_config)
+        if changes is not None:
+            changes.extend(found)
     return outcome
+
+
+def align_config(admin: Any, spec: TopicSpec, *, apply: bool) -> list[ConfigChange]:
+    """Return the existing topic's configs that differ from the spec; set them to the spec only with ``apply``."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType  # noqa: PLC0415
+
+    differ = config_drift(admin, spec)
+    if not differ or not apply:
+        if differ:
+            logger.info(
+                "topic %s: %d config(s) differ from the settings and are left as they are: %s",
+                spec.name, len(differ), "; ".join(c.describe() for c in differ),
+            )  # fmt: skip
+        return differ
+    entries = [ConfigEntry(c.key, c.wanted, incremental_operation=AlterConfigOpType.SET) for c in differ]
+    resource = ConfigResource(ResourceType.TOPIC, spec.name, incremental_configs=entries)
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=TIMEOUT_S)
+    for change in differ:
+        logger.warning("topic config changed: %s", change.describe())
+    return differ
+
+
+def config_drift(admin: Any, spec: TopicSpec) -> list[ConfigChange]:
+    """Return the spec's configs whose value on the broker differs (dynamic or default alike)."""
+    from confluent_kafka.admin import ConfigResource, ResourceType  # noqa: PLC0415
+
+    if not spec.config:
+        return []
+    resource = ConfigResource(ResourceType.TOPIC, spec.name)
+    described = next(iter(admin.describe_configs([resource], request_timeout=TIMEOUT_S).values()))
+    entries = described.result(timeout=TIMEOUT_S)
+    out = []
+    for key, wanted in spec.config.items():
+        entry = entries.get(key)
+        current = None if entry is None else entry.value
+        if current != wanted:
+            out.append(ConfigChange(spec.name, key, current, wanted))
+    return out
 
 
 def delete_topics(kafka: KafkaSettings, names: list[str]) -> None:

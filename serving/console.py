@@ -94,10 +94,17 @@ def hour_range(start: str | None, end: str | None, now: datetime) -> tuple[datet
     return lo, hi
 
 
-# -- inputs not built yet ---------------------------------------------------------------------------------------------
+# -- the batch layer's records ----------------------------------------------------------------------------------------
 def index_losses(reader: ViewReader) -> list[dict[str, Any]] | str:
-    """Return the records removed from the events topic before the index read them, each with its bound."""
-    return [loss.to_json() for loss in reader.loss_store.losses(reader.settings.kafka.events_topic)]
+    """Return the records removed from the events topic before the index read them, each with its bound and why."""
+    return [
+        {
+            **loss.to_json(),
+            "why": f"{loss.describe()}: the hours before {loss.hours_end:%Y-%m-%dT%H:%MZ} may miss them and are "
+            "incomplete until a recompute accepts the loss (trends batch run --accept-loss)",
+        }
+        for loss in reader.loss_store.losses(reader.settings.kafka.events_topic)
+    ]
 
 
 def incomplete_hours(reader: ViewReader, start: datetime, end: datetime) -> dict[datetime, list[str]] | str:
@@ -111,18 +118,11 @@ def last_reconciliations(reader: ViewReader, hours: Sequence[datetime]) -> dict[
 
     ``beyond_bound``: the largest difference beyond the sketches' bounds, in events (0: the views agree within them).
     """
-    checks = Checks(reader.settings, reader.sess)
-    out: dict[datetime, dict[str, Any]] = {}
-    for hour in hours:
-        check = checks.of_hour(hour)
-        if check is not None:
-            out[hour] = {
-                "run_id": str(check.run_id),
-                "checked_at": check.checked_at,
-                "beyond_bound": check.beyond_bound,
-                "ok": check.ok,
-            }
-    return out
+    found = Checks(reader.settings, reader.sess).of_hours(hours)
+    return {
+        hour: {"run_id": str(c.run_id), "checked_at": c.checked_at, "beyond_bound": c.beyond_bound, "ok": c.ok}
+        for hour, c in found.items()
+    }
 
 
 # -- speed coverage, minute by minute ---------------------------------------------------------------------------
@@ -488,6 +488,8 @@ def _batch(
     if pointer is None:
         state = "incomplete" if lost and not isinstance(lost, str) else "missing"
         why = f"no completed batch run; {where}" + (" (a gap: no completed batch run for this hour)" if below else "")
+        if state == "incomplete":
+            why += "; records that may belong here were lost: " + "; ".join(lost)
         return {"state": state, "run_id": None, "events": None, "indexed": None, "records_since": None,
                 "incomplete": lost, "why": why}  # fmt: skip
     run = str(pointer.run_id)

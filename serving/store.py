@@ -22,7 +22,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import TYPE_CHECKING, Any
 
 from infra.cassandra import READ_PROFILE
-from infra.settings import Settings
+from infra.settings import CassandraSettings, Settings
 from serving.merge import Layer, Resolution, Span, SpeedCoverage
 from views.buckets import DAY, HOUR, MINUTE, as_date, days_between, floor, month_key, utc
 from views.store import cql
@@ -127,17 +127,40 @@ class RowCache:
 
 
 QUORUM_LEVELS = {"QUORUM", "LOCAL_QUORUM", "EACH_QUORUM", "ALL"}
+EVERY_DC_WRITES = {"EACH_QUORUM", "ALL"}  # a write acknowledged by a quorum of every data centre
+GLOBAL_LEVELS = {"QUORUM", "EACH_QUORUM", "ALL"}  # quorums of all replicas, whatever their data centre
+
+
+def reads_see_acknowledged_writes(cfg: CassandraSettings) -> tuple[bool, str]:
+    """Tell whether a read is sure to see every acknowledged write (R + W > RF where the replicas are), and why.
+
+    In one data centre any quorum pair does. Across data centres ``LOCAL_QUORUM`` writes and reads overlap only in
+    the writer's data centre: a reader in another one can read an empty or partial hour of a run whose pointer it
+    already sees. There it takes writes to a quorum of every data centre (``EACH_QUORUM``/``ALL``), or reads and
+    writes at global ``QUORUM``, or ``ALL`` reads.
+    """
+    if cfg.replication_strategy == "NetworkTopologyStrategy":
+        dcs = cfg.datacenter_replication or {cfg.local_datacenter: cfg.replication_factor}
+    else:
+        dcs = {"": cfg.replication_factor}
+    r, w = cfg.read_consistency, cfg.write_consistency
+    if sum(dcs.values()) == 1:
+        return True, "one replica"
+    if len(dcs) == 1:
+        ok = r in QUORUM_LEVELS and w in QUORUM_LEVELS
+        return ok, f"{r} reads and {w} writes in one data centre"
+    every_dc = w in EVERY_DC_WRITES and r in QUORUM_LEVELS
+    ok = every_dc or (r in GLOBAL_LEVELS and w in GLOBAL_LEVELS) or (r == "ALL" and w in QUORUM_LEVELS)
+    return ok, f"{r} reads and {w} writes across {len(dcs)} data centres ({', '.join(sorted(dcs))})"
 
 
 def rows_cacheable(settings: Settings) -> bool:
-    """Tell whether a read is sure to see a whole batch run once its pointer is seen (R + W > RF).
+    """Tell whether batch rows may be kept: reads must see a whole run once its pointer is seen.
 
-    With weaker levels a read may briefly miss rows of a just-swapped run: harmless once, wrong if cached.
+    With weaker levels a read may miss rows of a just-swapped run: harmless once, wrong if cached (the cache
+    would serve the empty or partial hour under the run's id for the reader's lifetime).
     """
-    cfg = settings.cassandra
-    quorum = cfg.read_consistency in QUORUM_LEVELS and cfg.write_consistency in QUORUM_LEVELS
-    single = cfg.replication_strategy == "SimpleStrategy" and cfg.replication_factor == 1
-    return settings.serving.cache_mb > 0 and (quorum or single)
+    return settings.serving.cache_mb > 0 and reads_see_acknowledged_writes(settings.cassandra)[0]
 
 
 class ViewReader:
@@ -154,6 +177,9 @@ class ViewReader:
         self._pointers: dict[date, dict[datetime, Any]] = {}
         self._indexed: dict[datetime, int | None] = {}
         self.cache = RowCache(settings.serving.cache_mb * 1024 * 1024) if rows_cacheable(settings) else None
+        if self.cache is None and settings.serving.cache_mb > 0:
+            _ok, why = reads_see_acknowledged_writes(settings.cassandra)
+            logger.info("batch row cache off: %s do not make every read see every acknowledged write", why)
 
     def _row_statements(self, fields: frozenset[str]) -> dict[str, Any]:
         """Return the row reads selecting only ``fields`` of the sketches (prepared once per field set)."""

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from infra.settings import Settings
 from infra.spark import get_spark
+from speed_layer.checkpoint import ViewDefinitionChangedError, check_view_definition
 from speed_layer.metrics import PARSE_METRICS, BatchMetrics, MetricsRegistry, serve_metrics
 from speed_layer.sink import SpeedViewSink
 
@@ -169,6 +170,8 @@ def stop_gracefully(query: StreamingQuery, timeout_s: float) -> None:
 def run(settings: Settings, *, available_now: bool = False, max_seconds: float | None = None) -> RunSummary:
     """Run the speed job until SIGTERM/Ctrl-C, ``max_seconds``, or (``available_now``) the topic is drained.
 
+    :raises speed_layer.checkpoint.ViewDefinitionChangedError: when the checkpoint was started with another view
+        definition (:mod:`speed_layer.checkpoint`).
     :raises pyspark.errors.StreamingQueryException: when the query fails (e.g. Cassandra unreachable): the
         failed batch was not committed and is replayed on the next start.
     """
@@ -179,6 +182,11 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
         stop.set()
 
     spark = get_spark(settings, "speed")
+    try:  # a checkpoint whose state was built by another view definition is refused before anything starts
+        check_view_definition(spark, settings, checkpoint_location(settings))
+    except ViewDefinitionChangedError:
+        spark.stop()
+        raise
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     registry = MetricsRegistry(settings.speed.query_name)
     sink = SpeedViewSink(

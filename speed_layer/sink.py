@@ -145,7 +145,7 @@ class SpeedViewSink:
         if dropped:
             logger.info("batch %s: %d rows of minutes before epoch %s began not written", batch_id, dropped, epoch.id)
         hours = self._hours_to_mark(epoch, kept)
-        store.mark_hours(self.query, epoch.id, hours, self.ttl_seconds)
+        store.mark_hours(self.query, epoch.id, hours, self.ttl_seconds, read_until=epoch.seen_until)
         self._marked.update(hours)
         written = 0
         newest = None

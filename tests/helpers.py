@@ -4,16 +4,32 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Consumer
 
 from infra.settings import Settings
+
+
+def chromium(width: int = 1400, height: int = 2600) -> Any:
+    """Return a Selenium driver of Debian's headless Chromium (``make test`` installs it), for the pages' tests."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    browser, driver_bin = shutil.which("chromium"), shutil.which("chromedriver")
+    assert browser and driver_bin, "Debian's chromium and chromium-driver are needed (`make test` installs them)"
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", f"--window-size={width},{height}"):
+        options.add_argument(arg)
+    return webdriver.Chrome(options=options, service=Service(driver_bin))
 
 
 def free_port() -> int:
@@ -40,8 +56,8 @@ def consume_all(settings: Settings, topic: str, expect: int, timeout_s: float = 
     return values
 
 
-def speed_drain(settings: Settings, tmp_path: Path, lateness_s: int = 600) -> str:
-    """Run the real speed layer over what the topic holds now (same checkpoint each call)."""
+def speed_drain(settings: Settings, tmp_path: Path, lateness_s: int = 600, **extra: str) -> str:
+    """Run the real speed layer over what the topic holds now (same checkpoint each call); ``extra``: more env."""
     overrides = {
         "TRENDS_KAFKA__EVENTS_TOPIC": settings.kafka.events_topic,
         "TRENDS_CASSANDRA__KEYSPACE": settings.cassandra.keyspace,
@@ -50,6 +66,7 @@ def speed_drain(settings: Settings, tmp_path: Path, lateness_s: int = 600) -> st
         "TRENDS_SPEED__ALLOWED_LATENESS_S": str(lateness_s),
         "TRENDS_SPARK__CHECKPOINT_ROOT": str(tmp_path / "checkpoints"),
         "TRENDS_VIEWS__SLICE_DIMS": json.dumps(settings.views.slice_dims),
+        **extra,
     }
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "trends"), "speed", "run", "--available-now"],

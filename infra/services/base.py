@@ -20,6 +20,8 @@ from pathlib import Path
 from string import Template
 from typing import Protocol
 
+from typing_extensions import override
+
 from infra import jars
 from infra.errors import StackError
 from infra.process import (
@@ -306,3 +308,20 @@ class Service(ABC):
     def data_paths(self) -> list[Path]:
         """Return what ``reset`` deletes: the server's stored data (configs and logs are kept)."""
         return [self.home / "data"]
+
+
+class LoopbackProcess(Service):
+    """A server of the tools this machine runs (Spark's daemons, Prometheus, the pipeline's commands).
+
+    It binds to loopback, and its own output is its log.
+    """
+
+    @property
+    @override
+    def host(self) -> str:
+        return "127.0.0.1"
+
+    @property
+    @override
+    def main_log(self) -> Path:
+        return self.stdout_file

@@ -14,12 +14,12 @@ from typing_extensions import override
 from infra.errors import StackError
 from infra.process import child_env, http_ok, write_private
 from infra.security import exposure_problem
-from infra.services.base import Service, ServiceStatus
+from infra.services.base import LoopbackProcess, ServiceStatus
 from infra.settings import SECRETS_DIR_ENV
 from infra.supervisor import SupervisorState
 
 
-class PipelineService(Service):
+class PipelineService(LoopbackProcess):
     """A long-running ``trends`` command of the pipeline (the streaming job, the API), run like the servers.
 
     Its environment is the stack's settings as ``TRENDS_*`` variables, so it reads exactly what the stack was
@@ -36,16 +36,6 @@ class PipelineService(Service):
     def secrets_dir(self) -> Path:
         """Return the private folder of the secrets this process is given."""
         return self.home / "secrets"
-
-    @property
-    @override
-    def host(self) -> str:
-        return "127.0.0.1"
-
-    @property
-    @override
-    def main_log(self) -> Path:
-        return self.stdout_file
 
     @property
     @override

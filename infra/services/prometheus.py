@@ -15,7 +15,7 @@ from typing_extensions import override
 
 from infra import gotools
 from infra.process import http_ok, write_private
-from infra.services.base import Service
+from infra.services.base import LoopbackProcess
 from infra.services.pipeline import PipelineService
 from infra.settings import Settings
 
@@ -88,7 +88,7 @@ class BatchExporterService(PipelineService):
         return http_ok(f"http://{self.host}:{self.client_port}/metrics")
 
 
-class PrometheusService(Service):
+class PrometheusService(LoopbackProcess):
     """A Prometheus server on loopback scraping the pipeline and evaluating the shipped alert rules."""
 
     name = "prometheus"
@@ -102,18 +102,8 @@ class PrometheusService(Service):
 
     @property
     @override
-    def host(self) -> str:
-        return "127.0.0.1"
-
-    @property
-    @override
     def client_port(self) -> int:
         return self.settings.metrics.prometheus_port
-
-    @property
-    @override
-    def main_log(self) -> Path:
-        return self.stdout_file
 
     @property
     @override

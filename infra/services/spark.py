@@ -13,11 +13,11 @@ from typing import Any
 
 from typing_extensions import override
 
-from infra.services.base import Service
+from infra.services.base import LoopbackProcess
 from infra.settings import Settings
 
 
-class SparkDaemon(Service):
+class SparkDaemon(LoopbackProcess):
     """What the master and the workers share: ``spark-class`` on loopback, its output as its log, no stored data."""
 
     bundle = None
@@ -25,18 +25,8 @@ class SparkDaemon(Service):
 
     @property
     @override
-    def host(self) -> str:
-        return "127.0.0.1"
-
-    @property
-    @override
     def start_timeout(self) -> float:
         return self.settings.stack.spark_start_timeout_s
-
-    @property
-    @override
-    def main_log(self) -> Path:
-        return self.stdout_file
 
     @override
     def render_config(self) -> Path:

@@ -8,11 +8,9 @@ each other and with the events themselves.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ from typing import Any
 import pytest
 
 from batch_layer import job
-from infra import migrations, stack, topics
+from infra import migrations, topics
 from infra.cassandra import session
 from infra.services.spark import SparkMaster
 from infra.settings import Settings
@@ -78,15 +76,6 @@ def same_answers(
     ]
     jfk = [workload.answer(s, *window, "origin=JFK").events for s in (on_cluster, local)]
     assert jfk == [sum(e.dims["origin"] == "JFK" for e in events)] * 2
-
-
-@pytest.fixture(scope="module")
-def spark_cluster(stack_up: Settings) -> Iterator[str]:
-    results = stack.up(stack_up, stack.SPARK_CLUSTER)
-    yield SparkMaster(stack_up).url
-    started = [r.name for r in results if not r.already_running]
-    if started and not os.environ.get("TRENDS_TEST_KEEP_STACK"):
-        stack.down(stack_up, started)
 
 
 def test_speed_and_batch_jobs_on_a_standalone_cluster(

@@ -28,7 +28,7 @@ from infra import migrations
 from infra.airflow.service import Airflow
 from infra.cassandra import session, table
 from infra.settings import Settings
-from tests.helpers import free_port, speed_drain
+from tests.helpers import chromium, free_port, speed_drain
 from views.event import Event
 from views.store.checks import Checks
 from views.store.losses import LossStore
@@ -106,7 +106,7 @@ def loss_env(keyspace_settings: Settings, new_topic: Callable[..., str]) -> Iter
 
 
 def test_records_removed_before_indexing_make_hours_incomplete_until_the_loss_is_accepted(
-    loss_env: Settings, spark: Any
+    loss_env: Settings, spark: Any, tmp_path: Path, artifacts_dir: Path
 ) -> None:
     settings = loss_env
     topic = settings.kafka.events_topic
@@ -148,6 +148,7 @@ def test_records_removed_before_indexing_make_hours_incomplete_until_the_loss_is
     assert f"{topic} partition 0 offsets 0..19 (20 records" in out
     assert "incomplete" in out and f"{H0 - 2 * HOUR:%Y-%m-%dT%HZ}" in out and f"{H0:%Y-%m-%dT%HZ}" in out
     seen_by_operators(settings)
+    seen_on_the_console(settings, tmp_path, artifacts_dir)
 
     # Its recompute is refused, naming the offsets and the flag; nothing runs.
     start, end = (H0 - 2 * HOUR).isoformat(), (H0 - HOUR).isoformat()
@@ -197,6 +198,42 @@ def test_records_removed_before_indexing_make_hours_incomplete_until_the_loss_is
     assert code == 0 and "2 hour(s)" in out, out
     code, out = trends(settings, "batch", "status")
     assert f"the pin serves 2 hour(s) [{H0:%Y-%m-%dT%H:%MZ}, {H0 + 2 * HOUR:%Y-%m-%dT%H:%MZ})" in out, out
+
+
+def seen_on_the_console(settings: Settings, tmp_path: Path, artifacts_dir: Path) -> None:
+    """The console page (``trends serve``, headless Chromium) shows the loss, its bound, and the incomplete hours."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.services.test_serving_api import serve
+
+    start, end = H0 - 4 * HOUR, H0 + 2 * HOUR
+    with serve(settings, tmp_path / "serve.log") as url:
+        driver = chromium()
+        try:
+            driver.get(f"{url}/console?start={start:%Y-%m-%dT%H:%MZ}&end={end:%Y-%m-%dT%H:%MZ}")
+            WebDriverWait(driver, 60).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-loaded"))
+            assert not driver.find_element(By.ID, "error").is_displayed()
+            losses = str(driver.find_element(By.ID, "losses").text)
+            assert losses.startswith("1 loss\n"), losses
+            (loss,) = driver.find_elements(By.CSS_SELECTOR, "#losses [data-partition]")
+            assert loss.get_attribute("data-partition") == "0"
+            assert f"{settings.kafka.events_topic} partition 0 offsets 0..19 (20 records" in loss.text, loss.text
+            assert f"the hours before {H0 + HOUR:%Y-%m-%dT%H:%MZ} may miss them" in loss.text, loss.text
+            strips = {
+                datetime.fromisoformat(e.get_attribute("data-hour")): e
+                for e in driver.find_elements(By.CSS_SELECTOR, "#hours .strip")
+            }
+            assert sorted(strips) == [start + i * HOUR for i in range(6)]
+            # the hours computed whole before the loss was noticed are incomplete now; so is the one nothing ran
+            for hour in (H0 - 3 * HOUR, H0 - 2 * HOUR, H0 - HOUR, H0):
+                assert strips[hour].get_attribute("data-batch") == "incomplete", strips[hour].text
+                assert "partition 0 offsets 0..19" in str(strips[hour].get_attribute("title")), hour
+            assert strips[H0 + HOUR].get_attribute("data-batch") != "incomplete"  # after the bound: whole
+            shot = artifacts_dir / "console-index-loss.png"
+            assert driver.save_screenshot(str(shot)) and shot.stat().st_size > 20_000
+        finally:
+            driver.quit()
 
 
 def seen_by_operators(settings: Settings) -> None:

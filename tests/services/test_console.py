@@ -2,7 +2,9 @@
 
 One private topic and keyspace: a historical hour recomputed by the real batch job (and an empty one after it), an
 hour before them that nothing computed, then the speed layer's faults injected as ``test_speed_coverage.py`` does —
-speed rows deleted from the view, then the checkpoint lost and the job restarted at ``latest`` while events arrive.
+speed rows expired by a short TTL, speed rows deleted from the view (a lost write), then the checkpoint lost and the
+job restarted at ``latest`` on a topic holding history while events arrive. Records removed before indexing are
+shown on the console by ``test_batch_loss.py``.
 ``trends serve`` serves the page; the assertions read the page's DOM text (what an operator reads), and the
 screenshots go to ``artifacts/``. Airflow is pointed at a port where nothing listens: the page must say so, not fail.
 """
@@ -34,7 +36,7 @@ from ingestion.validate import Reason, Reject
 from serving import queries
 from serving.merge import NO_BATCH_RUN, SPEED_ROWS_GONE, STARTED_AFTER
 from serving.store import ViewReader
-from tests.helpers import free_port
+from tests.helpers import chromium, free_port, speed_drain
 from tests.services.test_serving_api import serve
 from views.buckets import HOUR, MINUTE, floor
 from views.event import Event
@@ -43,6 +45,7 @@ from views.store.pointers import PointerStore
 pytestmark = pytest.mark.spark
 
 TRENDS = str(Path(sys.executable).parent / "trends")
+TTL_S = 60  # the speed rows' TTL of the expiry case (the least the setting takes)
 
 
 def iso(t: datetime) -> str:
@@ -65,31 +68,10 @@ def produce(settings: Settings, evs: list[Event]) -> None:
     assert producer.flush(60) == 0
 
 
-def speed(env: dict[str, str], *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [TRENDS, "speed", "run", *args], env={**env, **extra}, capture_output=True, text=True, timeout=300, check=False
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
-
-
 def covers(note: str, m: datetime) -> bool:
     """Tell whether a speed note ("HH:MM-HH:MM: why") covers minute ``m`` (of the note's hour)."""
     a, b = (int(t[:2]) * 60 + int(t[3:5]) for t in (note[:5], note[6:11]))
     return a <= m.hour * 60 + m.minute < (b if b > a else b + 24 * 60)
-
-
-def chromium() -> Any:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    browser, driver_bin = shutil.which("chromium"), shutil.which("chromedriver")
-    assert browser and driver_bin, "Debian's chromium and chromium-driver are needed (`make test` installs them)"
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,2600"):
-        options.add_argument(arg)
-    return webdriver.Chrome(options=options, service=Service(driver_bin))
 
 
 def test_the_console_explains_each_hour_with_the_faults_visible(
@@ -130,9 +112,14 @@ def test_the_console_explains_each_hour_with_the_faults_visible(
     h0 = floor(now, HOUR)
     batch_hour = h0 - 4 * HOUR  # recomputed by the batch job; the hour after it is recomputed empty
     produce(settings, events(batch_hour + 10 * MINUTE, 3, 40, "h"))  # 120 events
+    # Fault 0: speed rows that expire (a 60 s TTL) in the first hour above the watermark
+    e0 = h0 - 2 * HOUR + 20 * MINUTE
+    produce(settings, events(e0, 3, 30, "e"))
+    speed_drain(settings, tmp_path, lateness_s=4 * 3600, TRENDS_SPEED__VIEW_TTL_S=str(TTL_S))
+    expired_at = time.monotonic() + TTL_S
     a0 = floor(now, MINUTE) - 30 * MINUTE
-    produce(settings, events(a0, 8, 50, "a"))  # counted by the speed layer's first epoch
-    speed(env, "--available-now")
+    produce(settings, events(a0, 8, 50, "a"))  # counted by the speed layer's first epoch, kept for the default TTL
+    speed_drain(settings, tmp_path, lateness_s=3600)
     job.run(settings, batch_hour, batch_hour + 2 * HOUR, spark=spark)
 
     # Fault 1: three minutes of speed rows gone from the view (what an expired TTL or a lost write leaves)
@@ -174,6 +161,7 @@ def test_the_console_explains_each_hour_with_the_faults_visible(
         value, headers, ts = encode_reject(Reject(b"{oops", reason, "test", "console.jsonl", 1, now))
         producer.produce(dlq, value, headers=headers, timestamp=ts)
     assert producer.flush(30) == 0
+    time.sleep(max(0.0, expired_at + 2 - time.monotonic()))  # the first run's rows and their hour's keep are past
     setup_s = time.monotonic() - began
 
     start, end = batch_hour - HOUR, h0 + HOUR
@@ -211,6 +199,12 @@ def test_the_console_explains_each_hour_with_the_faults_visible(
             assert strips[batch_hour + HOUR].get_attribute("data-batch") == "empty"
             assert "completed with no events" in text(batch_hour + HOUR)
             assert driver.find_element(By.ID, "boundary").text == f"watermark {batch_hour + 2 * HOUR:%Y-%m-%d %H:%M}"
+            # speed fault 0: the hour whose rows expired with their TTL is a gap, not the zero its rows now hold
+            for m in (e0, e0 + 2 * MINUTE):
+                notes = speed_notes(m, "expired")
+                assert any(covers(n, m) and SPEED_ROWS_GONE in n for n in notes), (m, notes)
+            assert f"gap {e0 - 20 * MINUTE:%H:%M}-{e0 + 40 * MINUTE:%H:%M}: {SPEED_ROWS_GONE}" in text(floor(e0, HOUR))
+            assert "0 events answered" in text(floor(e0, HOUR))
             # speed fault 1: the deleted minutes are expired on their strip and gaps of the answer
             for m in lost:
                 notes = speed_notes(m, "expired")

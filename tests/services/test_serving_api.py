@@ -12,7 +12,6 @@ import json
 import os
 import random
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -36,7 +35,7 @@ from infra.cassandra import session
 from infra.settings import Settings
 from ingestion.generator import Burst, GeneratorConfig, SyntheticStream
 from serving.api import create_app
-from tests.helpers import free_port, speed_drain
+from tests.helpers import chromium, free_port, speed_drain
 
 pytestmark = pytest.mark.spark
 
@@ -408,18 +407,10 @@ def test_schemathesis_with_cassandra_unreachable_gets_only_503_with_retry_after(
 
 
 def test_dashboard_in_headless_chromium(served: Served, server: str, artifacts_dir: Path) -> None:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    browser, driver_bin = shutil.which("chromium"), shutil.which("chromedriver")
-    assert browser and driver_bin, "Debian's chromium and chromium-driver are needed (`make test` installs them)"
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,800"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(options=options, service=Service(driver_bin))
+    driver = chromium(1280, 800)
     try:
         driver.get(f"{server}/?start={iso(RECENT[0])}&end={iso(RECENT[1])}&baseline=2h&limit=5000&refresh=0.001")
         body = driver.find_element(By.TAG_NAME, "body")

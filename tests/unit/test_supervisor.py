@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.errors import EXIT_CONFIG
 from infra.supervisor import RESTARTS_ENV, SupervisorState, backoff_delay
 
 # Fails (exit 3) on its first FAILS runs, then runs until SIGTERM and exits 0. Every run appends
@@ -174,3 +175,17 @@ def test_the_child_does_not_outlive_a_killed_supervisor(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_command_that_refuses_its_configuration_is_not_restarted(tmp_path: Path) -> None:
+    """Exit status 78 (a speed checkpoint of another view definition): restarting cannot help, so none follows."""
+    state_file = tmp_path / "state.json"
+    cmd = [sys.executable, "-m", "infra.supervisor", "--state", str(state_file), "--backoff", "0.1", "--"]
+    proc = subprocess.run(
+        [*cmd, sys.executable, "-c", f"import sys; sys.exit({EXIT_CONFIG})"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert proc.returncode == EXIT_CONFIG, proc.stderr
+    state = SupervisorState.read(state_file)
+    assert state is not None and state.restarts == 0 and state.exits == [EXIT_CONFIG] and state.stopped
+    assert "refused its configuration" in proc.stderr

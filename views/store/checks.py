@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -74,6 +75,13 @@ class Checks:
         """Return the hour's last reconciliation (of its newest batch run), if verify has judged it."""
         row = self.sess.execute(self._stmt(cql.SELECT_RECONCILIATION), (hour,), execution_profile=READ_PROFILE).one()
         return decode_check(row)
+
+    def of_hours(self, hours: Sequence[datetime]) -> dict[datetime, Check]:
+        """Return the last reconciliation of each hour verify has judged, the hours read concurrently."""
+        stmt = self._stmt(cql.SELECT_RECONCILIATION)
+        futures = [self.sess.execute_async(stmt, (h,), execution_profile=READ_PROFILE) for h in hours]
+        found = (decode_check(f.result().one()) for f in futures)
+        return {c.hour: c for c in found if c is not None}
 
     def last(self) -> Check | None:
         """Return the last reconciliation of any hour; its ``beyond_bound`` is the metric's value."""

@@ -227,10 +227,15 @@ class SpeedRows:
             execution_profile=WRITE_PROFILE,
         )
 
-    def mark_hours(self, query: str, epoch: str, hours: Iterable[datetime], ttl_seconds: int) -> None:
+    def mark_hours(
+        self, query: str, epoch: str, hours: Iterable[datetime], ttl_seconds: int, read_until: datetime | None = None
+    ) -> list[datetime]:
         """Record the hours an epoch is about to write, each once: when it was first written, and the rows' TTL.
 
         Called before the rows are written, so every row of the hour is written at or after ``first_written_at``.
+        An hour the epoch had already read into (before ``read_until``, the end of what it read before this batch)
+        that has no mark any more lost its mark to the TTL, and its older rows with it: it is not marked again
+        (a fresh mark would claim those rows kept), so its minutes stay gaps. Return the hours marked.
         """
         hours = sorted(set(hours))
         found = [
@@ -240,9 +245,11 @@ class SpeedRows:
         todo = [
             (query, day_key(h), h, epoch, now, ttl_seconds, ttl_seconds)
             for h, f in zip(hours, found, strict=True)
-            if (row := f.result().one()) is None or row.first_written_at is None
+            if ((row := f.result().one()) is None or row.first_written_at is None)
+            and (read_until is None or h >= read_until)
         ]
         self._write_many(cql.INSERT_SPEED_HOUR, todo)
+        return [t[2] for t in todo]
 
     def write_counts(
         self, query: str, epoch: str, counts: Mapping[tuple[str, datetime], Mapping[datetime, int]], ttl: int

@@ -1,0 +1,122 @@
+"""The view definition a speed checkpoint was started with, recorded beside it; a start with another is refused.
+
+The checkpoint's state store holds partial aggregates (sketches per minute and slice) of the definition the query
+started with. Spark checks the state's *schema* on restart, but a change of slices, of the frequent-items size or
+of a sketch parameter keeps the schema: the job would resume and merge old-definition state with new-definition
+rows, silently. So the first start writes the definition into the checkpoint folder (any Hadoop file system, like
+the checkpoint) and every later start compares it with the settings' one, refusing a difference with the way out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import Any
+
+from infra.errors import ConfigurationError
+from infra.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+DEFINITION_FILE = "trends_view_definition.json"
+KLL_K = 200  # kll_sketch_agg_double's default k (views.aggregation passes none)
+
+
+class ViewDefinitionChangedError(ConfigurationError):
+    """The settings define the views differently from the speed checkpoint's state."""
+
+
+def view_definition(settings: Settings) -> dict[str, Any]:
+    """Return what the speed state depends on: the bucket, the slices, the sketch parameters, the row columns."""
+    from views.aggregation import BUCKET, GLOBAL_SLICE, HLL_LG_K, VIEW_COLUMNS  # noqa: PLC0415
+
+    return {
+        "bucket": BUCKET,
+        "global_slice": GLOBAL_SLICE,
+        "slice_dims": sorted(settings.views.slice_dims),  # the order of the setting does not change a slice
+        "top_k_items": settings.views.top_k_items,
+        "hll_lg_k": HLL_LG_K,
+        "kll_k": KLL_K,
+        "columns": list(VIEW_COLUMNS),
+    }
+
+
+def fingerprint(definition: dict[str, Any]) -> str:
+    """Return a short hash of a definition (canonical JSON)."""
+    return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Return ``key: old -> new`` for every part of the definition that changed."""
+    keys = sorted(set(recorded) | set(current))
+    return [f"{k}: {recorded.get(k)!r} -> {current.get(k)!r}" for k in keys if recorded.get(k) != current.get(k)]
+
+
+def refusal(checkpoint: str, recorded: dict[str, Any], current: dict[str, Any]) -> str:
+    """Return the message of a refused start: what changed and the two ways out."""
+    return (
+        f"the view definition changed since the speed checkpoint {checkpoint} was started "
+        f"({'; '.join(differences(recorded, current))}). Its state holds sketches of the old definition, which "
+        "the job would merge with new ones. Either restore the settings (TRENDS_VIEWS__*), or start a new "
+        "checkpoint: stop the speed job, move the checkpoint folder aside (or set TRENDS_SPEED__QUERY_NAME to a new "
+        "name), start the job again (it reads from TRENDS_SPEED__STARTING_OFFSETS; earlier minutes above the batch "
+        "watermark are gaps until the batch layer covers them), and recompute with `trends batch run --start ... "
+        "--end ...` the hours to be served under the new definition. See docs/runbook.md, 'Upgrades'."
+    )
+
+
+class _HadoopFiles:
+    """Small text files under a checkpoint, on whatever file system it lives (local, hdfs://, s3a://)."""
+
+    def __init__(self, spark: Any, root: str) -> None:
+        self.jvm = spark.sparkContext._jvm
+        self.root = root.rstrip("/")
+        path = self.jvm.org.apache.hadoop.fs.Path(self.root)
+        self.fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+
+    def path(self, name: str) -> Any:
+        return self.jvm.org.apache.hadoop.fs.Path(f"{self.root}/{name}")
+
+    def exists(self, name: str) -> bool:
+        return bool(self.fs.exists(self.path(name)))
+
+    def read(self, name: str) -> str:
+        stream = self.fs.open(self.path(name))
+        try:
+            return str(self.jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+        finally:
+            stream.close()
+
+    def write(self, name: str, text: str) -> None:
+        out = self.fs.create(self.path(name), True)
+        try:
+            out.write(bytearray(text.encode()))
+        finally:
+            out.close()
+
+
+def check_view_definition(spark: Any, settings: Settings, checkpoint: str) -> str:
+    """Record the view definition in a new checkpoint, or compare it with the one recorded; return its fingerprint.
+
+    A checkpoint that has state but no record (started before records were kept) adopts the current definition,
+    with a warning: it cannot be checked.
+
+    :raises ViewDefinitionChangedError: when the checkpoint was started with another definition.
+    """
+    current = view_definition(settings)
+    files = _HadoopFiles(spark, checkpoint)
+    if files.exists(DEFINITION_FILE):
+        recorded = json.loads(files.read(DEFINITION_FILE))
+        if recorded.get("fingerprint") != fingerprint(current):
+            raise ViewDefinitionChangedError(refusal(checkpoint, recorded.get("definition", {}), current))
+        return fingerprint(current)
+    if files.exists("offsets"):
+        logger.warning(
+            "the speed checkpoint %s has no record of its view definition (started by an older version); "
+            "recording the current one (%s), which cannot be checked against its state",
+            checkpoint, json.dumps(current),
+        )  # fmt: skip
+    files.write(DEFINITION_FILE, json.dumps({"fingerprint": fingerprint(current), "definition": current}, indent=1))
+    logger.info("speed checkpoint %s: view definition %s recorded", checkpoint, fingerprint(current))
+    return fingerprint(current)
