@@ -251,7 +251,11 @@ def test_trends_config_and_process_environments_never_show_secrets(tls_stack: St
     # A running child's environment as the kernel shows it (/proc/<pid>/environ): no secret.
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=tls_stack.env)
     try:
-        environ = Path(f"/proc/{proc.pid}/environ").read_bytes().decode(errors="replace")
+        deadline = time.monotonic() + 10
+        environ = ""
+        while not environ and time.monotonic() < deadline:  # empty until the child has exec'd
+            environ = Path(f"/proc/{proc.pid}/environ").read_bytes().decode(errors="replace")
+            time.sleep(0.05)
         assert "TRENDS_SECRETS_DIR=" in environ
         assert not [s for s in SECRETS if s in environ]
     finally:
