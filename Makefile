@@ -18,6 +18,7 @@ help:
 	@echo "make test-cluster      Spark standalone cluster, 3-broker Kafka, 2-node Cassandra (not part of make test)"
 	@echo "make test-backfill     trends batch backfill over 30 days and with Cassandra stopped (not part of make test)"
 	@echo "make test-install      pip install . (no extras, no Airflow) in .venv-core: ingest, speed, batch, serve work"
+	@echo "make test-tls          the pipeline over TLS and SASL_SSL on a private TLS stack (not part of make test)"
 	@echo "make test-alerting     the alert rules (promtool) and a real Prometheus firing the watermark-lag alert"
 	@echo "make gotools     build promtool and prometheus from Go modules into ~/.cache/trends/bin (once, ~6 min)"
 	@echo "make lint        ruff check, ruff format --check, mypy, lint-imports (the layering contracts)"
@@ -98,6 +99,12 @@ $(AIRFLOW_VENV)/.installed: pyproject.toml constraints.txt
 
 test-install: setup $(CORE_VENV)/.installed $(AIRFLOW_VENV)/.installed
 	TRENDS_TEST_CORE_VENV=$(CORE_VENV) TRENDS_TEST_AIRFLOW_VENV=$(AIRFLOW_VENV) $(BIN)/pytest -m install tests/services/test_install.py
+
+# The whole pipeline over TLS (Kafka SASL_SSL with SCRAM-SHA-512, Cassandra client encryption and a password) on a
+# private TLS stack (ports 19110-19122), compared with the same run on the plaintext stack (4-8 min here).
+.PHONY: test-tls
+test-tls: setup
+	$(BIN)/pytest -m tls tests/services/test_tls_pipeline.py
 
 # The shipped alert rules: promtool's check and unit tests, then a real Prometheus scraping the batch exporter.
 test-alerting: setup $(GOTOOLS)

@@ -25,7 +25,10 @@ WRITE_PROFILE = "write"
 
 
 def make_cluster(settings: Settings, *, connect_timeout: float | None = None) -> Cluster:
-    """Build a driver ``Cluster`` for the configured contact points, credentials and consistency levels."""
+    """Build a driver ``Cluster`` for the configured contact points, credentials, TLS and consistency levels.
+
+    :raises OSError: when a configured certificate or key file cannot be read.
+    """
     from cassandra import ConsistencyLevel  # noqa: PLC0415
     from cassandra.auth import PlainTextAuthProvider  # noqa: PLC0415
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile  # noqa: PLC0415
@@ -48,6 +51,9 @@ def make_cluster(settings: Settings, *, connect_timeout: float | None = None) ->
         "contact_points": cfg.contact_points,
         "port": cfg.port,
         "auth_provider": auth,
+        # TLS (client_encryption_options on the nodes): the CA, an optional client certificate, the hostname check;
+        # with check_hostname the driver verifies each node's certificate against the address it connects to.
+        "ssl_context": cfg.ssl_context(),
         "connect_timeout": connect_timeout or cfg.connect_timeout_s,
         "protocol_version": cfg.protocol_version,
         "execution_profiles": {

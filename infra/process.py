@@ -16,12 +16,13 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from infra.errors import StackError
+from infra.settings import SECRETS_DIR_ENV, Settings
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,41 @@ def write_private(path: Path, text: str) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)
     os.replace(tmp, path)
+
+
+def child_env(
+    settings: Settings, sections: Collection[str], secrets_dir: Path, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Return the environment of a child process that talks to ``sections`` (e.g. ``kafka``, ``cassandra``).
+
+    It is ``base`` (default: ours) and the settings as ``TRENDS_*`` variables, with no secret in it: every secret
+    variable is dropped, and the secrets of ``sections`` alone are written as files into ``secrets_dir`` (0700,
+    one 0600 file per variable), which ``TRENDS_SECRETS_DIR`` names. So the speed job never holds the Airflow admin
+    password or the API token, and no secret shows in ``/proc/<pid>/environ`` or a process listing.
+    """
+    secret_vars = settings.secret_vars()
+    env = {
+        k: v
+        for k, v in (os.environ if base is None else base).items()
+        if k.upper() not in secret_vars and k.upper() != SECRETS_DIR_ENV
+    }
+    values = settings.to_env()
+    env.update({k: v for k, v in values.items() if k not in secret_vars})
+    wanted = {k: values[k] for k, section in secret_vars.items() if section in sections and k in values}
+    write_secrets_dir(secrets_dir, wanted)
+    env[SECRETS_DIR_ENV] = str(secrets_dir)
+    return env
+
+
+def write_secrets_dir(folder: Path, secrets: Mapping[str, str]) -> None:
+    """Make ``folder`` hold exactly these secrets, one private file each, named by its variable."""
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o700)
+    for stale in folder.iterdir():
+        if stale.is_file() and stale.name not in secrets:
+            stale.unlink()
+    for name, value in secrets.items():
+        write_private(folder / name, value)
 
 
 def tail(paths: Iterable[Path], lines: int = LOG_TAIL_LINES) -> str:

@@ -13,15 +13,22 @@ import os
 import typing
 from functools import lru_cache
 from pathlib import Path
+from ssl import Purpose, SSLContext, TLSVersion, create_default_context
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    NestedSecretsSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from infra.security import MASK, has_userinfo, is_secret_key
 
 ENV_PREFIX = "TRENDS_"
 ENV_NESTED_DELIMITER = "__"
+SECRETS_DIR_ENV = "TRENDS_SECRETS_DIR"
 
 Consistency = Literal["ONE", "TWO", "THREE", "QUORUM", "ALL", "LOCAL_QUORUM", "EACH_QUORUM", "LOCAL_ONE", "ANY"]
 
@@ -61,18 +68,63 @@ class KafkaSettings(BaseModel):
         30 * 24 * 3600 * 1000, ge=-1, description="retention.ms of the dead-letter topic (default 30 days)."
     )
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
-        "PLAINTEXT", description="security.protocol of every client."
+        "PLAINTEXT", description="security.protocol of every client (SSL and SASL_SSL encrypt with TLS)."
     )
-    sasl_mechanism: str | None = Field(None, description="sasl.mechanism (e.g. SCRAM-SHA-512) when SASL is used.")
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        None, description="sasl.mechanism when SASL is used: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512."
+    )
     sasl_username: str | None = Field(None, description="SASL user name.")
     sasl_password: SecretStr | None = Field(None, description="SASL password (secret).")
     client_id: str = Field("trends", description="client.id prefix of every Kafka client.")
+    # -- TLS (security_protocol SSL or SASL_SSL) ------------------------------------------------------------------
+    ssl_ca_file: Path | None = Field(
+        None,
+        description="PEM file of the CA(s) that signed the brokers' certificates. Unset: the system's CAs (enough "
+        "for managed Kafka with public certificates). With stack.tls: the local stack's CA.",
+    )
+    ssl_certificate_file: Path | None = Field(
+        None, description="PEM client certificate (chain) for mutual TLS; needs ssl_key_file."
+    )
+    ssl_key_file: Path | None = Field(
+        None, description="PEM private key of the client certificate (PKCS#8 or PKCS#1; Spark needs it as PKCS#8)."
+    )
+    ssl_key_password: SecretStr | None = Field(None, description="Password of an encrypted ssl_key_file (secret).")
+    ssl_check_hostname: bool = Field(
+        True,
+        description="Check that a broker's certificate names the host connected to (ssl.endpoint.identification."
+        "algorithm=https). Turn off only for brokers whose certificates cannot name their addresses.",
+    )
+
+    @model_validator(mode="after")
+    def _consistent_security(self) -> KafkaSettings:
+        if self.security_protocol.startswith("SASL_"):
+            missing = [
+                f"TRENDS_KAFKA__{name.upper()}"
+                for name in ("sasl_mechanism", "sasl_username", "sasl_password")
+                if getattr(self, name) is None
+            ]
+            if missing:
+                msg = f"security_protocol {self.security_protocol} needs {', '.join(missing)}"
+                raise ValueError(msg)
+        if (self.ssl_certificate_file is None) != (self.ssl_key_file is None):
+            msg = "a client certificate needs both TRENDS_KAFKA__SSL_CERTIFICATE_FILE and TRENDS_KAFKA__SSL_KEY_FILE"
+            raise ValueError(msg)
+        return self
+
+    @property
+    def uses_tls(self) -> bool:
+        """Tell whether clients speak TLS to the brokers (SSL or SASL_SSL)."""
+        return self.security_protocol in ("SSL", "SASL_SSL")
 
     def client_config(self, *, reveal_secrets: bool = True) -> dict[str, Any]:
         """Return the librdkafka configuration shared by producers, consumers and the admin client.
 
-        :arg reveal_secrets: put the real password in (``False`` masks it for logging).
+        :arg reveal_secrets: put the real passwords in (``False`` masks them for logging).
         """
+
+        def secret(value: SecretStr) -> str:
+            return value.get_secret_value() if reveal_secrets else str(value)
+
         conf: dict[str, Any] = {
             "bootstrap.servers": self.bootstrap_servers,
             "security.protocol": self.security_protocol,
@@ -83,11 +135,26 @@ class KafkaSettings(BaseModel):
         if self.sasl_username:
             conf["sasl.username"] = self.sasl_username
         if self.sasl_password is not None:
-            conf["sasl.password"] = self.sasl_password.get_secret_value() if reveal_secrets else str(self.sasl_password)
+            conf["sasl.password"] = secret(self.sasl_password)
+        if self.uses_tls:
+            conf["ssl.endpoint.identification.algorithm"] = "https" if self.ssl_check_hostname else "none"
+            if self.ssl_ca_file is not None:
+                conf["ssl.ca.location"] = str(self.ssl_ca_file)
+            if self.ssl_certificate_file is not None and self.ssl_key_file is not None:
+                conf["ssl.certificate.location"] = str(self.ssl_certificate_file)
+                conf["ssl.key.location"] = str(self.ssl_key_file)
+            if self.ssl_key_password is not None:
+                conf["ssl.key.password"] = secret(self.ssl_key_password)
         return conf
 
     def spark_options(self) -> dict[str, str]:
-        """Return the same connection as options of Spark's Kafka source (``kafka.``-prefixed Java client keys)."""
+        """Return the same connection as options of Spark's Kafka source (``kafka.``-prefixed Java client keys).
+
+        Certificates and keys go inline as PEM text (``ssl.truststore.certificates``, ``ssl.keystore.key``), not as
+        file paths: the options travel to the executors, which may run on hosts without the files.
+
+        :raises OSError: when a configured certificate or key file cannot be read.
+        """
         opts = {
             "kafka.bootstrap.servers": self.bootstrap_servers,
             "kafka.security.protocol": self.security_protocol,
@@ -102,6 +169,19 @@ class KafkaSettings(BaseModel):
             )
             password = self.sasl_password.get_secret_value()
             opts["kafka.sasl.jaas.config"] = f'{module} required username="{self.sasl_username}" password="{password}";'
+        if self.uses_tls:
+            opts["kafka.ssl.endpoint.identification.algorithm"] = "https" if self.ssl_check_hostname else ""
+            if self.ssl_ca_file is not None:
+                opts["kafka.ssl.truststore.type"] = "PEM"
+                opts["kafka.ssl.truststore.certificates"] = self.ssl_ca_file.read_text()
+            if self.ssl_certificate_file is not None and self.ssl_key_file is not None:
+                opts["kafka.ssl.keystore.type"] = "PEM"
+                opts["kafka.ssl.keystore.certificate.chain"] = self.ssl_certificate_file.read_text()
+                from infra.tls import pkcs8_pem  # noqa: PLC0415 - cryptography only where a client key is used
+
+                opts["kafka.ssl.keystore.key"] = pkcs8_pem(self.ssl_key_file, self.ssl_key_password)
+                if self.ssl_key_password is not None:
+                    opts["kafka.ssl.key.password"] = self.ssl_key_password.get_secret_value()
         return opts
 
     @property
@@ -143,12 +223,56 @@ class CassandraSettings(BaseModel):
     write_consistency: Consistency = Field("LOCAL_QUORUM", description="Consistency level of writes.")
     username: str | None = Field(None, description="User for PasswordAuthenticator, if enabled.")
     password: SecretStr | None = Field(None, description="Password for PasswordAuthenticator (secret).")
+    ssl: bool = Field(
+        False,
+        description="Encrypt client connections with TLS (the nodes' client_encryption_options). On with stack.tls.",
+    )
+    ssl_ca_file: Path | None = Field(
+        None,
+        description="PEM file of the CA(s) that signed the nodes' certificates. Unset: the system's CAs. With "
+        "stack.tls: the local stack's CA.",
+    )
+    ssl_certificate_file: Path | None = Field(
+        None, description="PEM client certificate for nodes that require client auth (mutual TLS); needs ssl_key_file."
+    )
+    ssl_key_file: Path | None = Field(None, description="PEM private key of the client certificate.")
+    ssl_key_password: SecretStr | None = Field(None, description="Password of an encrypted ssl_key_file (secret).")
+    ssl_check_hostname: bool = Field(
+        True, description="Check that a node's certificate names the address connected to (contact point or peer)."
+    )
     connect_timeout_s: float = Field(10.0, gt=0, description="Driver connect timeout, seconds.")
     request_timeout_s: float = Field(20.0, gt=0, description="Default per-request timeout, seconds.")
     write_concurrency: int = Field(
         128, ge=1, description="Concurrent requests of bulk writes (each waits for its commitlog group)."
     )
     read_concurrency: int = Field(32, ge=1, description="Concurrent requests of bulk reads (the batch index).")
+
+    @model_validator(mode="after")
+    def _consistent_tls(self) -> CassandraSettings:
+        if (self.ssl_certificate_file is None) != (self.ssl_key_file is None):
+            msg = (
+                "a client certificate needs both TRENDS_CASSANDRA__SSL_CERTIFICATE_FILE and "
+                "TRENDS_CASSANDRA__SSL_KEY_FILE"
+            )
+            raise ValueError(msg)
+        return self
+
+    def ssl_context(self) -> SSLContext | None:
+        """Return the driver's TLS context (CA, optional client certificate, hostname check), or None without TLS.
+
+        :raises OSError: when a configured certificate or key file cannot be read.
+        :raises ssl.SSLError: when a file is not a PEM certificate or key (or the key password is wrong).
+        """
+        if not self.ssl:
+            return None
+        ca = str(self.ssl_ca_file) if self.ssl_ca_file is not None else None
+        ctx = create_default_context(Purpose.SERVER_AUTH, cafile=ca)
+        ctx.minimum_version = TLSVersion.TLSv1_2
+        ctx.check_hostname = self.ssl_check_hostname
+        if self.ssl_certificate_file is not None and self.ssl_key_file is not None:
+            password = self.ssl_key_password.get_secret_value() if self.ssl_key_password is not None else None
+            ctx.load_cert_chain(str(self.ssl_certificate_file), str(self.ssl_key_file), password=password)
+        return ctx
 
     def replication_map(self) -> dict[str, str | int]:
         """Return the keyspace replication map for ``CREATE KEYSPACE``."""
@@ -201,6 +325,14 @@ class StackSettings(BaseModel):
         9093, description="KRaft controller listener port of the local broker; node N of a local cluster uses +N-1."
     )
     kafka_heap: str = Field("512m", description="Heap (-Xms/-Xmx) of each local Kafka broker.")
+    tls: bool = Field(
+        False,
+        description="Run the local Kafka and Cassandra with TLS: a CA and server certificates are generated into "
+        "<data_dir>/tls at `stack up`; Kafka listens with kafka.security_protocol SSL or SASL_SSL (SCRAM-SHA-512 or "
+        "PLAIN users from kafka.sasl_*), Cassandra with client encryption (and a password when "
+        "cassandra.username/password are set). Clients default to that CA and cassandra.ssl (and, with SSL, whose "
+        "listeners require client certificates, to the stack's client certificate).",
+    )
     kafka_cluster_id: str = Field(
         "tR3nDsLoCaLcLuStEr0001",
         min_length=22,
@@ -680,9 +812,28 @@ class Settings(BaseSettings):
         env_file=".env",
         env_file_encoding="utf-8",
         extra="ignore",
+        secrets_nested_delimiter=ENV_NESTED_DELIMITER,
+        secrets_dir_missing="error",
     )
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Read code, then the environment, then ``.env``, then the secrets folder (nested names like the env)."""
+        return init_settings, env_settings, dotenv_settings, NestedSecretsSettingsSource(file_secret_settings)
+
     def __init__(self, **values: Any) -> None:
+        # Secrets from files (Docker and Kubernetes secrets): one file per setting, named like its variable
+        # (TRENDS_KAFKA__SASL_PASSWORD), in the folder TRENDS_SECRETS_DIR names. The environment wins over a file.
+        folder = os.environ.get(SECRETS_DIR_ENV, "").strip()
+        if folder and "_secrets_dir" not in values:
+            values["_secrets_dir"] = folder
         try:
             super().__init__(**values)
         except ValidationError as exc:
@@ -698,6 +849,12 @@ class Settings(BaseSettings):
         description="Fetched jars (one folder per server) — outside git, shared by clones. Default: ~/.cache/trends.",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Python log level.")
+    secrets_dir: Path | None = Field(
+        None,
+        description="Folder of secret files, one per secret setting named like its variable (e.g. "
+        "TRENDS_KAFKA__SASL_PASSWORD), as Docker and Kubernetes mount secrets; the environment wins over a file. "
+        "Child processes of the stack get a private folder with only the secrets of the services they talk to.",
+    )
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     cassandra: CassandraSettings = Field(default_factory=CassandraSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
@@ -714,6 +871,28 @@ class Settings(BaseSettings):
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         return value.expanduser().resolve()
+
+    @model_validator(mode="after")
+    def _stack_tls_defaults(self) -> Settings:
+        # With the local stack on TLS, its clients trust its CA and encrypt to Cassandra unless told otherwise.
+        if self.stack.tls:
+            ca = self.tls_dir / "ca.pem"
+            if self.kafka.ssl_ca_file is None:
+                self.kafka.ssl_ca_file = ca
+            if self.kafka.security_protocol == "SSL" and self.kafka.ssl_certificate_file is None:
+                # The stack's SSL listeners authenticate clients by certificate: use the stack's client certificate.
+                self.kafka.ssl_certificate_file = self.tls_dir / "client.pem"
+                self.kafka.ssl_key_file = self.tls_dir / "client-key.pem"
+            if "ssl" not in self.cassandra.model_fields_set:
+                self.cassandra.ssl = True
+            if self.cassandra.ssl_ca_file is None:
+                self.cassandra.ssl_ca_file = ca
+        return self
+
+    @property
+    def tls_dir(self) -> Path:
+        """Return the folder of the local stack's CA, server and client certificates (``stack.tls``)."""
+        return self.data_dir / "tls"
 
     @property
     def jars_dir(self) -> Path:
@@ -733,6 +912,22 @@ class Settings(BaseSettings):
         """
         out: dict[str, str] = {}
         _flatten(self, (), out)
+        return out
+
+    def secret_vars(self) -> dict[str, str]:
+        """Return the variable of every secret setting (``SecretStr``) and the section it belongs to.
+
+        E.g. ``TRENDS_KAFKA__SASL_PASSWORD`` -> ``kafka``: a child process is given the secrets of the sections
+        (services) it talks to only (:func:`infra.process.child_env`).
+        """
+        out: dict[str, str] = {}
+        for section, field in type(self).model_fields.items():
+            model = field.annotation
+            if not (isinstance(model, type) and issubclass(model, BaseModel)):
+                continue
+            for name, sub in model.model_fields.items():
+                if "SecretStr" in str(sub.annotation):
+                    out[ENV_PREFIX + f"{section}{ENV_NESTED_DELIMITER}{name}".upper()] = section
         return out
 
 

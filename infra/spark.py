@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 LOG4J2_CONF = Path(__file__).parent / "conf" / "spark" / "log4j2.properties"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+# Names of data source options whose values are secret (redacted from plans and the UI).
+REDACTED_OPTIONS = r"(?i)url|jaas|ssl\.keystore\.key|ssl\.key\.password|sasl\.password"
 
 
 def spark_conf(settings: Settings, app: str) -> dict[str, str]:
@@ -48,6 +50,9 @@ def spark_conf(settings: Settings, app: str) -> dict[str, str]:
         "spark.ui.enabled": str(cfg.ui_enabled).lower(),
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2_CONF}",
         "spark.executor.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2_CONF}",
+        # Kafka's TLS/SASL options hold secrets (the JAAS config, an inline PEM key, its password): redact them from
+        # plans and the UI like URLs (Spark's default for data source options).
+        "spark.sql.redaction.options.regex": REDACTED_OPTIONS,
     }
     conf.update(cfg.conf)
     return conf

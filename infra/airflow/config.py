@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.errors import StackError
-from infra.process import write_private
+from infra.process import child_env, write_private
 from infra.security import MIN_SECRET_CHARS, exposure_problem, has_userinfo, is_loopback, is_secret_key
 from infra.settings import LOCAL_ADMIN_PASSWORD, Settings
 
@@ -205,9 +205,14 @@ class AirflowConfig:
         return airflow_executable().parent
 
     def process_env(self) -> dict[str, str]:
-        """Return the whole environment of Airflow's processes: ours, every setting as TRENDS_*, Airflow's own."""
+        """Return the whole environment of Airflow's processes: ours, every setting as TRENDS_*, Airflow's own.
+
+        Of the pipeline's secrets they get Kafka's and Cassandra's (the tasks run the batch job), as files in
+        ``<airflow home>/secrets`` (:func:`infra.process.child_env`); Airflow's own live in ``airflow.cfg``.
+        """
         path = os.pathsep.join([str(self.bin_dir()), os.environ.get("PATH", os.defpath)])
-        return {**os.environ, **self.settings.to_env(), **self.airflow_env(), "PATH": path}
+        base = child_env(self.settings, ("kafka", "cassandra"), self.home / "secrets")
+        return {**base, **self.airflow_env(), "PATH": path}
 
     def _keys(self) -> dict[str, str]:
         """Return the keys of the existing ``airflow.cfg``, generating them only for a new one (kept across starts).

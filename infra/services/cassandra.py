@@ -17,6 +17,7 @@ from infra.process import port_is_open, process_alive, tail
 from infra.security import MIN_SECRET_CHARS, is_loopback, too_short
 from infra.services.base import CONF_DIR, Service, render
 from infra.settings import Settings
+from infra.tls import ensure_stack_tls
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,8 @@ class Cassandra(Service):
                 "identifier (letters, digits, _), as the role it creates is named after it."
             )
             raise StackError(msg)
+        if self.settings.stack.tls:
+            self._check_tls(where)
         if is_loopback(self.host):
             return
         if not self.auth_enabled:
@@ -105,8 +108,8 @@ class Cassandra(Service):
                 "(AllowAllAuthenticator). Keep TRENDS_CASSANDRA__CONTACT_POINTS on 127.0.0.x, or let the stack run "
                 "it with PasswordAuthenticator: set TRENDS_CASSANDRA__USERNAME and TRENDS_CASSANDRA__PASSWORD (at "
                 f"least {MIN_SECRET_CHARS} characters); the stack creates that superuser role and disables the "
-                "default cassandra/cassandra one. Client traffic is not encrypted: on an untrusted network run nodes "
-                "with client TLS (client_encryption_options) and point the pipeline at them instead."
+                "default cassandra/cassandra one. Client traffic is not encrypted unless TRENDS_STACK__TLS=true "
+                "(client_encryption_options; docs/deploy.md): set it on an untrusted network."
             )
             raise StackError(msg)
         short = too_short(
@@ -114,6 +117,25 @@ class Cassandra(Service):
         )
         if short:
             msg = f"refusing to start {where}, which is not a loopback address: {short}"
+            raise StackError(msg)
+
+    def _check_tls(self, where: str) -> None:
+        """Refuse ``stack.tls`` without client TLS or without a password: the TLS stack is the authenticated one."""
+        cfg = self.settings.cassandra
+        missing = [
+            var
+            for var, ok in (
+                ("TRENDS_CASSANDRA__SSL=true", cfg.ssl),
+                ("TRENDS_CASSANDRA__USERNAME", self.auth_enabled),
+                ("TRENDS_CASSANDRA__PASSWORD", self.auth_enabled),
+            )
+            if not ok
+        ]
+        if missing:
+            msg = (
+                f"refusing to start {where} with TRENDS_STACK__TLS=true: its clients need {', '.join(missing)} "
+                "(the TLS stack runs client encryption with PasswordAuthenticator)."
+            )
             raise StackError(msg)
 
     @override
@@ -137,6 +159,30 @@ class Cassandra(Service):
             commitlog_sync_option=option,
             authenticator="PasswordAuthenticator" if self.auth_enabled else "AllowAllAuthenticator",
             authorizer="CassandraAuthorizer" if self.auth_enabled else "AllowAllAuthorizer",
+            client_encryption=self.client_encryption(),
+        )
+
+    def client_encryption(self) -> str:
+        """Return ``client_encryption_options`` for ``stack.tls`` (PEM keystore, TLS required), else nothing.
+
+        Clients authenticate with their password (PasswordAuthenticator), not a certificate: Cassandra 5.0's
+        ``require_client_auth`` is all or nothing, and the tests need both kinds of client.
+        """
+        if not self.settings.stack.tls:
+            return ""
+        files = ensure_stack_tls(self.settings.tls_dir, self.settings.cassandra.contact_points)
+        return "\n".join(
+            [
+                "client_encryption_options:",
+                "  enabled: true",
+                "  optional: false",
+                "  ssl_context_factory:",
+                "    class_name: org.apache.cassandra.security.PEMBasedSslContextFactory",
+                f"  keystore: {files.server_keystore}",
+                f"  truststore: {files.ca}",
+                "  require_client_auth: false",
+                "  accepted_protocols: [TLSv1.2, TLSv1.3]",
+            ]
         )
 
     @override
@@ -235,6 +281,7 @@ class Cassandra(Service):
             port=self.client_port,
             auth_provider=PlainTextAuthProvider("cassandra", "cassandra"),
             protocol_version=cfg.protocol_version,
+            ssl_context=cfg.ssl_context(),
             connect_timeout=5,
         )
         try:
@@ -252,6 +299,7 @@ class Cassandra(Service):
             port=self.client_port,
             auth_provider=PlainTextAuthProvider(user, password),
             protocol_version=cfg.protocol_version,
+            ssl_context=cfg.ssl_context(),
             connect_timeout=5,
         )
         try:

@@ -15,6 +15,7 @@ from infra.errors import StackError
 from infra.security import MIN_SECRET_CHARS, is_loopback, too_short
 from infra.services.base import CONF_DIR, Service, render
 from infra.settings import Settings
+from infra.tls import ensure_stack_tls
 
 logger = logging.getLogger(__name__)
 
@@ -78,12 +79,20 @@ class Kafka(Service):
         """
         kafka = self.settings.kafka
         where = f"{self.name} on {self.host}:{self.client_port}"
+        if self.settings.stack.tls:
+            self._check_tls(where)
+            if kafka.security_protocol == "SASL_SSL" and not is_loopback(self.host):
+                password = kafka.sasl_password.get_secret_value() if kafka.sasl_password is not None else ""
+                short = too_short("TRENDS_KAFKA__SASL_PASSWORD", password)
+                if short:
+                    msg = f"refusing to start {where}, which is not a loopback address: {short}"
+                    raise StackError(msg)
+            return
         if kafka.security_protocol not in ("PLAINTEXT", "SASL_PLAINTEXT"):
             msg = (
-                f"refusing to start {where}: TRENDS_KAFKA__SECURITY_PROTOCOL={kafka.security_protocol} needs TLS "
-                "keystores, which the local stack does not set up. It runs PLAINTEXT (loopback only) or "
-                "SASL_PLAINTEXT with TRENDS_KAFKA__SASL_MECHANISM=PLAIN; for TLS, run your own brokers "
-                "(docs/deploy.md) and point TRENDS_KAFKA__BOOTSTRAP_SERVERS at them without `trends stack up kafka`."
+                f"refusing to start {where}: TRENDS_KAFKA__SECURITY_PROTOCOL={kafka.security_protocol} needs TLS: "
+                "set TRENDS_STACK__TLS=true (the stack then generates a CA and certificates), or run PLAINTEXT "
+                "(loopback only) or SASL_PLAINTEXT with TRENDS_KAFKA__SASL_MECHANISM=PLAIN."
             )
             raise StackError(msg)
         if kafka.security_protocol == "SASL_PLAINTEXT":
@@ -97,8 +106,8 @@ class Kafka(Service):
                 "with SASL: set TRENDS_KAFKA__SECURITY_PROTOCOL=SASL_PLAINTEXT, TRENDS_KAFKA__SASL_MECHANISM=PLAIN, "
                 "TRENDS_KAFKA__SASL_USERNAME and TRENDS_KAFKA__SASL_PASSWORD (at least "
                 f"{MIN_SECRET_CHARS} characters). SASL_PLAINTEXT sends that password unencrypted: on an untrusted "
-                "network run brokers with SASL_SSL (TLS keystores, SCRAM users, an authorizer; docs/deploy.md) and "
-                "point the pipeline at them instead."
+                "network let the stack run TLS (TRENDS_STACK__TLS=true with SASL_SSL and SCRAM-SHA-512; "
+                "docs/deploy.md), or run your own brokers and point the pipeline at them."
             )
             raise StackError(msg)
         short = too_short(
@@ -114,13 +123,27 @@ class Kafka(Service):
             self.host,
         )
 
-    def _check_sasl(self, where: str) -> None:
+    def _check_tls(self, where: str) -> None:
+        """Refuse ``stack.tls`` with a plaintext protocol, or SASL_SSL without a user the stack can create."""
+        kafka = self.settings.kafka
+        if kafka.security_protocol not in ("SSL", "SASL_SSL"):
+            msg = (
+                f"refusing to start {where} with TRENDS_STACK__TLS=true and TRENDS_KAFKA__SECURITY_PROTOCOL="
+                f"{kafka.security_protocol}: the TLS stack listens with SSL or SASL_SSL; set "
+                "TRENDS_KAFKA__SECURITY_PROTOCOL=SASL_SSL (with TRENDS_KAFKA__SASL_MECHANISM=SCRAM-SHA-512, "
+                "TRENDS_KAFKA__SASL_USERNAME and TRENDS_KAFKA__SASL_PASSWORD) or SSL."
+            )
+            raise StackError(msg)
+        if kafka.security_protocol == "SASL_SSL":
+            self._check_sasl(where, mechanisms=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"))
+
+    def _check_sasl(self, where: str, mechanisms: tuple[str, ...] = ("PLAIN",)) -> None:
         kafka = self.settings.kafka
         password = kafka.sasl_password.get_secret_value() if kafka.sasl_password is not None else ""
         missing = [
             var
             for var, ok in (
-                ("TRENDS_KAFKA__SASL_MECHANISM=PLAIN", kafka.sasl_mechanism == "PLAIN"),
+                (f"TRENDS_KAFKA__SASL_MECHANISM={'|'.join(mechanisms)}", kafka.sasl_mechanism in mechanisms),
                 ("TRENDS_KAFKA__SASL_USERNAME", bool(kafka.sasl_username)),
                 ("TRENDS_KAFKA__SASL_PASSWORD", bool(password)),
             )
@@ -128,18 +151,18 @@ class Kafka(Service):
         ]
         if missing:
             msg = (
-                f"refusing to start {where} with SASL_PLAINTEXT: the local stack sets up the PLAIN mechanism with one "
-                f"user; set {', '.join(missing)} (SCRAM users need `kafka-storage format --add-scram`: run your own "
-                "brokers for them)."
+                f"refusing to start {where} with {kafka.security_protocol}: the local stack sets up one user of "
+                f"{' or '.join(mechanisms)}; set {', '.join(missing)} (SCRAM needs TRENDS_STACK__TLS=true and "
+                "SASL_SSL)."
             )
             raise StackError(msg)
         if not re.fullmatch(r"[A-Za-z0-9_.\-]{1,64}", kafka.sasl_username or "") or any(
-            c in password for c in '"\\\n\r'
+            c in password for c in '"\\\n\r,[]='
         ):
             msg = (
                 "for the local stack TRENDS_KAFKA__SASL_USERNAME must be letters, digits, `_`, `.` or `-`, and "
-                "TRENDS_KAFKA__SASL_PASSWORD must not contain quotes, backslashes or line breaks (both go into a JAAS "
-                "config)."
+                "TRENDS_KAFKA__SASL_PASSWORD must not contain quotes, backslashes, line breaks, `,`, `[`, `]` or `=` "
+                "(both go into a JAAS config and kafka-storage's --add-scram)."
             )
             raise StackError(msg)
 
@@ -147,6 +170,8 @@ class Kafka(Service):
         """Return the listener lines of server.properties: PLAINTEXT, or SASL_PLAINTEXT with PLAIN everywhere."""
         host, port, ctl = self.host, self.client_port, self.controller_port
         kafka = self.settings.kafka
+        if self.settings.stack.tls:
+            return self.tls_listener_config()
         if kafka.security_protocol != "SASL_PLAINTEXT":
             return "\n".join(
                 [
@@ -176,6 +201,61 @@ class Kafka(Service):
                 f"listener.name.controller.plain.sasl.jaas.config={jaas}",
             ]
         )
+
+    def tls_listener_config(self) -> str:
+        """Return the listener lines for ``stack.tls``: clients and brokers on SSL or SASL_SSL, the controller on SSL.
+
+        The PEM keystore (key and chain) and CA come from :func:`infra.tls.ensure_stack_tls`. With SASL_SSL the
+        brokers log in to each other as the configured user with its mechanism; SCRAM users are created by
+        ``kafka-storage format --add-scram`` (:meth:`prepare`), PLAIN users are listed in the JAAS config. With SSL
+        every client must present a certificate of the CA (``ssl.client.auth=required``: mutual TLS).
+        """
+        host, port, ctl = self.host, self.client_port, self.controller_port
+        kafka = self.settings.kafka
+        files = ensure_stack_tls(self.settings.tls_dir, [h for h, _ in kafka.brokers])
+        proto = kafka.security_protocol
+        lines = [
+            f"listeners={proto}://{host}:{port},CONTROLLER://{host}:{ctl}",
+            f"advertised.listeners={proto}://{host}:{port}",
+            f"inter.broker.listener.name={proto}",
+            f"listener.security.protocol.map={proto}:{proto},CONTROLLER:SSL",
+            "ssl.keystore.type=PEM",
+            f"ssl.keystore.location={files.server_keystore}",
+            "ssl.truststore.type=PEM",
+            f"ssl.truststore.location={files.ca}",
+            "ssl.endpoint.identification.algorithm=https",
+            # SSL alone: the client certificate is the authentication (mutual TLS); SASL_SSL: the SASL login is.
+            f"ssl.client.auth={'required' if proto == 'SSL' else 'none'}",
+        ]
+        if proto != "SASL_SSL":
+            return "\n".join(lines)
+        mechanism = kafka.sasl_mechanism or ""
+        user = kafka.sasl_username or ""
+        password = kafka.sasl_password.get_secret_value() if kafka.sasl_password is not None else ""
+        if mechanism == "PLAIN":
+            jaas = (
+                "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                f'username="{user}" password="{password}" user_{user}="{password}";'
+            )
+        else:
+            module = "org.apache.kafka.common.security.scram.ScramLoginModule"
+            jaas = f'{module} required username="{user}" password="{password}";'
+        lines += [
+            f"sasl.enabled.mechanisms={mechanism}",
+            f"sasl.mechanism.inter.broker.protocol={mechanism}",
+            f"listener.name.sasl_ssl.{mechanism.lower()}.sasl.jaas.config={jaas}",
+        ]
+        return "\n".join(lines)
+
+    def scram_arguments(self) -> list[str]:
+        """Return kafka-storage's ``--add-scram`` arguments creating the SCRAM user of ``stack.tls`` (else none)."""
+        kafka = self.settings.kafka
+        if not (self.settings.stack.tls and kafka.security_protocol == "SASL_SSL"):
+            return []
+        if not (kafka.sasl_mechanism or "").startswith("SCRAM-"):
+            return []
+        password = kafka.sasl_password.get_secret_value() if kafka.sasl_password is not None else ""
+        return ["--add-scram", f"{kafka.sasl_mechanism}=[name={kafka.sasl_username},password={password}]"]
 
     @override
     def render_config(self) -> Path:
@@ -213,7 +293,11 @@ class Kafka(Service):
         ]
 
     def prepare(self, java: str, config: Path) -> None:
-        """Format the KRaft storage once (``--ignore-formatted`` makes it a no-op afterwards)."""
+        """Format the KRaft storage once (``--ignore-formatted`` makes it a no-op afterwards), with the SCRAM user.
+
+        SCRAM credentials live in the cluster metadata: they are written at the first format only, so a password
+        changed later is set with ``kafka-configs --alter --add-config SCRAM-SHA-512=[password=…]``.
+        """
         cmd = [
             *self._java(java, "256m"),  # a tool run, not the server: its own small heap
             "kafka.tools.StorageTool",
@@ -223,10 +307,14 @@ class Kafka(Service):
             "-c",
             str(config),
             "--ignore-formatted",
+            *self.scram_arguments(),
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)  # noqa: S603
         if proc.returncode != 0:
-            msg = f"formatting Kafka storage failed:\n{proc.stdout}{proc.stderr}"
+            output = f"{proc.stdout}{proc.stderr}"
+            for arg in self.scram_arguments():
+                output = output.replace(arg, "--add-scram <masked>")
+            msg = f"formatting Kafka storage failed:\n{output}"
             raise StackError(msg)
 
     @override

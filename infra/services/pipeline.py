@@ -6,16 +6,16 @@ They are started as commands (``trends speed run``, ``trends serve``), never imp
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from pathlib import Path
 
 from typing_extensions import override
 
 from infra.errors import StackError
-from infra.process import http_ok, write_private
+from infra.process import child_env, http_ok, write_private
 from infra.security import exposure_problem
 from infra.services.base import LoopbackProcess, ServiceStatus
+from infra.settings import SECRETS_DIR_ENV
 from infra.supervisor import SupervisorState
 
 
@@ -23,12 +23,19 @@ class PipelineService(LoopbackProcess):
     """A long-running ``trends`` command of the pipeline (the streaming job, the API), run like the servers.
 
     Its environment is the stack's settings as ``TRENDS_*`` variables, so it reads exactly what the stack was
-    started with (``conf/settings.env`` keeps a private copy for the operator to read).
+    started with (``conf/settings.env`` keeps a private copy for the operator to read), without secrets: those of
+    the services it talks to (``secret_sections``) are files in its own ``secrets`` folder (``TRENDS_SECRETS_DIR``).
     """
 
     needs_java = False
     bundle = None
     args: tuple[str, ...] = ()
+    secret_sections: tuple[str, ...] = ()
+
+    @property
+    def secrets_dir(self) -> Path:
+        """Return the private folder of the secrets this process is given."""
+        return self.home / "secrets"
 
     @property
     @override
@@ -38,7 +45,9 @@ class PipelineService(LoopbackProcess):
     @override
     def render_config(self) -> Path:
         env = self.home / "conf" / "settings.env"
-        settings_env = self.settings.to_env()
+        secret = self.settings.secret_vars()
+        settings_env = {k: v for k, v in self.settings.to_env().items() if k not in secret}
+        settings_env[SECRETS_DIR_ENV] = str(self.secrets_dir)
         write_private(env, "".join(f"{k}={v}\n" for k, v in sorted(settings_env.items())))
         return env
 
@@ -52,7 +61,7 @@ class PipelineService(LoopbackProcess):
 
     @override
     def process_env(self) -> dict[str, str]:
-        return {**os.environ, **self.settings.to_env()}
+        return child_env(self.settings, self.secret_sections, self.secrets_dir)
 
     @override
     def data_paths(self) -> list[Path]:
@@ -68,6 +77,7 @@ class SpeedService(PipelineService):
 
     name = "speed"
     args = ("speed", "run")
+    secret_sections = ("kafka", "cassandra")
 
     @property
     def state_file(self) -> Path:
@@ -126,6 +136,7 @@ class ApiService(PipelineService):
 
     name = "api"
     args = ("serve",)
+    secret_sections = ("cassandra", "serving")
 
     @property
     @override

@@ -67,6 +67,7 @@ class BatchExporterService(PipelineService):
 
     name = "batch-exporter"
     args = ("batch", "exporter")
+    secret_sections = ("cassandra", "airflow")  # it reads the views and asks Airflow's REST API
 
     @property
     @override
