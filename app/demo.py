@@ -10,7 +10,6 @@ runs already there (``--fresh`` produces a new workload).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from infra.airflow.client import AirflowClient
 from infra.airflow.config import AirflowConfig
 from infra.cassandra import session
 from infra.errors import StackError
+from infra.process import child_env
 from infra.services.pipeline import ApiService
 from infra.settings import Settings
 from serving.store import ViewReader
@@ -73,7 +73,7 @@ def _history(
         cmd += ["--burst", b]
     click.echo(f"history {start:%Y-%m-%d %H:%M} .. {end:%H:%M} UTC, {event_rate:g} events/s, bursts {' '.join(bursts)}")
     state_file.parent.mkdir(parents=True, exist_ok=True)
-    if subprocess.run(cmd, check=False, env=_env(settings)).returncode != 0:  # noqa: S603 - our own CLI
+    if subprocess.run(cmd, check=False, env=_env(settings, "kafka")).returncode != 0:  # noqa: S603 - our own CLI
         msg = "producing the demo workload failed (see above)"
         raise click.ClickException(msg)
     first = floor(start, HOUR) - HOUR if after is not None else start  # redo the hour a previous slice ended in
@@ -100,8 +100,10 @@ def _stop(proc: subprocess.Popen[bytes], started: float, least_s: float = 15) ->
             continue
 
 
-def _env(settings: Settings) -> dict[str, str]:
-    return {**os.environ, **settings.to_env()}
+def _env(settings: Settings, *services: str) -> dict[str, str]:
+    """Return the environment of a ``trends`` child: the settings, and as files the secrets of ``services`` only."""
+    name = "-".join(services) or "none"
+    return child_env(settings, services, settings.data_dir / "demo" / "secrets" / name)
 
 
 def _wait_speed(settings: Settings, until: datetime, timeout_s: float = 600) -> datetime:
@@ -168,7 +170,7 @@ def _absorb_late(settings: Settings, hour: datetime) -> None:
     cmd = _trends("ingest", "generate", "--start", start.isoformat(), "--count", "25", "--event-rate", "0.02",
                   "--fast", "--items", "2000", "--seed", str(time.time_ns() % 1_000_000))  # fmt: skip
     click.echo(f"25 late events of {hour:%H:%M} UTC arrive now (its batch run counted {before})")
-    if subprocess.run(cmd, check=False, env=_env(settings), capture_output=True).returncode != 0:  # noqa: S603
+    if subprocess.run(cmd, check=False, env=_env(settings, "kafka"), capture_output=True).returncode != 0:  # noqa: S603
         click.echo("(producing the late events failed; skipped)")
         return
     index.run_index(settings)
@@ -177,7 +179,7 @@ def _absorb_late(settings: Settings, hour: datetime) -> None:
         click.echo(f"trends batch status: {h:%Y-%m-%d %H:%M} UTC is stale, {now - read} records arrived since its run")
     click.echo("trends batch run --stale")
     cmd = _trends("batch", "run", "--stale")
-    proc = subprocess.run(cmd, check=False, env=_env(settings), capture_output=True, text=True)  # noqa: S603
+    proc = subprocess.run(cmd, check=False, env=_env(settings, "kafka", "cassandra"), capture_output=True, text=True)  # noqa: S603
     click.echo((proc.stdout.strip().splitlines() or ["(no output)"])[-1])
     click.echo(f"{hour:%H:%M} UTC now counts {_hour_events(settings, hour)} in the batch view (was {before})")
 
@@ -245,7 +247,7 @@ def demo(settings: Settings, fresh: bool, hours: int, event_rate: float, live_ra
         live_started = time.monotonic()
         live = subprocess.Popen(  # noqa: S603 - our own CLI
             _trends("ingest", "generate", "--rate", str(live_rate), "--items", "2000", "--seed", str(time.time_ns())),
-            env=_env(settings), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=_env(settings, "kafka"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
     try:
         newest = _wait_speed(settings, datetime.fromisoformat(state["end"]) - MINUTE)
