@@ -346,18 +346,24 @@ def _produce_batch(
     source: OpenSource,
     on_progress: Callable[[ReplayStats, OpenSource], None] | None,
 ) -> None:
+    produce_encoded = producer.produce_encoded
+    first_ms = last_ms = None
     for result in results:
-        if isinstance(result, Reject):
-            producer.produce_reject(result)
+        if type(result) is tuple:
+            value, key, last_ms = result
+            produce_encoded(value, key, last_ms)
+            if first_ms is None:
+                first_ms = last_ms
         else:
-            value, key, ts_ms = result
-            producer.produce_encoded(value, key, ts_ms)
-            stats.last_event_time = _EPOCH + timedelta(milliseconds=ts_ms)
-            if stats.first_event_time is None:
-                stats.first_event_time = stats.last_event_time
-        stats.records += 1
-        if on_progress is not None and stats.records % PROGRESS_EVERY == 0:
-            on_progress(stats, source)
+            producer.produce_reject(cast("Reject", result))
+    if first_ms is not None and last_ms is not None:
+        if stats.first_event_time is None:
+            stats.first_event_time = _EPOCH + timedelta(milliseconds=first_ms)
+        stats.last_event_time = _EPOCH + timedelta(milliseconds=last_ms)
+    before = stats.records
+    stats.records += len(results)
+    if on_progress is not None and stats.records // PROGRESS_EVERY > before // PROGRESS_EVERY:
+        on_progress(stats, source)
 
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
