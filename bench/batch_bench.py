@@ -249,6 +249,10 @@ def main() -> None:
             print(f"  round {i + 1}: bare {bare_s[-1]:.1f} s, recompute {recompute_s[-1]:.1f} s | {result.line()}")
 
         bare, recomp = statistics.median(bare_s), statistics.median(recompute_s)
+        print(
+            f"indexer {index_s:.1f} s vs the median bare read + count of the rounds {bare:.1f} s: "
+            f"ratio {bare / index_s:.2f} (both warm; the first read of a topic above also sets up its consumers)"
+        )
         ratio = bare / recomp
         print(
             f"\n1 hour of {args.events:,} events, {parts} partitions, {settings.spark.master}, median of {args.repeat}:"
