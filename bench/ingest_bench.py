@@ -2,18 +2,25 @@
 
 Run with the stack up: ``.venv/bin/python bench/ingest_bench.py [--records N]``. It measures
 
-1. ``org.apache.kafka.tools.ProducerPerformance`` (kafka-tools jars of the stack): N records of 150 bytes, acks=all,
-   lz4, linger.ms=5, batch.size=131072, as fast as possible, into a throw-away topic;
-2. ``trends ingest generate --fast -n N`` (~150-byte JSON events, the same producer settings) into another;
-3. ``trends ingest file`` of a generated N-line JSONL file (validation of every line included);
+The subject's payloads are the lines of a generated N-line JSONL file (``trends ingest generate -o``); both
+baselines send exactly those bytes, so every ratio compares the same payloads:
 
-and prints the rates and the ratio of (2) to (1). Figures only: nothing is asserted, timing is not a test.
-All topics are created for the run and deleted afterwards.
+1. ``org.apache.kafka.tools.ProducerPerformance`` (kafka-tools jars of the stack) with ``--payload-file`` (the
+   file's lines as payloads), acks=all, lz4, linger.ms=5, batch.size=131072. It cannot send keys: unkeyed.
+2. A bare confluent-kafka producer (idempotent, the same settings) sending the same lines **keyed by their item**
+   with their event time as record timestamp: what ``trends ingest`` sends, with no parsing or validation. This is
+   the baseline of the ratios below.
+3. ``trends ingest generate --fast -n N`` (the same generator, events built in memory) into another topic;
+4. ``trends ingest file`` of the file (read, parse, validate, serialize every line; ``--workers`` as given).
+
+Prints the rates and the ratios of (3) and (4) to (2) and to (1). Figures only: nothing is asserted, timing is not
+a test. All topics are created for the run and deleted afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -29,14 +36,13 @@ from infra.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 TRENDS = ROOT / ".venv" / "bin" / "trends"
-RECORD_SIZE = 150
 PRODUCER_PROPS = {"acks": "all", "compression.type": "lz4", "linger.ms": "5", "batch.size": "131072"}
 SUMMARY_RE = re.compile(r"sent\s+([\d,]+) events in ([\d.]+) s \(([\d,]+) events/s\)")
 PERF_RE = re.compile(r"(\d+) records sent, ([\d.]+) records/sec")
 
 
-def producer_performance(settings: Settings, topic: str, records: int) -> float:
-    """Run Kafka's ProducerPerformance; return its records/s."""
+def producer_performance(settings: Settings, topic: str, records: int, payload_file: Path) -> float:
+    """Run Kafka's ProducerPerformance with the file's lines as payloads (unkeyed); return its records/s."""
     java = find_java(settings)
     classpath = str(jars.bundle_dir(settings, jars.KAFKA) / "*")
     props = [f"bootstrap.servers={settings.kafka.bootstrap_servers}", *(f"{k}={v}" for k, v in PRODUCER_PROPS.items())]
@@ -50,8 +56,8 @@ def producer_performance(settings: Settings, topic: str, records: int) -> float:
         topic,
         "--num-records",
         str(records),
-        "--record-size",
-        str(RECORD_SIZE),
+        "--payload-file",
+        str(payload_file),
         "--throughput",
         "-1",
         "--producer-props",
@@ -62,8 +68,52 @@ def producer_performance(settings: Settings, topic: str, records: int) -> float:
     if not matches:
         sys.exit(f"could not read ProducerPerformance's result:\n{proc.stdout}\n{proc.stderr}")
     sent, rate = matches[-1]
-    print(f"ProducerPerformance: {int(sent):,} records of {RECORD_SIZE} B -> {float(rate):,.0f} records/s")
+    print(f"ProducerPerformance (the file's lines as payloads, unkeyed): {int(sent):,} records -> {float(rate):,.0f}/s")
     return float(rate)
+
+
+def bare_keyed(settings: Settings, topic: str, path: Path) -> float:
+    """Send the file's lines keyed by item, with their event time, from a bare producer; return records/s."""
+    from confluent_kafka import Producer
+
+    from views.event import Event
+
+    lines = [line for line in path.read_bytes().splitlines() if line]
+    keyed = []
+    for line in lines:  # prepared before the clock starts: the baseline parses nothing
+        event = Event.model_validate(json.loads(line))
+        keyed.append((line, event.key("item"), event.ts_ms))
+    producer = Producer(
+        {
+            **settings.kafka.client_config(),
+            "enable.idempotence": True,
+            **PRODUCER_PROPS,
+            "queue.buffering.max.messages": settings.ingest.queue_max_messages,
+            "queue.buffering.max.kbytes": settings.ingest.queue_max_kbytes,
+        }
+    )
+    produce = producer.produce
+    t0 = time.monotonic()
+    for i, (value, key, ts_ms) in enumerate(keyed):
+        while True:
+            try:
+                produce(topic, value, key, timestamp=ts_ms)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        if i % 1000 == 0:
+            producer.poll(0)
+    left = producer.flush(300)
+    seconds = time.monotonic() - t0
+    if left:
+        sys.exit(f"bare producer: {left} records not delivered")
+    mean = sum(len(v) for v, _k, _t in keyed) / len(keyed)
+    rate = len(keyed) / seconds
+    print(
+        f"bare keyed producer (the same lines, keyed by item, event-time timestamps): {len(keyed):,} records "
+        f"of ~{mean:.0f} B in {seconds:.1f} s -> {rate:,.0f}/s"
+    )
+    return rate
 
 
 def trends(args: list[str], env: dict[str, str]) -> tuple[str, float]:
@@ -87,6 +137,7 @@ def summary_rate(output: str) -> tuple[int, float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000, help="records per measurement")
+    parser.add_argument("--workers", type=int, default=0, help="trends ingest file --workers (0: one per CPU)")
     args = parser.parse_args()
     n = args.records
     settings = Settings()
@@ -95,12 +146,14 @@ def main() -> None:
     parts, rf = settings.kafka.partitions, settings.kafka.replication_factor
     names = {
         "perf": f"bench.perf.{run}",
+        "bare": f"bench.bare.{run}",
         "gen": f"bench.gen.{run}",
         "file": f"bench.file.{run}",
         "dlq": f"bench.dlq.{run}",
     }
     specs = [
         topics.TopicSpec(names["perf"], parts, rf, {}),
+        topics.TopicSpec(names["bare"], parts, rf, events_spec.config),
         topics.TopicSpec(names["gen"], parts, rf, events_spec.config),
         topics.TopicSpec(names["file"], parts, rf, events_spec.config),
         topics.TopicSpec(names["dlq"], parts, rf, dlq_spec.config),
@@ -115,32 +168,48 @@ def main() -> None:
     }
     print(f"broker {settings.kafka.bootstrap_servers}, {parts} partitions, {n:,} records, acks=all, lz4, linger 5 ms")
     try:
-        baseline = producer_performance(settings, names["perf"], n)
-
-        out, wall = trends(
-            ["ingest", "generate", "--fast", "-n", str(n), "--topic", names["gen"], "--dlq-topic", names["dlq"]], env
-        )
-        sent, seconds, rate = summary_rate(out)
-        print(
-            f"trends ingest generate: {sent:,} events -> {rate:,.0f} events/s "
-            f"(producer {seconds:.1f} s; {sent / wall:,.0f}/s over the whole command, {wall:.1f} s with start-up)"
-        )
-        print(f"ratio generate / ProducerPerformance: {rate / baseline:.2f} (goal >= 0.5)")
-
         with tempfile.TemporaryDirectory(prefix="ingest-bench-") as tmp:
             path = Path(tmp) / "events.jsonl"
             _, gen_wall = trends(["ingest", "generate", "--fast", "-n", str(n), "-o", str(path)], env)
             size_mb = path.stat().st_size / 1e6
             print(f"generated {path.name}: {n:,} lines, {size_mb:.0f} MB in {gen_wall:.1f} s")
+            perf = producer_performance(settings, names["perf"], n, path)
+            bare = bare_keyed(settings, names["bare"], path)
+
             out, wall = trends(
-                ["ingest", "file", str(path), "--no-progress", "--topic", names["file"], "--dlq-topic", names["dlq"]],
+                ["ingest", "generate", "--fast", "-n", str(n), "--topic", names["gen"], "--dlq-topic", names["dlq"]],
                 env,
             )
             sent, seconds, rate = summary_rate(out)
             print(
-                f"trends ingest file: {sent:,} events -> {rate:,.0f} events/s "
-                f"(read+validate+produce {seconds:.1f} s; {wall:.1f} s with start-up); "
-                f"ratio to ProducerPerformance {rate / baseline:.2f}"
+                f"trends ingest generate: {sent:,} events -> {rate:,.0f} events/s "
+                f"(producer {seconds:.1f} s; {sent / wall:,.0f}/s over the whole command, {wall:.1f} s with start-up)"
+            )
+            print(f"  ratio to the bare keyed producer {rate / bare:.2f}; to ProducerPerformance {rate / perf:.2f}")
+
+            out, wall = trends(
+                [
+                    "ingest",
+                    "file",
+                    str(path),
+                    "--no-progress",
+                    "--workers",
+                    str(args.workers),
+                    "--topic",
+                    names["file"],
+                    "--dlq-topic",
+                    names["dlq"],
+                ],
+                env,
+            )
+            sent, seconds, rate = summary_rate(out)
+            print(
+                f"trends ingest file (--workers {args.workers or os.cpu_count()}): {sent:,} events -> "
+                f"{rate:,.0f} events/s (read+validate+produce {seconds:.1f} s; {wall:.1f} s with start-up)"
+            )
+            print(
+                f"  ratio to the bare keyed producer {rate / bare:.2f} (goal >= 0.5); "
+                f"to ProducerPerformance {rate / perf:.2f}"
             )
     finally:
         topics.delete_topics(settings.kafka, list(names.values()))

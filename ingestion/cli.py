@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import os
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -301,6 +302,13 @@ def _open_output(output: str) -> Iterator[BinaryIO]:
 )
 @click.option("--limit", type=click.IntRange(min=1), help="Stop after this many records.")
 @click.option("--no-progress", is_flag=True, help="Do not print progress lines.")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Processes that parse and validate (0: one per CPU; 1: in this process). Order is kept either way.",
+)
 @_topic_options
 @click.pass_obj
 def file_(
@@ -316,6 +324,7 @@ def file_(
     speed: float | None,
     limit: int | None,
     no_progress: bool,
+    workers: int,
     topic: str | None,
     dlq_topic: str | None,
     key_field: str | None,
@@ -359,6 +368,7 @@ def file_(
                     limit=limit,
                     should_stop=stopper,
                     on_progress=show,
+                    workers=workers or os.cpu_count() or 1,
                 )
             finally:
                 producer.summary.interrupted = stopper.stop

@@ -12,20 +12,23 @@ import contextlib
 import csv
 import gzip
 import io
+import itertools
 import logging
+import multiprocessing
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import BinaryIO, Final, Literal, cast
+from typing import Any, BinaryIO, Final, Literal, cast
 
 from infra.errors import TrendsError
 from infra.settings import Settings
 from ingestion.mapping import DEFAULT_MAPPING, ColumnMapping
 from ingestion.producer import EventProducer
-from ingestion.validate import MAX_RECORD_BYTES, Context, Outcome, validate_csv, validate_json
+from ingestion.validate import MAX_RECORD_BYTES, Context, Outcome, Reject, validate_csv, validate_json
 from views.event import Event
 
 logger = logging.getLogger(__name__)
@@ -35,6 +38,8 @@ FORMATS: Final = ("jsonl", "csv")
 MAX_CSV_RECORD_LINES: Final = 100
 CLOCK_REFRESH_RECORDS: Final = 1000  # refresh "now" (future-skew check, rejected_at) this often
 PROGRESS_EVERY: Final = 2000
+BATCH_RECORDS: Final = 2000  # records a validation worker takes at a time (a multiple of PROGRESS_EVERY)
+BATCHES_AHEAD: Final = 3  # batches in flight per worker: bounds the memory a replay holds
 _GZIP_MAGIC: Final = b"\x1f\x8b"
 _BOM: Final = b"\xef\xbb\xbf"
 _SUFFIXES: Final = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv"}
@@ -258,6 +263,112 @@ class Pacer:
             self.producer.poll(min(delay, 0.2))
 
 
+# An event as a worker hands it back: its JSON, key and record timestamp, ready to produce.
+Encoded = tuple[bytes, bytes | None, int]
+
+
+def _validate_batch(
+    batch: list[RawRecord], header: list[str] | None, ctx: Context, key_field: str
+) -> list[Encoded | Reject]:
+    """Validate and encode a batch of records (in a worker process); keep their order."""
+    ctx = replace(ctx, now=datetime.now(UTC))
+    out: list[Encoded | Reject] = []
+    for r in batch:
+        if header is None:
+            outcome = validate_json(r.raw, ctx, r.line, size=r.size)
+        else:
+            outcome = validate_csv(r.raw, header, ctx, r.line, size=r.size)
+        out.append(
+            (outcome.to_json(), outcome.key(key_field), outcome.ts_ms) if isinstance(outcome, Event) else outcome
+        )
+    return out
+
+
+def _batches(records: Iterator[RawRecord], limit: int | None) -> Iterator[list[RawRecord]]:
+    if limit is not None:
+        records = itertools.islice(records, limit)
+    while batch := list(itertools.islice(records, BATCH_RECORDS)):
+        yield batch
+
+
+def _replay_parallel(
+    producer: EventProducer,
+    source: OpenSource,
+    fmt: Format,
+    ctx: Context,
+    workers: int,
+    stats: ReplayStats,
+    should_stop: Callable[[], bool],
+    on_progress: Callable[[ReplayStats, OpenSource], None] | None,
+    limit: int | None,
+) -> None:
+    """Validate batches of records in ``workers`` processes and produce their outcomes in the file's order.
+
+    The parent reads and produces; the workers parse, validate and serialize. Outcomes come back batch by batch
+    in the order the batches were read, so every record is produced in file order (the order per key holds) and
+    every reject reaches the dead-letter topic as in a sequential replay.
+    """
+    if fmt == "csv":
+        header_list, records = read_csv(source.stream)
+        header: list[str] | None = header_list
+    else:
+        header, records = None, read_lines(source.stream)
+    batches = _batches(records, limit)
+    first = next(batches, [])
+    if len(first) < BATCH_RECORDS:  # a small source: starting processes would cost more than it saves
+        _produce_batch(_validate_batch(first, header, ctx, producer.key_field), producer, stats, source, on_progress)
+        return
+    # spawn: the parent's producer runs librdkafka threads, which a fork would copy in an unknown state
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        pending: deque[Any] = deque()
+        batches = itertools.chain([first], batches)
+        exhausted = False
+        while True:
+            while not exhausted and len(pending) < workers * BATCHES_AHEAD:
+                batch = next(batches, None)
+                if batch is None:
+                    exhausted = True
+                    break
+                pending.append(pool.apply_async(_validate_batch, (batch, header, ctx, producer.key_field)))
+            if not pending:
+                return
+            _produce_batch(pending.popleft().get(), producer, stats, source, on_progress)
+            if should_stop():
+                stats.stopped = True
+                pool.terminate()
+                return
+
+
+def _produce_batch(
+    results: list[Encoded | Reject],
+    producer: EventProducer,
+    stats: ReplayStats,
+    source: OpenSource,
+    on_progress: Callable[[ReplayStats, OpenSource], None] | None,
+) -> None:
+    produce_encoded = producer.produce_encoded
+    first_ms = last_ms = None
+    for result in results:
+        if type(result) is tuple:
+            value, key, last_ms = result
+            produce_encoded(value, key, last_ms)
+            if first_ms is None:
+                first_ms = last_ms
+        else:
+            producer.produce_reject(cast("Reject", result))
+    if first_ms is not None and last_ms is not None:
+        if stats.first_event_time is None:
+            stats.first_event_time = _EPOCH + timedelta(milliseconds=first_ms)
+        stats.last_event_time = _EPOCH + timedelta(milliseconds=last_ms)
+    before = stats.records
+    stats.records += len(results)
+    if on_progress is not None and stats.records // PROGRESS_EVERY > before // PROGRESS_EVERY:
+        on_progress(stats, source)
+
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def replay(
     settings: Settings,
     producer: EventProducer,
@@ -269,6 +380,7 @@ def replay(
     limit: int | None = None,
     should_stop: Callable[[], bool] = lambda: False,
     on_progress: Callable[[ReplayStats, OpenSource], None] | None = None,
+    workers: int = 1,
 ) -> ReplayStats:
     """Validate every record of a file and produce it: events to the events topic, rejects to the dead letters.
 
@@ -279,6 +391,8 @@ def replay(
     :arg limit: stop after this many records.
     :arg should_stop: polled between records; a true answer ends the replay early (Ctrl-C).
     :arg on_progress: called every :data:`PROGRESS_EVERY` records and at the end.
+    :arg workers: processes that parse and validate (a replay as fast as possible only; paced replays and
+        ``workers=1`` validate in this process). Records are produced in the file's order either way.
     :raises SourceError: when the file cannot be read at all.
     """
     resolved = detect_format(path, fmt)
@@ -286,6 +400,13 @@ def replay(
     stats = ReplayStats()
     pacer = Pacer(speed, producer, should_stop) if speed else None
     with open_source(path) as source:
+        if workers > 1 and pacer is None:
+            _replay_parallel(
+                producer, source, resolved, replace(ctx, source=path), workers, stats, should_stop, on_progress, limit
+            )
+            if on_progress is not None:
+                on_progress(stats, source)
+            return stats
         for _record, outcome in outcomes(source, path, resolved, ctx):
             if isinstance(outcome, Event):
                 if stats.first_event_time is None:

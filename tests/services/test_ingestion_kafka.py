@@ -491,3 +491,50 @@ def test_ctrl_c_stops_reading_flushes_and_summarizes(ingest_settings: Settings) 
     sent = int(match[1].replace(",", ""))
     assert sent > 1000
     assert len(read_topic(ingest_settings, kafka.events_topic)) == sent  # everything queued was flushed
+
+
+def test_a_replay_in_worker_processes_keeps_every_record_its_order_per_key_and_every_dead_letter(
+    ingest_settings: Settings, tmp_path: Path
+) -> None:
+    """``--workers 2`` over several batches: good records arrive once, in file order per key; bad ones dead-letter."""
+    lines: list[bytes] = []
+    expected_bad: dict[int, str] = {}
+    good = 3 * files.BATCH_RECORDS
+    for i in range(good):
+        lines.append(good_line(i))
+        if i % 150 == 0:
+            raw, reason = BAD_LINES[(i // 150) % len(BAD_LINES)]
+            lines.append(raw)
+            expected_bad[len(lines)] = reason
+    path = tmp_path / "many.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    kafka = ingest_settings.kafka
+
+    result = CliRunner().invoke(
+        cli,
+        [
+            "ingest",
+            "file",
+            str(path),
+            "--workers",
+            "2",
+            "--no-progress",
+            "--topic",
+            kafka.events_topic,
+            "--dlq-topic",
+            kafka.dlq_topic,
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert f"sent      {good:>12,} events" in result.output
+
+    records = read_topic(ingest_settings, kafka.events_topic)
+    ids = event_ids(records)
+    assert sorted(ids) == sorted(f"good-{i}" for i in range(good))
+    by_key: dict[tuple[int, bytes | None], list[int]] = {}
+    for r in sorted(records, key=lambda r: (r.partition, r.offset)):
+        by_key.setdefault((r.partition, r.key), []).append(int(json.loads(r.value)["id"].split("-")[1]))
+    assert len(by_key) == 3  # keyed by item: #i0, #i1, #i2
+    assert all(seq == sorted(seq) for seq in by_key.values())
+    dead = [DeadLetter.decode(r.value) for r in read_topic(ingest_settings, kafka.dlq_topic)]
+    assert sorted((d.line, d.reason) for d in dead) == sorted(expected_bad.items())

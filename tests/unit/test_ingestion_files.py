@@ -160,3 +160,59 @@ def test_rejects_carry_the_file_and_line(tmp_path: Path) -> None:
     reject = got[1]
     assert isinstance(reject, Reject)
     assert (reject.reason, reject.source, reject.line, reject.raw) == (Reason.MALFORMED_JSON, str(path), 3, b"not json")
+
+
+class _Recorder:
+    """Records what a replay hands the producer, in order (no Kafka: this checks the replay's own output)."""
+
+    key_field = "item"
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, bytes | None, int | str, int | None]] = []
+
+    def produce(self, event: Event) -> None:
+        self.sent.append(("event", event.to_json(), event.key(self.key_field), event.ts_ms, None))
+
+    def produce_encoded(self, value: bytes, key: bytes | None, ts_ms: int) -> None:
+        self.sent.append(("event", value, key, ts_ms, None))
+
+    def produce_reject(self, reject: Reject) -> None:
+        self.sent.append(("reject", reject.raw, None, str(reject.reason), reject.line))
+
+    def poll(self, timeout: float = 0) -> None:
+        pass
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_replay_in_worker_processes_produces_what_one_process_does_in_the_same_order(tmp_path: Path, fmt: str) -> None:
+    from typing import Any, cast
+
+    from infra.settings import Settings
+    from ingestion.files import BATCH_RECORDS, replay
+
+    n = 2 * BATCH_RECORDS + 123  # three batches, the last one short
+    lines: list[bytes] = []
+    for i in range(n):
+        ts = f"2026-11-{1 + i % 20:02d}T10:00:{i % 60:02d}.{i % 1000:03d}Z"
+        if fmt == "csv":
+            lines.append(b"id,ts,item,user" if i == 0 else f"e{i},{ts},#i{i % 7},u{i % 5}".encode())
+            if i % 97 == 0 and i:
+                lines[-1] = f"e{i},not a time,#i{i % 7},u".encode()
+        else:
+            event = {"id": f"e{i}", "ts": ts, "item": f"#i{i % 7}", "user": f"u{i % 5}", "value": i / 3}
+            lines.append(json.dumps(event).encode())
+            if i % 97 == 0:
+                lines[-1] = [b"{broken", b'{"ts": "2026-11-01T00:00:00Z"}', b"[1]", b'{"id":"x","ts":1,"item":""}'][
+                    i % 4
+                ]
+    path = tmp_path / f"events.{fmt}"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    got: dict[int, list[Any]] = {}
+    for workers in (1, 2):
+        recorder = _Recorder()
+        stats = replay(Settings(), cast("Any", recorder), str(path), workers=workers)
+        assert stats.records == (n - 1 if fmt == "csv" else n)
+        got[workers] = recorder.sent
+    assert got[2] == got[1]
+    assert sum(1 for s in got[1] if s[0] == "reject") >= n // 97 - 1
+    assert [s[1] for s in got[2] if s[0] == "event"][:3] == [s[1] for s in got[1] if s[0] == "event"][:3]

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ingestion.mapping import ColumnMapping
 from ingestion.validate import (
@@ -180,3 +183,30 @@ def test_text_is_normalised_to_nfc() -> None:
     # The limits count normalised characters: 256 decomposed "é" (512 code points) are 256 characters.
     long_item = json.dumps({"ts": "2026-11-22T11:00:00Z", "item": "e\u0301" * 256}).encode()
     assert isinstance(validate_json(long_item, CTX), Event)
+
+
+_JSON_TEXT = st.one_of(
+    st.recursive(
+        st.none() | st.booleans() | st.integers(-(2**80), 2**80) | st.floats() | st.text(max_size=8),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+        max_leaves=8,
+    ).map(lambda v: json.dumps(v, ensure_ascii=False)),
+    st.text(max_size=30),
+    st.sampled_from(['{"a":1e400}', '{"a":"\\ud800"}', '{"a":NaN}', "{} x", '{"a":1,"a":2}', "[" * 2000, '"\\u00e9"']),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(text=_JSON_TEXT)
+def test_the_fast_json_parse_gives_what_json_gives_values_and_errors(text: str) -> None:
+    from ingestion.validate import loads
+
+    try:
+        expected: Any = ("ok", json.loads(text))
+    except (ValueError, RecursionError) as exc:
+        expected = ("error", type(exc).__name__, str(exc))
+    try:
+        got: Any = ("ok", loads(text))
+    except (ValueError, RecursionError) as exc:
+        got = ("error", type(exc).__name__, str(exc))
+    assert repr(got) == repr(expected)  # repr: NaN equals itself, -0.0 differs from 0.0, int differs from float

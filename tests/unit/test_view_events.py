@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from views.event import Event
 from views.events import EVENT_COLUMNS, parse_events, valid_events
@@ -50,3 +53,134 @@ def test_each_record_is_parsed_once_whatever_the_filters(spark: Any) -> None:
     in_hour = F.col("parsed_ok") & (F.col("ts") >= F.lit(datetime(2026, 5, 1, tzinfo=UTC)))
     assert _from_json_calls(valid_events(parsed)) == 1
     assert _from_json_calls(parsed.where(in_hour).where(F.col("item") != "x").select(*EVENT_COLUMNS)) == 1
+
+
+def _reference_parse(records: Any, keep: tuple[str, ...] = ("partition", "offset")) -> Any:
+    """Return the decode as it was before the guard: from_json under explode(array(...)) (the reference).
+
+    One change: ``try_cast`` of the time, as in the decode under test. With ``cast`` a record whose ``ts`` is text
+    but not a time failed the whole query under ANSI mode (Spark 4's default) instead of counting as unparseable.
+    """
+    from pyspark.sql import functions as F
+
+    from views.events import _wire_schema
+
+    parsed = F.from_json(F.col("value").cast("string"), _wire_schema())
+    decoded = records.select(F.explode(F.array(parsed)).alias("e"), *keep)
+    ts = F.col("e.ts").try_cast("timestamp")
+    ok = F.col("e").isNotNull() & F.col("e.id").isNotNull() & ts.isNotNull() & F.col("e.item").isNotNull()
+    return decoded.select(
+        *(ts.alias(n) if n == "ts" else F.col(f"e.{n}").alias(n) for n in EVENT_COLUMNS),
+        F.coalesce(ok, F.lit(False)).alias("parsed_ok"),
+        *keep,
+    )
+
+
+_TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+_JSON_SCALAR = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False, allow_infinity=False), _TEXT
+)
+_JSON = st.recursive(
+    _JSON_SCALAR,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
+    max_leaves=6,
+)
+_TS = st.one_of(
+    st.datetimes(min_value=datetime(1970, 1, 1), max_value=datetime(9999, 12, 31), timezones=st.just(UTC)).map(  # noqa: DTZ001 - hypothesis bounds are naive
+        lambda t: t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    ),
+    st.sampled_from(["garbage", "", "2026-05-01 10:00:01", "2026-05-01T10:00:01+02:00", "12345", "2026-13-01T00:00Z"]),
+    st.integers(0, 2**40),
+)
+
+
+@st.composite
+def _records(draw: st.DrawFn) -> bytes:
+    """Return a Kafka record's value: a normalized event, the same with fields swapped, dropped or spoiled, or junk."""
+    event = draw(
+        st.builds(
+            Event,
+            id=st.text(st.characters(codec="utf-8", exclude_categories=("Cc", "Cs")), min_size=1, max_size=8),
+            ts=st.datetimes(min_value=datetime(1971, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)),  # noqa: DTZ001
+            item=st.text(st.characters(codec="utf-8", exclude_categories=("Cc", "Cs")), min_size=1, max_size=8),
+            user=st.none() | st.text(st.characters(codec="ascii", exclude_categories=("Cc",)), min_size=1, max_size=5),
+            value=st.none() | st.floats(allow_nan=False, allow_infinity=False),
+            dims=st.dictionaries(
+                st.from_regex(r"[a-z][a-z0-9_]{0,4}", fullmatch=True),
+                st.text(min_size=1, max_size=4).filter(
+                    lambda v: not any(ord(c) < 32 or 127 <= ord(c) <= 159 for c in v)
+                ),
+                max_size=3,
+            ),
+        )
+    )
+    fields: dict[str, Any] = event.to_dict()
+    kind = draw(st.sampled_from(["valid", "valid", "field", "drop", "ts", "raw", "text"]))
+    if kind == "field":
+        fields[draw(st.sampled_from(["id", "ts", "item", "user", "value", "dims", "v", "extra"]))] = draw(_JSON)
+    elif kind == "drop":
+        fields.pop(draw(st.sampled_from(sorted(fields))))
+    elif kind == "ts":
+        fields["ts"] = draw(_TS)
+    text = json.dumps(
+        fields, ensure_ascii=draw(st.booleans()), separators=draw(st.sampled_from([(",", ":"), (", ", ": ")]))
+    )
+    if kind == "raw":  # tokens only a lenient parser takes, cut records, trailing junk
+        text = draw(
+            st.sampled_from(
+                [
+                    text.replace('"value": ', '"value": NaN, "x": ').replace('"value":', '"value":NaN,"x":'),
+                    text[: draw(st.integers(0, len(text)))],
+                    text + draw(st.sampled_from(["x", "}", " ", "\n", "{}"])),
+                    "[" + text + "]",
+                ]
+            )
+        )
+    if kind == "text":
+        return draw(st.binary(max_size=30) | _JSON.map(lambda j: json.dumps(j).encode()))
+    return text.encode()
+
+
+def _rows(frame: Any) -> list[tuple[Any, ...]]:
+    from pyspark.sql import functions as F
+
+    out = frame.select(*EVENT_COLUMNS, "parsed_ok", "offset").withColumn("ts", F.unix_micros("ts")).collect()
+    # repr: NaN equals itself, -0.0 differs from 0.0, and map order does not matter
+    return sorted(
+        (
+            r.offset,
+            r.parsed_ok,
+            r.id,
+            r.ts,
+            r.item,
+            r.user,
+            repr(r.value),
+            sorted((r.dims or {}).items()),
+            r.dims is None,
+        )
+        for r in out
+    )
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(records=st.lists(_records(), min_size=1, max_size=40))
+def test_the_decode_agrees_with_the_reference_on_valid_and_invalid_records(spark: Any, records: list[bytes]) -> None:
+    """The same values, the same rejects, the same dims maps as the previous decode, also under filters."""
+    from pyspark.sql import functions as F
+
+    frame = spark.createDataFrame(
+        [(r, 0, i) for i, r in enumerate(records)], "value binary, partition int, offset long"
+    )
+    new, old = parse_events(frame), _reference_parse(frame)
+    assert _rows(new) == _rows(old)
+    in_range = F.col("parsed_ok") & (F.col("ts") >= F.lit(datetime(2000, 1, 1, tzinfo=UTC))) & (F.col("item") != "x")
+    assert _rows(new.where(in_range)) == _rows(old.where(in_range))
+    assert len(_rows(new)) == len(records)
+
+
+def test_a_time_that_is_not_a_time_is_unparseable_not_a_failed_query(spark: Any) -> None:
+    frame = spark.createDataFrame(
+        [(b'{"v":1,"id":"a","ts":"garbage","item":"#a"}', 0, 0)], "value binary, partition int, offset long"
+    )
+    rows = parse_events(frame).collect()
+    assert [(r.id, r.ts, r.parsed_ok) for r in rows] == [("a", None, False)]
