@@ -98,7 +98,7 @@ $(AIRFLOW_VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 test-install: setup $(CORE_VENV)/.installed $(AIRFLOW_VENV)/.installed
-	TRENDS_TEST_CORE_VENV=$(CORE_VENV) TRENDS_TEST_AIRFLOW_VENV=$(AIRFLOW_VENV) $(BIN)/pytest -m install tests/services/test_install.py
+	TRENDS_TEST_CORE_VENV=$(CORE_VENV) TRENDS_TEST_AIRFLOW_VENV=$(AIRFLOW_VENV) $(BIN)/pytest -m install tests/services/test_install.py tests/services/test_speed_checkpoint.py tests/services/test_index_rebuild.py
 
 # The whole pipeline over TLS (Kafka SASL_SSL with SCRAM-SHA-512, Cassandra client encryption and a password) on a
 # private TLS stack (ports 19110-19122), compared with the same run on the plaintext stack (4-8 min here).

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
@@ -24,6 +25,8 @@ from infra.cassandra import session, table
 from infra.settings import Settings
 from ingestion.producer import EventProducer
 from views.event import Event
+
+pytestmark = pytest.mark.install  # make test-install (installs and upgrades)
 
 H0 = datetime(2025, 7, 6, 3, tzinfo=UTC)
 HOURS = [H0 + timedelta(hours=i) for i in range(3)]

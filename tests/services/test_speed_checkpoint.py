@@ -26,7 +26,7 @@ from ingestion.producer import EventProducer
 from speed_layer.checkpoint import DEFINITION_FILE, fingerprint, view_definition
 from views.event import Event
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.install]  # make test-install (installs and upgrades)
 
 T0 = datetime(2025, 8, 3, 10, tzinfo=UTC)
 
