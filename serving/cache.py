@@ -25,10 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-import datasketches as ds
-
 from serving.merge import Layer, Resolution
-from views.sketches import HLL_LG_K
 
 ROW_OVERHEAD_BYTES = 200  # a cached row's object and key, besides its sketch bytes
 
@@ -113,41 +110,6 @@ class RowCache(_Lru[tuple[Bucket, ...]]):
 def speed_key(slice_: str, fields: frozenset[str], epoch: str, minute: datetime, counted: int) -> Hashable:
     """Return the key of a speed minute's row: valid while its owning epoch's count of the minute is ``counted``."""
     return ("speed", slice_, fields, epoch, minute, counted)
-
-
-class PartUnion:
-    """Merge rows' sketches one at a time into one serializable triple (the kept batch part of an answer)."""
-
-    def __init__(self) -> None:
-        self._hll: ds.hll_union | None = None
-        self._kll: ds.kll_doubles_sketch | None = None
-        self._items: ds.frequent_strings_sketch | None = None
-
-    def add(self, hll: bytes, kll: bytes, items: bytes) -> None:
-        """Merge one row's (users_hll, values_kll, items_fi); empty blobs (sketches not read) are skipped."""
-        if hll:
-            if self._hll is None:
-                self._hll = ds.hll_union(HLL_LG_K)
-            self._hll.update(ds.hll_sketch.deserialize(hll))
-        if kll:
-            sketch = ds.kll_doubles_sketch.deserialize(kll)
-            if self._kll is None:
-                self._kll = sketch
-            else:
-                self._kll.merge(sketch)
-        if items:
-            fi = ds.frequent_strings_sketch.deserialize(items)
-            if self._items is None:
-                self._items = fi
-            else:
-                self._items.merge(fi)
-
-    def serialized(self) -> tuple[bytes, bytes, bytes]:
-        """Return the merged (users_hll, values_kll, items_fi), each empty when no row carried it."""
-        hll = bytes(self._hll.get_result(ds.tgt_hll_type.HLL_8).serialize_compact()) if self._hll else b""
-        kll = bytes(self._kll.serialize()) if self._kll is not None else b""
-        items = bytes(self._items.serialize()) if self._items is not None else b""
-        return hll, kll, items
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import Any
 
 import datasketches as ds
 
-from serving.cache import Answer, AnswerCache, BatchPart, Bucket, PartUnion, RowCache, SpeedPart, speed_key
+from serving.cache import Answer, AnswerCache, BatchPart, Bucket, RowCache, SpeedPart, speed_key
 from serving.merge import GAP_REASONS, Resolution, Span, plan, punch
 from serving.store import SKETCH_FIELDS, Coverage, ReadBudget, ViewReader
 from views import sketches
@@ -413,7 +413,7 @@ def _settled_part(
 
 def _merge_part(rows: Iterable[Bucket], step: timedelta, item: str | None, seed: BatchPart | None) -> BatchPart:
     """Merge rows as they stream in into one part (on top of ``seed``'s): counts, sketches serialized, bytes read."""
-    union = PartUnion()
+    union = sketches.SketchUnion()
     events, count, spent = 0, 0, 0
     counts: dict[datetime, int] = defaultdict(int)
     if seed is not None:
@@ -457,7 +457,7 @@ def _batch_parts(
 ) -> list[BatchPart]:
     """Merge each window's batch rows, as they stream in, into one part: its counts and its sketches, serialized."""
     merged = [Merged(step, item) for _ in windows]
-    unions = [PartUnion() for _ in windows]
+    unions = [sketches.SketchUnion() for _ in windows]
     spent = [0] * len(windows)
     for b in rows:
         for i, (start, end) in enumerate(windows):

@@ -176,6 +176,13 @@ class SketchUnion:
         """Return the merged frequent-items sketch (None when no row carried one)."""
         return self._items
 
+    def serialized(self) -> tuple[bytes, bytes, bytes]:
+        """Return the merged (users_hll, values_kll, items_fi) to keep or merge again; empty where no row had one."""
+        hll = bytes(self._hll.get_result(ds.tgt_hll_type.HLL_8).serialize_compact()) if self._hll else b""
+        kll = bytes(self._kll.serialize()) if self._kll is not None else b""
+        items = bytes(self._items.serialize()) if self._items is not None else b""
+        return hll, kll, items
+
 
 def merge_all(rows: Iterable[tuple[bytes, bytes, bytes]]) -> tuple[bytes, bytes, bytes]:
     """Merge (users_hll, values_kll, items_fi) triples into one triple of serialized sketches."""

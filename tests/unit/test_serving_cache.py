@@ -7,8 +7,9 @@ from datetime import UTC, datetime
 
 import datasketches as ds
 
-from serving.cache import Answer, AnswerCache, BatchPart, PartUnion, speed_key
+from serving.cache import Answer, AnswerCache, BatchPart, speed_key
 from views import sketches
+from views.sketches import SketchUnion
 
 
 def _row(rng: random.Random, events: int) -> tuple[bytes, bytes, bytes]:
@@ -28,10 +29,10 @@ def test_a_part_merged_in_two_steps_answers_like_one_union() -> None:
     whole = sketches.SketchUnion()
     for r in rows:
         whole.add(*r)
-    first = PartUnion()
+    first = SketchUnion()
     for r in rows[:5]:
         first.add(*r)
-    second = PartUnion()
+    second = SketchUnion()
     second.add(*first.serialized())  # an answer's kept part, extended by the rows that came after
     for r in rows[5:]:
         second.add(*r)
@@ -46,8 +47,8 @@ def test_a_part_merged_in_two_steps_answers_like_one_union() -> None:
 
 
 def test_an_empty_part_serializes_to_empty_blobs_that_merge_as_nothing() -> None:
-    assert PartUnion().serialized() == (b"", b"", b"")
-    only_items = PartUnion()
+    assert SketchUnion().serialized() == (b"", b"", b"")
+    only_items = SketchUnion()
     only_items.add(b"", b"", _row(random.Random(1), 5)[2])
     hll, kll, fi = only_items.serialized()
     assert (hll, kll) == (b"", b"") and fi
