@@ -24,7 +24,6 @@ from infra import migrations, stack, topics
 from infra.airflow.client import AirflowClient
 from infra.airflow.config import AirflowConfig
 from infra.cassandra import session
-from infra.services.spark import SparkMaster
 from infra.settings import Settings
 from tests.cluster import workload
 from tests.cluster.test_spark_cluster import same_answers
@@ -34,10 +33,6 @@ from tests.helpers import free_port
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(1500)]
 
 REPO_DAGS = Path(__file__).resolve().parents[2] / "dags"
-
-
-def completed_apps(settings: Settings) -> Counter[str]:
-    return Counter(a["name"] for a in SparkMaster(settings).state().get("completedapps", []))
 
 
 def test_the_backfill_dag_submits_to_the_standalone_master_in_client_mode(
@@ -58,12 +53,7 @@ def test_the_backfill_dag_submits_to_the_standalone_master_in_client_mode(
     for s in (on_cluster, local):
         migrations.migrate(s)
     start = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - 6 * HOUR
-    events = workload.events(run, start)
-    delivery = workload.Delivery()
-    producer = workload.producer(on_cluster)
-    workload.produce(producer, topic, events, delivery)
-    workload.close_partitions(producer, topic, start + 4 * HOUR, 4, delivery)
-    assert producer.flush(30) == 0 and delivery.errors == []
+    events = workload.produce_two_hours(on_cluster, run, start)
     window = (start, start + 2 * HOUR)
     # The connection the DAG submits through is the deployment's: it names the standalone master.
     env = AirflowConfig(on_cluster).airflow_env()
@@ -74,7 +64,7 @@ def test_the_backfill_dag_submits_to_the_standalone_master_in_client_mode(
         af = AirflowClient(on_cluster)
         af.wait_dag(af.token(), "trends_backfill")
         print(f"private Airflow up in {time.monotonic() - t0:.0f} s")
-        before = completed_apps(stack_up)
+        before = workload.completed_apps(stack_up)
         t0 = time.monotonic()
         out = workload.trends(
             on_cluster, "batch", "backfill", "--start", window[0].isoformat(), "--end", window[1].isoformat(),
@@ -83,10 +73,7 @@ def test_the_backfill_dag_submits_to_the_standalone_master_in_client_mode(
         print(f"trends batch backfill --wait on the cluster: {time.monotonic() - t0:.0f} s\n{out[-1500:]}")
         assert "succeeded" in out and "2 hours" in out, out
         # the chunk's spark-submit ran its executors on the cluster: the master lists it as a completed application
-        deadline = time.monotonic() + 30
-        while not (apps := completed_apps(stack_up) - before) and time.monotonic() < deadline:
-            time.sleep(1)
-        assert apps == Counter({"trends-batch": 1}), apps
+        workload.wait_apps(stack_up, before, Counter({"trends-batch": 1}))
         job.run(local, *window, spark=spark)
         same_answers(on_cluster, local, events, window, "batch")
     finally:

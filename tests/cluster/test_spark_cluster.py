@@ -8,7 +8,6 @@ each other and with the events themselves.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections import Counter
 from datetime import UTC, datetime
@@ -20,26 +19,12 @@ import pytest
 from batch_layer import job
 from infra import migrations, topics
 from infra.cassandra import session
-from infra.services.spark import SparkMaster
 from infra.settings import Settings
 from tests.cluster import workload
 from tests.cluster.workload import HOUR
 from views.event import Event
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(1200)]
-
-
-def completed_apps(settings: Settings) -> Counter[str]:
-    """Return how many applications of each name the standalone master has completed."""
-    return Counter(a["name"] for a in SparkMaster(settings).state().get("completedapps", []))
-
-
-def wait_apps(settings: Settings, before: Counter[str], want: Counter[str], timeout_s: float = 30) -> None:
-    """Wait (bounded) until the master lists exactly ``want`` as completed since ``before``."""
-    deadline = time.monotonic() + timeout_s
-    while (got := completed_apps(settings) - before) != want and time.monotonic() < deadline:
-        time.sleep(1)
-    assert got == want, got
 
 
 def same_answers(
@@ -89,27 +74,22 @@ def test_speed_and_batch_jobs_on_a_standalone_cluster(
     for s in (on_cluster, local):
         migrations.migrate(s)
     start = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - 6 * HOUR
-    events = workload.events(run, start)
-    delivery = workload.Delivery()
-    producer = workload.producer(on_cluster)
-    workload.produce(producer, topic, events, delivery)
-    workload.close_partitions(producer, topic, start + 4 * HOUR, 4, delivery)
-    assert producer.flush(30) == 0 and delivery.errors == []
+    events = workload.produce_two_hours(on_cluster, run, start)
     window = (start, start + 2 * HOUR)
     try:
         master = {"TRENDS_SPARK__MASTER": spark_cluster}
         # The speed job, over the whole topic: on the cluster, then in local mode; only the first reaches the master.
-        apps_before = completed_apps(stack_up)
+        apps_before = workload.completed_apps(stack_up)
         workload.trends(on_cluster, "speed", "run", "--available-now", extra_env=master)
         workload.trends(local, "speed", "run", "--available-now")
-        wait_apps(stack_up, apps_before, Counter({"trends-speed": 1}))
+        workload.wait_apps(stack_up, apps_before, Counter({"trends-speed": 1}))
         same_answers(on_cluster, local, events, window, "speed")
 
         # The batch job over the window: on the cluster, then in local mode; both answers now come from the batch view.
         window_args = ("--start", window[0].isoformat(), "--end", window[1].isoformat())
         workload.trends(on_cluster, "batch", "run", *window_args, extra_env=master)
         job.run(local, *window, spark=spark)
-        wait_apps(stack_up, apps_before, Counter({"trends-speed": 1, "trends-batch": 1}))
+        workload.wait_apps(stack_up, apps_before, Counter({"trends-speed": 1, "trends-batch": 1}))
         same_answers(on_cluster, local, events, window, "batch")
     finally:
         with session(stack_up) as sess:

@@ -6,12 +6,15 @@ import os
 import random
 import subprocess
 import sys
+import time
+from collections import Counter
 from datetime import datetime, timedelta
 from pathlib import Path
 
 from confluent_kafka import KafkaError, Message, Producer
 
 from infra.cassandra import session
+from infra.services.spark import SparkMaster
 from infra.settings import Settings
 from serving import queries
 from serving.store import ViewReader
@@ -67,6 +70,31 @@ def close_partitions(prod: Producer, topic: str, at: datetime, partitions: int, 
     for p in range(partitions):
         closer = Event(id=f"closer{p}", ts=at, item="#closer")
         prod.produce(topic, value=closer.to_json(), timestamp=closer.ts_ms, partition=p, on_delivery=delivery)
+
+
+def produce_two_hours(settings: Settings, run: str, start: datetime) -> list[Event]:
+    """Produce the workload's two hours from ``start`` into the settings' topic (4 partitions), then close them."""
+    topic = settings.kafka.events_topic
+    batch = events(run, start)
+    delivery = Delivery()
+    prod = producer(settings)
+    produce(prod, topic, batch, delivery)
+    close_partitions(prod, topic, start + 4 * HOUR, 4, delivery)
+    assert prod.flush(30) == 0 and delivery.errors == []
+    return batch
+
+
+def completed_apps(settings: Settings) -> Counter[str]:
+    """Return how many applications of each name the standalone master has completed."""
+    return Counter(a["name"] for a in SparkMaster(settings).state().get("completedapps", []))
+
+
+def wait_apps(settings: Settings, before: Counter[str], want: Counter[str], timeout_s: float = 30) -> None:
+    """Wait (bounded) until the master lists exactly ``want`` as completed since ``before``."""
+    deadline = time.monotonic() + timeout_s
+    while (got := completed_apps(settings) - before) != want and time.monotonic() < deadline:
+        time.sleep(1)
+    assert got == want, got
 
 
 def trends(settings: Settings, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 600) -> str:
