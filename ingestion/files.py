@@ -19,7 +19,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, BinaryIO, Final, Literal, cast
@@ -28,7 +28,15 @@ from infra.errors import TrendsError
 from infra.settings import Settings
 from ingestion.mapping import DEFAULT_MAPPING, ColumnMapping
 from ingestion.producer import EventProducer
-from ingestion.validate import MAX_RECORD_BYTES, Context, Outcome, Reject, validate_csv, validate_json
+from ingestion.validate import (
+    MAX_RECORD_BYTES,
+    Context,
+    Outcome,
+    Reject,
+    encode_json,
+    validate_csv,
+    validate_json,
+)
 from views.event import Event
 
 logger = logging.getLogger(__name__)
@@ -263,25 +271,54 @@ class Pacer:
             self.producer.poll(min(delay, 0.2))
 
 
-# An event as a worker hands it back: its JSON, key and record timestamp, ready to produce.
-Encoded = tuple[bytes, bytes | None, int]
+@dataclass(slots=True)
+class Validated:
+    """A batch of records as a worker hands it back: its events ready to produce, in order, and its rejects.
+
+    Plain lists of bytes and ints cross the process boundary much cheaper than a tuple per record.
+    """
+
+    values: list[bytes] = field(default_factory=list)
+    keys: list[bytes | None] = field(default_factory=list)
+    stamps: list[int] = field(default_factory=list)  # record timestamps (event time, epoch ms)
+    rejects: list[Reject] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.values) + len(self.rejects)
 
 
 def _validate_batch(
-    batch: list[RawRecord], header: list[str] | None, ctx: Context, key_field: str
-) -> list[Encoded | Reject]:
-    """Validate and encode a batch of records (in a worker process); keep their order."""
+    raws: list[bytes], lines: list[int], sizes: dict[int, int], header: list[str] | None, ctx: Context, key_field: str
+) -> Validated:
+    """Validate and encode a batch of records (in a worker process); keep their order.
+
+    :arg sizes: the full size of each overlong record, by its index in the batch.
+    """
     ctx = replace(ctx, now=datetime.now(UTC))
-    out: list[Encoded | Reject] = []
-    for r in batch:
+    out = Validated()
+    add_value, add_key, add_stamp = out.values.append, out.keys.append, out.stamps.append
+    for i, (raw, line) in enumerate(zip(raws, lines, strict=True)):
+        size = sizes.get(i) if sizes else None
         if header is None:
-            outcome = validate_json(r.raw, ctx, r.line, size=r.size)
+            done = encode_json(raw, ctx, key_field, line, size=size)
         else:
-            outcome = validate_csv(r.raw, header, ctx, r.line, size=r.size)
-        out.append(
-            (outcome.to_json(), outcome.key(key_field), outcome.ts_ms) if isinstance(outcome, Event) else outcome
-        )
+            outcome = validate_csv(raw, header, ctx, line, size=size)
+            done = (
+                outcome if isinstance(outcome, Reject) else (outcome.to_json(), outcome.key(key_field), outcome.ts_ms)
+            )
+        if type(done) is tuple:
+            value, key, stamp = done
+            add_value(value)
+            add_key(key)
+            add_stamp(stamp)
+        else:
+            out.rejects.append(cast("Reject", done))
     return out
+
+
+def _columns(batch: list[RawRecord]) -> tuple[list[bytes], list[int], dict[int, int]]:
+    sizes = {i: r.size for i, r in enumerate(batch) if r.size is not None}
+    return [r.raw for r in batch], [r.line for r in batch], sizes
 
 
 def _batches(records: Iterator[RawRecord], limit: int | None) -> Iterator[list[RawRecord]]:
@@ -316,7 +353,8 @@ def _replay_parallel(
     batches = _batches(records, limit)
     first = next(batches, [])
     if len(first) < BATCH_RECORDS:  # a small source: starting processes would cost more than it saves
-        _produce_batch(_validate_batch(first, header, ctx, producer.key_field), producer, stats, source, on_progress)
+        done = _validate_batch(*_columns(first), header, ctx, producer.key_field)
+        _produce_batch(done, producer, stats, source, on_progress)
         return
     # spawn: the parent's producer runs librdkafka threads, which a fork would copy in an unknown state
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
@@ -329,7 +367,8 @@ def _replay_parallel(
                 if batch is None:
                     exhausted = True
                     break
-                pending.append(pool.apply_async(_validate_batch, (batch, header, ctx, producer.key_field)))
+                job = (*_columns(batch), header, ctx, producer.key_field)
+                pending.append(pool.apply_async(_validate_batch, job))
             if not pending:
                 return
             _produce_batch(pending.popleft().get(), producer, stats, source, on_progress)
@@ -340,28 +379,22 @@ def _replay_parallel(
 
 
 def _produce_batch(
-    results: list[Encoded | Reject],
+    done: Validated,
     producer: EventProducer,
     stats: ReplayStats,
     source: OpenSource,
     on_progress: Callable[[ReplayStats, OpenSource], None] | None,
 ) -> None:
-    produce_encoded = producer.produce_encoded
-    first_ms = last_ms = None
-    for result in results:
-        if type(result) is tuple:
-            value, key, last_ms = result
-            produce_encoded(value, key, last_ms)
-            if first_ms is None:
-                first_ms = last_ms
-        else:
-            producer.produce_reject(cast("Reject", result))
-    if first_ms is not None and last_ms is not None:
+    """Produce a validated batch: its events in the file's order, then its rejects (another topic) in theirs."""
+    if done.values:
+        producer.produce_many(done.values, done.keys, done.stamps)
         if stats.first_event_time is None:
-            stats.first_event_time = _EPOCH + timedelta(milliseconds=first_ms)
-        stats.last_event_time = _EPOCH + timedelta(milliseconds=last_ms)
+            stats.first_event_time = _EPOCH + timedelta(milliseconds=done.stamps[0])
+        stats.last_event_time = _EPOCH + timedelta(milliseconds=done.stamps[-1])
+    for reject in done.rejects:
+        producer.produce_reject(reject)
     before = stats.records
-    stats.records += len(results)
+    stats.records += len(done)
     if on_progress is not None and stats.records // PROGRESS_EVERY > before // PROGRESS_EVERY:
         on_progress(stats, source)
 

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from pydantic_core import PydanticCustomError
 
 from ingestion.mapping import DEFAULT_MAPPING, ColumnMapping
-from views.event import EVENT_SCHEMA_VERSION, Event, format_ts
+from views.event import EVENT_SCHEMA_VERSION, Event, encode_fast, format_ts, ts_millis
 
 logger = logging.getLogger(__name__)
 
@@ -167,11 +167,7 @@ def loads(text: str) -> Any:
         return json.loads(text)
 
 
-def validate_json(raw: bytes, ctx: Context, line: int | None = None, *, size: int | None = None) -> Outcome:
-    """Validate one JSON record (a JSONL line without its line break).
-
-    :arg size: the full size of the record when ``raw`` is only its start (a reader cut an overlong line).
-    """
+def _parse_json(raw: bytes, ctx: Context, line: int | None, size: int | None) -> dict[str, Any] | Reject:
     text = _decode(raw, ctx, line, size)
     if isinstance(text, Reject):
         return text
@@ -181,7 +177,43 @@ def validate_json(raw: bytes, ctx: Context, line: int | None = None, *, size: in
         return _reject(raw, Reason.MALFORMED_JSON, f"not JSON: {exc}", ctx, line)
     if not isinstance(obj, dict):
         return _reject(raw, Reason.MALFORMED_JSON, f"a JSON {type(obj).__name__} is not an object", ctx, line)
-    return validate_fields(obj, raw, ctx, line)
+    return obj
+
+
+def validate_json(raw: bytes, ctx: Context, line: int | None = None, *, size: int | None = None) -> Outcome:
+    """Validate one JSON record (a JSONL line without its line break).
+
+    :arg size: the full size of the record when ``raw`` is only its start (a reader cut an overlong line).
+    """
+    obj = _parse_json(raw, ctx, line, size)
+    return obj if isinstance(obj, Reject) else validate_fields(obj, raw, ctx, line)
+
+
+# An event as a replay produces it: its JSON, key and record timestamp (epoch ms).
+Encoded = tuple[bytes, bytes | None, int]
+
+
+def encode_json(
+    raw: bytes, ctx: Context, key_field: str, line: int | None = None, *, size: int | None = None
+) -> Encoded | Reject:
+    """Validate one JSON record and return it as it goes to Kafka (or its reject), as :func:`validate_json` does.
+
+    The same bytes, key and timestamp as ``Event.to_json``/``key``/``ts_ms`` of :func:`validate_json`'s event, and
+    the same rejects, without building the event when the record is plainly valid (the replay's hot path:
+    :func:`views.event.encode_fast`); every other record, and every error, goes through the model.
+    """
+    obj = _parse_json(raw, ctx, line, size)
+    if isinstance(obj, Reject):
+        return obj
+    if obj.get("v", EVENT_SCHEMA_VERSION) == EVENT_SCHEMA_VERSION and type(obj.get("v", 1)) is int:
+        try:
+            fast = encode_fast(ctx.mapping.apply(obj), key_field)
+        except Exception:  # noqa: BLE001 - the model's path below gives the exact error
+            fast = None
+        if fast is not None and fast[2] <= ts_millis(ctx.latest_allowed):
+            return fast
+    outcome = validate_fields(obj, raw, ctx, line)
+    return outcome if isinstance(outcome, Reject) else (outcome.to_json(), outcome.key(key_field), outcome.ts_ms)
 
 
 def validate_csv(

@@ -210,3 +210,34 @@ def test_the_fast_json_parse_gives_what_json_gives_values_and_errors(text: str) 
     except (ValueError, RecursionError) as exc:
         got = ("error", type(exc).__name__, str(exc))
     assert repr(got) == repr(expected)  # repr: NaN equals itself, -0.0 differs from 0.0, int differs from float
+
+
+_LINES = st.one_of(
+    _JSON_TEXT,
+    st.fixed_dictionaries(
+        {
+            "ts": st.sampled_from(["2026-01-01T00:00:00.000Z", "2026-01-01T00:03:00Z", "2099-01-01T00:00:00Z", "x"]),
+            "item": st.text(min_size=1, max_size=3) | st.sampled_from(["", None]),
+        },
+        optional={
+            "v": st.sampled_from([1, 2, True]),
+            "id": st.text(max_size=3) | st.integers(),
+            "user": st.text(max_size=3) | st.none() | st.integers(),
+            "value": st.floats() | st.integers() | st.text(max_size=3),
+            "dims": st.dictionaries(st.sampled_from(["country", "a b"]), st.text(max_size=3) | st.integers()),
+            "other": st.integers(),
+        },
+    ).map(lambda d: json.dumps(d, ensure_ascii=False)),
+)
+
+
+@settings(max_examples=800, deadline=None)
+@given(text=_LINES, key_field=st.sampled_from(["item", "user", "none"]))
+def test_the_replay_encoding_is_the_validated_event_on_the_wire(text: str, key_field: str) -> None:
+    from ingestion.validate import encode_json
+
+    ctx = Context(source="f.jsonl", now=datetime(2026, 1, 1, 0, 1, tzinfo=UTC))
+    raw = text.encode("utf-8", "surrogatepass")
+    outcome = validate_json(raw, ctx, 7)
+    expected = outcome if isinstance(outcome, Reject) else (outcome.to_json(), outcome.key(key_field), outcome.ts_ms)
+    assert encode_json(raw, ctx, key_field, 7) == expected

@@ -7,6 +7,8 @@ from datetime import UTC, datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from views.event import (
@@ -14,6 +16,7 @@ from views.event import (
     MAX_DIMS,
     MAX_ITEM_CHARS,
     Event,
+    encode_fast,
     format_ts,
     parse_time,
     spark_schema,
@@ -144,3 +147,144 @@ def test_spark_schema_is_derived_from_every_model_field() -> None:
     assert by_name["dims"].dataType == T.MapType(T.StringType(), T.StringType(), valueContainsNull=False)
     assert by_name["item"].nullable is False
     assert by_name["user"].nullable is True
+
+
+# Values as sources send them: the normalized form, near misses of every limit, and the coercions pydantic makes.
+_TEXTS = st.one_of(
+    st.text(max_size=20),
+    st.text(alphabet=st.characters(codec="utf-8"), min_size=250, max_size=260),
+    st.sampled_from(
+        ["", " ", "e\u0301", "\u00e9", "a\nb", "\x9b", "x\ud800", "A" * 128, "A" * 129, "A" * 256, "A" * 257]
+    ),
+)
+_ANY = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**60), max_value=2**60),
+    st.floats(allow_nan=True, allow_infinity=True),
+    _TEXTS,
+)
+_TIMES = st.one_of(
+    st.datetimes(min_value=datetime(1969, 12, 31), max_value=datetime(2100, 1, 1), timezones=st.just(UTC)).map(  # noqa: DTZ001
+        lambda t: t.isoformat(timespec="microseconds").replace("+00:00", "Z")
+    ),
+    st.sampled_from(["2026-01-01T00:00:00Z", "2026-01-01T00:00:00.5+02:00", "1700000000", "2026-01-01", "٢٠٢٦"]),
+    _ANY,
+)
+_DIMS = st.one_of(
+    st.dictionaries(
+        st.sampled_from(["country", "a.b", "x-y", "_1", "1a", "a b", "a\n", "A" * 64, "A" * 65, "é"]),
+        st.text(min_size=1, max_size=4),
+        max_size=3,
+    ),
+    st.dictionaries(st.sampled_from(["country", "a.b"]), _ANY, max_size=2),
+    st.dictionaries(st.from_regex(r"[a-z]{3}", fullmatch=True), st.just("v"), min_size=15, max_size=18),
+    _ANY,
+)
+
+
+def _mostly(valid: st.SearchStrategy[object], other: st.SearchStrategy[object]) -> st.SearchStrategy[object]:
+    """Draw a valid value 4 times in 5, so most records differ from a valid one in one or two fields."""
+    return st.integers(0, 4).flatmap(lambda n: valid if n else other)
+
+
+_RECORDS = st.fixed_dictionaries(  # mostly valid: each field is wrong in 1 record of 5
+    {
+        "ts": _mostly(st.just("2026-03-01T12:00:00.250Z"), _TIMES),
+        "item": _mostly(st.text(min_size=1, max_size=8), _TEXTS),
+    },
+    optional={
+        "v": _mostly(st.just(1), st.sampled_from([2, True, 1.0, "1"])),
+        "id": _mostly(st.text(max_size=8), _ANY),
+        "user": _mostly(st.text(min_size=1, max_size=8), _ANY),
+        "value": _mostly(st.floats(allow_nan=False, allow_infinity=False), _ANY),
+        "dims": _mostly(st.dictionaries(st.sampled_from(["country", "a.b"]), st.text(min_size=1, max_size=4)), _DIMS),
+        "extra": _ANY,
+    },
+)
+
+
+def _wire(fields: dict[str, object], key_field: str) -> tuple[bytes, bytes | None, int] | None:
+    try:
+        event = Event.model_validate(fields)
+    except ValidationError:
+        return None
+    return event.to_json(), event.key(key_field), event.ts_ms
+
+
+_KEYS = st.sampled_from(["item", "user", "id", "none"])
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_RECORDS, _KEYS)
+def test_the_fast_path_writes_the_models_event_or_defers_to_it(fields: dict[str, object], key_field: str) -> None:
+    fast = encode_fast(fields, key_field)
+    if fast is not None:  # never an event the model would refuse or write otherwise
+        assert fast == _wire(fields, key_field)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.floats(allow_nan=False, allow_infinity=False) | st.integers(-(2**70), 2**70))
+def test_the_fast_path_writes_every_value_as_the_model_does(value: float) -> None:
+    fields = {"ts": "2026-05-01T10:00:00.123Z", "item": "x", "value": value}
+    fast = encode_fast(fields, "item")
+    assert fast is None or fast == _wire(fields, "item")
+
+
+def test_the_fast_path_takes_every_normalized_event() -> None:
+    """Events in the wire form (what a replay of exported history reads) take the fast path."""
+    for data in (
+        {"ts": "2026-05-01T10:00:00.123Z", "item": "checkout"},
+        {
+            "v": 1,
+            "id": "e-1",
+            "ts": "2026-05-01T10:00:00Z",
+            "item": "ä",
+            "user": "u",
+            "value": 2.5e-7,
+            "dims": {"country": "DE", "origin": "live"},
+        },
+        {"ts": "2026-05-01T10:00:00.123+02:00", "item": "x", "value": 3, "user": "u"},
+    ):
+        for key_field in ("item", "user", "none"):
+            wire = _wire(data, key_field)
+            assert wire is not None
+            assert encode_fast(json.loads(wire[0]), key_field) == wire
+            assert encode_fast(data, key_field) == wire
+
+
+_BASE = {"ts": "2026-05-01T10:00:00.123Z", "item": "x"}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"dims": {"a b": "v"}},
+        {"dims": {"a\n": "v"}},
+        {"dims": {"A" * 64: "v"}},
+        {"dims": {"A" * 65: "v"}},
+        {"dims": {f"k{i}": "v" for i in range(16)}},
+        {"dims": {f"k{i}": "v" for i in range(17)}},
+        {"dims": {"k": ""}},
+        {"dims": {"k": 1}},
+        {"dims": {}},
+        {"value": True},
+        {"value": 2**53 + 1},
+        {"value": 10**400},
+        {"value": "1.5"},
+        {"id": "A" * 129},
+        {"id": 7},
+        {"user": ""},
+        {"item": "e\u0301"},
+        {"item": "a\x9b"},
+        {"item": "x\ud800"},
+        {"ts": "2026-05-01T10:00:00.123456Z"},
+        {"ts": "2026-05-01T10:00:00.123+02:00"},
+        {"ts": "1969-12-31T23:59:59Z"},
+        {"v": 2},
+    ],
+)
+def test_the_fast_path_agrees_with_the_model_at_every_limit(change: dict[str, object]) -> None:
+    fields = {**_BASE, **change}
+    fast = encode_fast(fields, "item")
+    assert fast is None or fast == _wire(fields, "item")
