@@ -66,6 +66,17 @@ class ColumnMapping:
             raise MappingError(msg) from exc
 
     @cached_property
+    def is_identity(self) -> bool:
+        """Tell whether records already have the event's own fields (so the replay's fast path reads them as is)."""
+        return (
+            all(self.column(name) == name for name in EVENT_FIELDS)
+            and not self.dims
+            and self.dims_column == "dims"
+            and self.time_format == "auto"
+            and self.assume_tz is None
+        )
+
+    @cached_property
     def _plan(self) -> tuple[tuple[str, str], ...]:
         return tuple((name, self.column(name)) for name in EVENT_FIELDS)
 

@@ -207,7 +207,8 @@ def encode_json(
         return obj
     if obj.get("v", EVENT_SCHEMA_VERSION) == EVENT_SCHEMA_VERSION and type(obj.get("v", 1)) is int:
         try:
-            fast = encode_fast(ctx.mapping.apply(obj), key_field)
+            # the fast path defers on what the default mapping would drop (other keys, nulls where text is due)
+            fast = encode_fast(obj if ctx.mapping.is_identity else ctx.mapping.apply(obj), key_field)
         except Exception:  # noqa: BLE001 - the model's path below gives the exact error
             fast = None
         if fast is not None and fast[2] <= ts_millis(ctx.latest_allowed):

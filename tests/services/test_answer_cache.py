@@ -93,7 +93,11 @@ def sink_of(settings: Settings, ttl_s: int) -> SpeedViewSink:
 def planted(keyspace_settings: Settings) -> Iterator[Planted]:
     """Three hours: speed rows for all of them (3 events a minute), batch runs of the first two (2 a minute)."""
     settings = keyspace_settings.model_copy(
-        update={"speed": keyspace_settings.speed.model_copy(update={"starting_offsets": "earliest"})}
+        update={
+            "speed": keyspace_settings.speed.model_copy(update={"starting_offsets": "earliest"}),
+            # the layers' state read for every answer: a layer's move shows in the very next answer
+            "serving": keyspace_settings.serving.model_copy(update={"state_max_age_ms": 0}),
+        }
     )
     migrations.migrate(settings)
     h0 = floor(datetime.now(UTC), HOUR) - 3 * HOUR

@@ -49,6 +49,8 @@ def served(
             "cassandra": stack_up.cassandra.model_copy(update={"keyspace": keyspace}),
             "batch": stack_up.batch.model_copy(update={"lateness_s": 300, "grace_s": 300}),
             "views": stack_up.views.model_copy(update={"slice_dims": ["origin"]}),
+            # the layers' state read for every answer: a rerun or a new hour shows in the very next answer
+            "serving": stack_up.serving.model_copy(update={"state_max_age_ms": 0}),
         }
     )
     migrations.migrate(settings)

@@ -226,17 +226,24 @@ _LINES = st.one_of(
             "value": st.floats() | st.integers() | st.text(max_size=3),
             "dims": st.dictionaries(st.sampled_from(["country", "a b"]), st.text(max_size=3) | st.integers()),
             "other": st.integers(),
+            "country": st.text(max_size=2),
         },
     ).map(lambda d: json.dumps(d, ensure_ascii=False)),
 )
 
 
 @settings(max_examples=800, deadline=None)
-@given(text=_LINES, key_field=st.sampled_from(["item", "user", "none"]))
-def test_the_replay_encoding_is_the_validated_event_on_the_wire(text: str, key_field: str) -> None:
+@given(
+    text=_LINES,
+    key_field=st.sampled_from(["item", "user", "none"]),
+    mapping=st.sampled_from([ColumnMapping(), ColumnMapping(dims={"site": "country"})]),  # read as is; mapped
+)
+def test_the_replay_encoding_is_the_validated_event_on_the_wire(
+    text: str, key_field: str, mapping: ColumnMapping
+) -> None:
     from ingestion.validate import encode_json
 
-    ctx = Context(source="f.jsonl", now=datetime(2026, 1, 1, 0, 1, tzinfo=UTC))
+    ctx = Context(source="f.jsonl", now=datetime(2026, 1, 1, 0, 1, tzinfo=UTC), mapping=mapping)
     raw = text.encode("utf-8", "surrogatepass")
     outcome = validate_json(raw, ctx, 7)
     expected = outcome if isinstance(outcome, Reject) else (outcome.to_json(), outcome.key(key_field), outcome.ts_ms)
