@@ -134,6 +134,23 @@ def summary_rate(output: str) -> tuple[int, float, float]:
     return int(match[1].replace(",", "")), float(match[2]), float(match[3].replace(",", ""))
 
 
+def validate_alone(path: Path) -> float:
+    """Return records/s of the replay's own work without Kafka, in this one process: read every line and parse,
+    validate and encode it with the code the replay's workers run (``ingestion.files``) -- its CPU bound per core."""
+    from datetime import timedelta
+
+    from ingestion import files
+    from ingestion.validate import Context
+
+    ctx = Context(source=str(path), max_future_skew=timedelta(minutes=5))
+    records = 0
+    t0 = time.perf_counter()
+    with path.open("rb") as stream:
+        for batch in files._batches(files.read_lines(stream), None):
+            records += len(files._validate_batch(*files._columns(batch), None, ctx, "item"))
+    return records / (time.perf_counter() - t0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000, help="records per measurement")
@@ -210,6 +227,14 @@ def main() -> None:
             print(
                 f"  ratio to the bare keyed producer {rate / bare:.2f} (goal >= 0.5); "
                 f"to ProducerPerformance {rate / perf:.2f}"
+            )
+            alone = validate_alone(path)
+            workers = args.workers or os.cpu_count() or 1
+            print(
+                f"  bound: read + parse + validate + encode alone (no Kafka, one process, the workers' code) "
+                f"{alone:,.0f} records/s = {alone / bare:.2f} of the bare producer per core; the replay reached "
+                f"{rate / (alone * workers):.2f} of {workers} x that, on {os.cpu_count()} cores shared with the "
+                f"producer and the broker"
             )
     finally:
         topics.delete_topics(settings.kafka, list(names.values()))
