@@ -41,6 +41,8 @@ def spark_conf(settings: Settings, app: str) -> dict[str, str]:
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
         # Commit only a changelog per micro-batch instead of uploading RocksDB snapshots (faster; docs/benchmarks.md).
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        # Counting the state's rows costs a read before every write to it (speed.track_state_rows).
+        "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": str(settings.speed.track_state_rows).lower(),
         # The sketch aggregations run in ObjectHashAggregate, which sorts its whole input once a task holds more
         # than this many groups (default 128). A batch hour has 60 minutes x slices groups per task (360 with 5
         # origins): 512 keeps them hashed (faster, see docs/benchmarks.md), bounded (up to ~100 KB of sketches a group).

@@ -94,13 +94,16 @@ class RunSummary:
 class _ProgressListener:
     """Adapter from Spark's listener callbacks to the metrics registry, the log and the sink's watermark."""
 
-    def __init__(self, registry: MetricsRegistry, sink: SpeedViewSink, textfile: Path | None) -> None:
+    def __init__(
+        self, registry: MetricsRegistry, sink: SpeedViewSink, textfile: Path | None, *, state_rows_tracked: bool
+    ) -> None:
         self.registry = registry
         self.sink = sink
         self.textfile = textfile
+        self.state_rows_tracked = state_rows_tracked
 
     def on_progress(self, progress: dict[str, Any]) -> None:
-        metrics = BatchMetrics.from_progress(progress)
+        metrics = BatchMetrics.from_progress(progress, state_rows_tracked=self.state_rows_tracked)
         self.registry.newest_event_ts = self.sink.newest_event_ts
         self.registry.record(metrics)
         if metrics.watermark is not None:
@@ -192,7 +195,12 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
     sink = SpeedViewSink(
         settings, settings.speed.query_name, settings.speed.view_ttl_s, checkpoint=checkpoint_location(settings)
     )
-    adapter = _ProgressListener(registry, sink, settings.data_dir / "metrics" / "speed_layer.prom")
+    adapter = _ProgressListener(
+        registry,
+        sink,
+        settings.data_dir / "metrics" / "speed_layer.prom",
+        state_rows_tracked=settings.speed.track_state_rows,
+    )
     listener = _make_spark_listener(adapter)
     spark.streams.addListener(listener)
     port = settings.speed.metrics_port

@@ -41,7 +41,7 @@ class BatchMetrics:
     input_rows_per_s: float
     processed_rows_per_s: float
     batch_duration_ms: int
-    state_rows: int
+    state_rows: int | None  # None: not counted (speed.track_state_rows off)
     dropped_late_rows: int
     unparseable_rows: int
     watermark: datetime | None
@@ -49,8 +49,11 @@ class BatchMetrics:
     future_rows: int = 0  # events beyond now + the ingest skew: not aggregated (they would stall the watermark)
 
     @classmethod
-    def from_progress(cls, progress: dict[str, Any]) -> BatchMetrics:
-        """Read the figures out of Spark's progress JSON."""
+    def from_progress(cls, progress: dict[str, Any], *, state_rows_tracked: bool = True) -> BatchMetrics:
+        """Read the figures out of Spark's progress JSON.
+
+        :arg state_rows_tracked: whether the state store counts its rows; Spark reports 0 when it does not.
+        """
         ops = progress.get("stateOperators") or []
         lag: int | None = None
         for source in progress.get("sources") or []:
@@ -66,7 +69,7 @@ class BatchMetrics:
             input_rows_per_s=float(progress.get("inputRowsPerSecond") or 0.0),
             processed_rows_per_s=float(progress.get("processedRowsPerSecond") or 0.0),
             batch_duration_ms=int(progress.get("batchDuration", 0)),
-            state_rows=sum(int(op.get("numRowsTotal", 0)) for op in ops),
+            state_rows=sum(int(op.get("numRowsTotal", 0)) for op in ops) if state_rows_tracked else None,
             dropped_late_rows=sum(int(op.get("numRowsDroppedByWatermark", 0)) for op in ops),
             unparseable_rows=int(parse.get("unparseable") or 0),
             watermark=_parse_ts(watermark),
@@ -77,9 +80,10 @@ class BatchMetrics:
     def log_line(self) -> str:
         """Return the one-line summary logged per batch."""
         wm = self.watermark.isoformat() if self.watermark else "-"
+        state = "-" if self.state_rows is None else self.state_rows
         return (
             f"batch {self.batch_id}: {self.input_rows} rows in {self.batch_duration_ms} ms "
-            f"({self.processed_rows_per_s:.0f} rows/s), state {self.state_rows} rows, "
+            f"({self.processed_rows_per_s:.0f} rows/s), state {state} rows, "
             f"dropped late {self.dropped_late_rows}, unparseable {self.unparseable_rows}, "
             f"future {self.future_rows}, "
             f"watermark {wm}, kafka lag {self.kafka_lag_max if self.kafka_lag_max is not None else '-'}"

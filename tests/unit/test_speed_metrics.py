@@ -78,3 +78,15 @@ def test_the_textfile_is_the_same_exposition(tmp_path: Path) -> None:
     target = tmp_path / "metrics" / "speed.prom"
     reg.write_textfile(target)
     assert 'trends_speed_input_rows_total{query="q"} 3000.0' in target.read_text()
+
+
+def test_uncounted_state_rows_are_not_exported_as_zero() -> None:
+    """With speed.track_state_rows off Spark reports 0 state rows: the gauge is left out rather than read as 0."""
+    m = BatchMetrics.from_progress(PROGRESS, state_rows_tracked=False)
+    assert m.state_rows is None
+    assert "state - rows" in m.log_line()
+    registry = MetricsRegistry("q")
+    registry.record(m)
+    assert "trends_speed_state_rows" not in registry.render()
+    registry.record(BatchMetrics.from_progress(PROGRESS))
+    assert 'trends_speed_state_rows{query="q"} 140.0' in registry.render()
