@@ -32,6 +32,22 @@ def chromium(width: int = 1400, height: int = 2600) -> Any:
     return webdriver.Chrome(options=options, service=Service(driver_bin))
 
 
+def wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path, *, status: int = 200, timeout_s: float = 90) -> None:
+    """Wait until a ``trends serve`` child answers ``/ready`` with ``status``; fail with its log if it dies first."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        try:
+            if httpx.get(f"{url}/ready", timeout=5).status_code == status:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.3)
+
+
 def free_port() -> int:
     """Return a loopback port that is free right now."""
     with socket.socket() as sock:

@@ -13,7 +13,6 @@ import json
 import os
 import random
 import subprocess
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,6 +23,7 @@ import pytest
 from infra import topics
 from infra.cassandra import session
 from infra.settings import Settings
+from tests.helpers import wait_ready
 
 pytestmark = [pytest.mark.install, pytest.mark.spark]
 
@@ -162,16 +162,7 @@ def test_ingest_speed_batch_and_serve_without_airflow(core_venv: Path, env: dict
     proc = subprocess.Popen([str(core_venv / "bin" / "trends"), "serve"], env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{PORT}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, (work / "serve.log").read_text()[-3000:]
-            try:
-                if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, (work / "serve.log").read_text()[-3000:]
-            time.sleep(0.5)
+        wait_ready(proc, url, work / "serve.log")
         window = {"start": iso(H0 + timedelta(minutes=30)), "end": iso(end)}
         got = httpx.get(f"{url}/api/v1/count", params=window, timeout=60).json()
         lo, hi = window["start"], window["end"]

@@ -14,7 +14,6 @@ import random
 import re
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,7 +34,7 @@ from infra.cassandra import session
 from infra.settings import Settings
 from ingestion.generator import Burst, GeneratorConfig, SyntheticStream
 from serving.api import create_app
-from tests.helpers import chromium, free_port, speed_drain
+from tests.helpers import chromium, free_port, speed_drain, wait_ready
 
 pytestmark = pytest.mark.spark
 
@@ -113,16 +112,7 @@ def serve(settings: Settings, log: Path, ready_status: int = 200, **env: str) ->
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            try:
-                if httpx.get(f"{url}/ready", timeout=5).status_code == ready_status:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.3)
+        wait_ready(proc, url, log, status=ready_status, timeout_s=60)
         yield url
     finally:
         proc.terminate()

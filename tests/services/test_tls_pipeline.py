@@ -40,6 +40,7 @@ from infra.cassandra import ping, session
 from infra.process import child_env
 from infra.settings import Settings
 from infra.tls import ensure_stack_tls
+from tests.helpers import wait_ready
 
 pytestmark = [pytest.mark.tls, pytest.mark.spark]
 
@@ -155,16 +156,7 @@ def run_pipeline(target: Stack, work: Path) -> dict[str, Any]:
     token = target.settings.serving.api_token
     headers = {"Authorization": f"Bearer {token.get_secret_value()}"} if token is not None else {}
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, (work / "serve.log").read_text()[-3000:]
-            try:
-                if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, (work / "serve.log").read_text()[-3000:]
-            time.sleep(0.5)
+        wait_ready(proc, url, work / "serve.log")
         window = {"start": iso(H0 + 30 * timedelta(minutes=1)), "end": iso(H0 + 170 * timedelta(minutes=1))}
         summary = httpx.get(
             f"{url}/api/v1/summary", params={**window, "rank": [0.5, 0.9], "top": 5}, headers=headers, timeout=60
