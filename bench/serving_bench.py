@@ -21,8 +21,8 @@ Then ``trends serve --workers N`` runs over the same keyspace and 8 and 64 concu
 connection each) send trending requests for ``--http-seconds``: requests/s, p50/p99 and errors (any status but
 200), beside the same clients against ``/health`` of the same server and the ratio. The answers are cached (the
 same few questions, as a dashboard's viewers ask them); ``serving.max_concurrent_requests`` is raised to the clients.
-Each HTTP run is repeated per ``--state-max-age-ms``: 0 (the default: the layers' state is read for every request)
-and 250 (the state reused for 250 ms by a process's requests: answers at most that much behind the layers).
+Each HTTP run is repeated per ``--state-max-age-ms``: 0 (the layers' state is read for every request) and 250 (the
+default: the state reused for 250 ms by a process's requests, answers at most that much behind the layers).
 
 Last, the cost of the most expensive request the API allows (``--rss``): a second keyspace holds only speed-view
 minutes (the batch view lagging: the costly case) with realistic sketches, about ``serving.max_read_mb`` of them in

@@ -629,8 +629,10 @@ class ServingSettings(BaseModel):
         "the answer cache without reading the state again (shared by concurrent requests of one process); 0 reads "
         "it for every request. A cached answer is then at most this much behind the layers (a speed hour's rows "
         "expiring is still checked against the clock on every request); anything read is planned on state read "
-        "for that request. The default keeps a dashboard's many viewers off Cassandra (the state is ~11 small "
-        "reads) while answers stay well inside the speed layer's own trigger interval.",
+        "for that request. The age counts from when the state's read began, and a process never goes back to an "
+        "older reading; each worker of `trends serve --workers` keeps its own. The default keeps a dashboard's "
+        "many viewers off Cassandra (the state is ~11 small reads) while answers stay well inside the speed "
+        "layer's own trigger interval.",
     )
     workers: int = Field(
         1,

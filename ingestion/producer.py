@@ -249,18 +249,22 @@ class EventProducer:
         produce = self._producer.produce
         topic = self.events_topic
         since_poll = self._since_poll
-        for value, key, ts in zip(values, keys, ts_ms, strict=True):
-            try:
-                produce(topic, value, key, timestamp=ts)
-            except (BufferError, KafkaException):
-                self._send(topic, value, key, ts)  # the slow path: waits for room, re-routes, raises fatal errors
-            since_poll += 1
-            if since_poll >= POLL_EVERY:
-                self._since_poll = 0
-                self.poll(0)
-                since_poll = 0
-        self._since_poll = since_poll
-        self.summary.produced += len(values)
+        queued = 0
+        try:
+            for value, key, ts in zip(values, keys, ts_ms, strict=True):
+                try:
+                    produce(topic, value, key, timestamp=ts)
+                except (BufferError, KafkaException):
+                    self._send(topic, value, key, ts)  # the slow path: waits for room, re-routes, raises fatal errors
+                queued += 1
+                since_poll += 1
+                if since_poll >= POLL_EVERY:
+                    self._since_poll = 0
+                    self.poll(0)
+                    since_poll = 0
+        finally:  # a fatal error mid-batch: the events queued before it are counted
+            self._since_poll = since_poll
+            self.summary.produced += queued
 
     def produce_reject(self, reject: Reject) -> None:
         """Queue a rejected record for the dead-letter topic and count it by reason."""

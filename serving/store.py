@@ -73,6 +73,33 @@ EVERY_DC_WRITES = {"EACH_QUORUM", "ALL"}  # a write acknowledged by a quorum of 
 GLOBAL_LEVELS = {"QUORUM", "EACH_QUORUM", "ALL"}  # quorums of all replicas, whatever their data centre
 
 
+class RecentStates:
+    """The layers' state of each recent window, stamped with when its read began (``serving.state_max_age_ms``).
+
+    Concurrent requests read the state at once; the one whose read began last is kept, so a slow read that ends
+    later never replaces a newer state (answers never step back) and never looks younger than it is.
+    """
+
+    def __init__(self, limit: int = RECENT_WINDOWS) -> None:
+        self.limit = limit
+        self._states: dict[Hashable, tuple[float, Coverage]] = {}
+
+    def keep(self, window: Hashable, began: float, cov: Coverage) -> None:
+        """Keep a state read that began at ``began`` (monotonic s) unless one that began later is kept."""
+        if len(self._states) > self.limit:
+            self._states.clear()
+        kept = self._states.get(window)
+        if kept is None or kept[0] <= began:
+            self._states[window] = (began, cov)
+
+    def get(self, window: Hashable, max_age_s: float, now: float) -> Coverage | None:
+        """Return the state of the window whose read began at most ``max_age_s`` before ``now`` (else None)."""
+        kept = self._states.get(window)
+        if kept is None or now - kept[0] > max_age_s:
+            return None
+        return kept[1]
+
+
 def reads_see_acknowledged_writes(cfg: CassandraSettings) -> tuple[bool, str]:
     """Tell whether a read is sure to see every acknowledged write (R + W > RF where the replicas are), and why.
 
@@ -120,7 +147,7 @@ class ViewReader:
         self.speed_rows = SpeedRows(settings, sess)
         self.loss_store = LossStore(settings, sess)
         self._rows: dict[frozenset[str], dict[str, Any]] = {}
-        self._recent: dict[tuple[datetime, datetime, str], tuple[float, Coverage]] = {}
+        self._recent = RecentStates()
         cacheable = rows_cacheable(settings)
         if not cacheable and settings.serving.cache_mb > 0:
             _ok, why = reads_see_acknowledged_writes(settings.cassandra)
@@ -139,10 +166,9 @@ class ViewReader:
         that appears by expiry is never hidden), and anything to read is planned on a coverage read anew.
         """
         max_age = self.settings.serving.state_max_age_ms / 1000
-        found = self._recent.get((start, end, slice_)) if max_age > 0 else None
-        if found is None or monotonic() - found[0] > max_age:
+        cov = self._recent.get((start, end, slice_), max_age, monotonic()) if max_age > 0 else None
+        if cov is None:
             return None
-        cov = found[1]
         return dataclasses.replace(cov, speed=dataclasses.replace(cov.speed, now=datetime.now(UTC)))
 
     def statements(self, fields: frozenset[str]) -> dict[str, Any]:
@@ -197,6 +223,7 @@ class ViewReader:
         window's days, the daily rollups' fingerprints of its months), then one more for the speed coverage of the
         part of the window at or above the boundary.
         """
+        began = monotonic()  # the state read is as old as its start (a slow read must not look fresh)
         days = days_between(start, end)
         months: dict[str, list[date]] = {}
         for day in days:
@@ -256,9 +283,7 @@ class ViewReader:
             runs=runs,
         )
         if self.settings.serving.state_max_age_ms > 0:
-            if len(self._recent) > RECENT_WINDOWS:
-                self._recent.clear()
-            self._recent[(start, end, slice_)] = (monotonic(), cov)
+            self._recent.keep((start, end, slice_), began, cov)
         return cov
 
     def _speed_coverage(

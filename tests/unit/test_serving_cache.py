@@ -75,3 +75,23 @@ def test_the_answer_cache_counts_outcomes_and_stays_within_its_bytes() -> None:
     assert (cache.hits, cache.partial, cache.misses) == (2, 1, 1)
     cache.put(("big",), Answer((), (), [part], [], frozenset(), 0, 5000, []))  # larger than the cache: not kept
     assert cache.peek(("big",)) is None
+
+
+def test_a_reused_state_is_as_old_as_its_read_and_never_replaced_by_an_older_one() -> None:
+    from serving.store import Coverage, RecentStates
+
+    def state(hour: int) -> Coverage:
+        return Coverage(datetime(2026, 1, 1, hour, tzinfo=UTC), False, None, set(), set(), None, None)
+
+    recent = RecentStates(limit=8)
+    newer, older = state(2), state(1)
+    recent.keep("w", 10.0, newer)
+    recent.keep("w", 9.6, older)  # a slower read that began earlier ends later: the newer state stays
+    assert recent.get("w", 0.25, 10.2) is newer
+    assert recent.get("w", 0.25, 10.3) is None  # 0.3 s since its read began: read again
+    assert recent.get("other", 0.25, 10.1) is None
+    recent.keep("w", 10.4, older)
+    assert recent.get("w", 0.25, 10.5) is older
+    for i in range(10):  # bounded: a flood of windows drops what it holds rather than grow
+        recent.keep(i, 11.0, newer)
+    assert len(recent._states) <= 9
