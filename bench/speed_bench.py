@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -274,6 +275,15 @@ def latency(settings: Settings, env: dict[str, str], rate: float, seconds: float
     return [visible[t] - t for t in produced if t in visible], lost, achieved
 
 
+BATCH_LINE = re.compile(rb"batch \d+: (\d+) rows in (\d+) ms")
+
+
+def batch_durations(log: Path) -> list[tuple[int, int]]:
+    """Return (rows, ms) of every micro-batch with rows that the freshness run's speed job logged."""
+    found = [(int(m[1]), int(m[2])) for m in BATCH_LINE.finditer(log.read_bytes())] if log.exists() else []
+    return [(rows, ms) for rows, ms in found if rows > 0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -354,6 +364,19 @@ def main() -> None:
             f"  {total} samples, {lost} lost ({lost / total if total else 0:.1%}): p50 {pct(0.5)}   p99 {pct(0.99)}"
             f"   (goal p50 <= 2 s, p99 <= 5 s)"
         )
+        batches = batch_durations(base.data_dir / "bench-speed-latency.log")
+        if batches:
+            ms = sorted(d for _, d in batches)
+            rows = sorted(r for r, _ in batches)
+            print(
+                f"  bound: the job's {len(batches)} micro-batches with rows took p50 {ms[len(ms) // 2] / 1000:.2f} s "
+                f"(p90 {ms[int(len(ms) * 0.9)] / 1000:.2f} s) for p50 {rows[len(rows) // 2]:,} rows; an event waits "
+                f"for the batch after the one running (trigger 1 s), then that batch's whole duration"
+            )
+            few, few_ms = min(batches)
+            print(
+                f"  the batch with the fewest rows: {few:,} rows in {few_ms / 1000:.2f} s (the fixed cost of a batch)"
+            )
     finally:
         for name in (topic, f"bench.warm.{run}", f"bench.latency.{run}"):
             try:
