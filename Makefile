@@ -16,7 +16,7 @@ help:
 	@echo "make test-unit   fast tests only (no services)"
 	@echo "make test-reliability  the fault-injection suite (not part of make test)"
 	@echo "make test-cluster      Spark standalone cluster, 3-broker Kafka, 2-node Cassandra (not part of make test)"
-	@echo "make test-backfill     trends batch backfill over 30 days and with Cassandra stopped (not part of make test)"
+	@echo "make test-backfill     trends batch backfill over 30 days, with Cassandra stopped, and the DAG under Airflow's scheduler (not part of make test)"
 	@echo "make test-install      pip install . (no extras, no Airflow) in .venv-core: ingest, speed, batch, serve work"
 	@echo "make test-tls          the pipeline over TLS and SASL_SSL on a private TLS stack (not part of make test)"
 	@echo "make test-alerting     the alert rules (promtool) and a real Prometheus firing the watermark-lag alert"
@@ -77,7 +77,7 @@ test-cluster: setup
 # `trends batch backfill --wait` over 30 days (exact) and with Cassandra stopped mid-run, on a private Cassandra and
 # Airflow (3-7 min; kept out of make test, which would pass 30 minutes with it).
 test-backfill: setup
-	$(BIN)/pytest -m backfill tests/services/test_batch_backfill_cli.py
+	$(BIN)/pytest -m backfill tests/services/test_batch_backfill_cli.py tests/services/test_batch_dag.py
 
 # The install without extras (`pip install .`, the pinned versions, no Airflow) in its own venv, non-editable:
 # `trends ingest`, the speed job, `trends batch index|run` and `trends serve` against the local stack, and

@@ -101,6 +101,7 @@ def dag_env(
             sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
 
 
+@pytest.mark.backfill  # Airflow's scheduler over three hours, a reprocess and 32 days of history: make test-backfill
 def test_scheduler_driven_backfill_and_reprocess(dag_env: tuple[Settings, AirflowClient]) -> None:
     settings, af = dag_env
     sizes = [120, 80, 100]
