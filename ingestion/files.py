@@ -34,6 +34,7 @@ from ingestion.validate import (
     Outcome,
     Reject,
     encode_json,
+    encoded,
     validate_csv,
     validate_json,
 )
@@ -302,10 +303,7 @@ def _validate_batch(
         if header is None:
             done = encode_json(raw, ctx, key_field, line, size=size)
         else:
-            outcome = validate_csv(raw, header, ctx, line, size=size)
-            done = (
-                outcome if isinstance(outcome, Reject) else (outcome.to_json(), outcome.key(key_field), outcome.ts_ms)
-            )
+            done = encoded(validate_csv(raw, header, ctx, line, size=size), key_field)
         if type(done) is tuple:
             value, key, stamp = done
             add_value(value)

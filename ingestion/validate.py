@@ -205,7 +205,8 @@ def encode_json(
     obj = _parse_json(raw, ctx, line, size)
     if isinstance(obj, Reject):
         return obj
-    if obj.get("v", EVENT_SCHEMA_VERSION) == EVENT_SCHEMA_VERSION and type(obj.get("v", 1)) is int:
+    version = obj.get("v", EVENT_SCHEMA_VERSION)  # a mapping drops "v": checked here, as validate_fields does
+    if type(version) is int and version == EVENT_SCHEMA_VERSION:
         try:
             # the fast path defers on what the default mapping would drop (other keys, nulls where text is due)
             fast = encode_fast(obj if ctx.mapping.is_identity else ctx.mapping.apply(obj), key_field)
@@ -213,7 +214,11 @@ def encode_json(
             fast = None
         if fast is not None and fast[2] <= ts_millis(ctx.latest_allowed):
             return fast
-    outcome = validate_fields(obj, raw, ctx, line)
+    return encoded(validate_fields(obj, raw, ctx, line), key_field)
+
+
+def encoded(outcome: Outcome, key_field: str) -> Encoded | Reject:
+    """Return a validated event as it goes to Kafka (JSON, key, record timestamp); a reject as it is."""
     return outcome if isinstance(outcome, Reject) else (outcome.to_json(), outcome.key(key_field), outcome.ts_ms)
 
 

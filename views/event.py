@@ -250,14 +250,7 @@ class Event(BaseModel):
 
     def to_dict(self) -> dict[str, Any]:
         """Return the normalized event as plain JSON types (absent optional fields left out)."""
-        out: dict[str, Any] = {"v": self.v, "id": self.id, "ts": format_ts(self.ts), "item": self.item}
-        if self.user is not None:
-            out["user"] = self.user
-        if self.value is not None:
-            out["value"] = self.value
-        if self.dims:
-            out["dims"] = self.dims
-        return out
+        return _wire_fields(self.v, self.id, format_ts(self.ts), self.item, self.user, self.value, self.dims)
 
     def to_json(self) -> bytes:
         """Return the normalized event as the UTF-8 JSON written to Kafka."""
@@ -269,6 +262,20 @@ class Event(BaseModel):
             return None
         value = getattr(self, field)
         return None if value is None else str(value).encode()
+
+
+def _wire_fields(
+    v: int, event_id: str, ts: str, item: str, user: str | None, value: float | None, dims: dict[str, str]
+) -> dict[str, Any]:
+    """Lay out the wire JSON's fields: in this order, absent optional fields (and empty dims) left out."""
+    out: dict[str, Any] = {"v": v, "id": event_id, "ts": ts, "item": item}
+    if user is not None:
+        out["user"] = user
+    if value is not None:
+        out["value"] = value
+    if dims:
+        out["dims"] = dims
+    return out
 
 
 _DIM_NAME = re.compile(DIM_KEY_PATTERN.removeprefix("^").removesuffix("$"))  # used with fullmatch, as pydantic's
@@ -297,7 +304,7 @@ def _float_text_agrees(value: float) -> bool:
     return value == 0 or 1e-4 <= abs(value) < 1e16
 
 
-def encode_fast(fields: dict[str, Any], key_field: str) -> tuple[bytes, bytes | None, int] | None:  # noqa: PLR0911, PLR0912
+def encode_fast(fields: dict[str, Any], key_field: str) -> tuple[bytes, bytes | None, int] | None:  # noqa: PLR0911
     """Return what ``Event.model_validate(fields)`` would put on the wire — JSON, key, timestamp — or None.
 
     The hot path of a replay: a plainly valid record (strings where the model wants text, a number or nothing
@@ -340,18 +347,8 @@ def encode_fast(fields: dict[str, Any], key_field: str) -> tuple[bytes, bytes | 
         return None
     if not event_id:
         event_id = content_id(ts, item, user, value, dims)
-    out: dict[str, Any] = {
-        "v": v,
-        "id": event_id,
-        "ts": raw_ts if _CANONICAL_TS.fullmatch(raw_ts) else format_ts(ts),
-        "item": item,
-    }
-    if user is not None:
-        out["user"] = user
-    if value is not None:
-        out["value"] = value
-    if dims:
-        out["dims"] = dims
+    ts_text = raw_ts if _CANONICAL_TS.fullmatch(raw_ts) else format_ts(ts)
+    out = _wire_fields(v, event_id, ts_text, item, user, value, dims)
     wire = _WIRE.encode(out) if value is None or _float_text_agrees(value) else _ENCODER.encode(out).encode()
     key = None if key_field == "none" else out.get(key_field)
     return wire, None if key is None else key.encode(), ts_millis(ts)
