@@ -38,6 +38,7 @@ from confluent_kafka import Producer
 from infra import migrations, topics
 from infra.cassandra import session, table
 from infra.settings import Settings
+from infra.spark import kafka_options
 from views.event import format_ts
 
 BARE, COUNTED = "bare Kafka -> noop", "bare Kafka -> count -> noop"
@@ -110,7 +111,7 @@ def throughput(settings: Settings, warmup: Settings, count: int) -> dict[str, fl
     def kafka(s: Settings) -> object:
         return (
             spark.readStream.format("kafka")
-            .options(**s.kafka.spark_options())
+            .options(**kafka_options(s.kafka))
             .option("subscribe", s.kafka.events_topic)
             .option("startingOffsets", "earliest")
             .option("maxOffsetsPerTrigger", str(s.speed.max_offsets_per_trigger))

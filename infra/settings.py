@@ -8,12 +8,10 @@ The README's configuration table is generated from the field descriptions below 
 
 from __future__ import annotations
 
-import json
 import os
 import typing
 from functools import lru_cache
 from pathlib import Path
-from ssl import Purpose, SSLContext, TLSVersion, create_default_context
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -29,6 +27,8 @@ from infra.security import MASK, has_userinfo, is_secret_key
 ENV_PREFIX = "TRENDS_"
 ENV_NESTED_DELIMITER = "__"
 SECRETS_DIR_ENV = "TRENDS_SECRETS_DIR"
+# How many times the stack's supervisor restarted a command so far (the speed job exports it as a metric).
+RESTARTS_ENV = "TRENDS_SUPERVISED_RESTARTS"
 
 Consistency = Literal["ONE", "TWO", "THREE", "QUORUM", "ALL", "LOCAL_QUORUM", "EACH_QUORUM", "LOCAL_ONE", "ANY"]
 
@@ -147,43 +147,6 @@ class KafkaSettings(BaseModel):
                 conf["ssl.key.password"] = secret(self.ssl_key_password)
         return conf
 
-    def spark_options(self) -> dict[str, str]:
-        """Return the same connection as options of Spark's Kafka source (``kafka.``-prefixed Java client keys).
-
-        Certificates and keys go inline as PEM text (``ssl.truststore.certificates``, ``ssl.keystore.key``), not as
-        file paths: the options travel to the executors, which may run on hosts without the files.
-
-        :raises OSError: when a configured certificate or key file cannot be read.
-        """
-        opts = {
-            "kafka.bootstrap.servers": self.bootstrap_servers,
-            "kafka.security.protocol": self.security_protocol,
-        }
-        if self.sasl_mechanism:
-            opts["kafka.sasl.mechanism"] = self.sasl_mechanism
-        if self.sasl_username and self.sasl_password is not None:
-            module = (
-                "org.apache.kafka.common.security.plain.PlainLoginModule"
-                if self.sasl_mechanism == "PLAIN"
-                else "org.apache.kafka.common.security.scram.ScramLoginModule"
-            )
-            password = self.sasl_password.get_secret_value()
-            opts["kafka.sasl.jaas.config"] = f'{module} required username="{self.sasl_username}" password="{password}";'
-        if self.uses_tls:
-            opts["kafka.ssl.endpoint.identification.algorithm"] = "https" if self.ssl_check_hostname else ""
-            if self.ssl_ca_file is not None:
-                opts["kafka.ssl.truststore.type"] = "PEM"
-                opts["kafka.ssl.truststore.certificates"] = self.ssl_ca_file.read_text()
-            if self.ssl_certificate_file is not None and self.ssl_key_file is not None:
-                opts["kafka.ssl.keystore.type"] = "PEM"
-                opts["kafka.ssl.keystore.certificate.chain"] = self.ssl_certificate_file.read_text()
-                from infra.tls import pkcs8_pem  # noqa: PLC0415 - cryptography only where a client key is used
-
-                opts["kafka.ssl.keystore.key"] = pkcs8_pem(self.ssl_key_file, self.ssl_key_password)
-                if self.ssl_key_password is not None:
-                    opts["kafka.ssl.key.password"] = self.ssl_key_password.get_secret_value()
-        return opts
-
     @property
     def brokers(self) -> list[tuple[str, int]]:
         """Return host and port of every bootstrap server, in order."""
@@ -256,30 +219,6 @@ class CassandraSettings(BaseModel):
             )
             raise ValueError(msg)
         return self
-
-    def ssl_context(self) -> SSLContext | None:
-        """Return the driver's TLS context (CA, optional client certificate, hostname check), or None without TLS.
-
-        :raises OSError: when a configured certificate or key file cannot be read.
-        :raises ssl.SSLError: when a file is not a PEM certificate or key (or the key password is wrong).
-        """
-        if not self.ssl:
-            return None
-        ca = str(self.ssl_ca_file) if self.ssl_ca_file is not None else None
-        ctx = create_default_context(Purpose.SERVER_AUTH, cafile=ca)
-        ctx.minimum_version = TLSVersion.TLSv1_2
-        ctx.check_hostname = self.ssl_check_hostname
-        if self.ssl_certificate_file is not None and self.ssl_key_file is not None:
-            password = self.ssl_key_password.get_secret_value() if self.ssl_key_password is not None else None
-            ctx.load_cert_chain(str(self.ssl_certificate_file), str(self.ssl_key_file), password=password)
-        return ctx
-
-    def replication_map(self) -> dict[str, str | int]:
-        """Return the keyspace replication map for ``CREATE KEYSPACE``."""
-        if self.replication_strategy == "NetworkTopologyStrategy":
-            dcs = self.datacenter_replication or {self.local_datacenter: self.replication_factor}
-            return {"class": "NetworkTopologyStrategy", **dcs}
-        return {"class": "SimpleStrategy", "replication_factor": self.replication_factor}
 
 
 class SparkSettings(BaseModel):
@@ -653,6 +592,7 @@ class ServingSettings(BaseModel):
         return value
 
 
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})  # noqa: S104 - recognised, to reach such a server on loopback
 LOCAL_ADMIN_PASSWORD = "admin"  # noqa: S105 - documented default of the loopback-only local stack
 
 
@@ -754,6 +694,30 @@ class AirflowSettings(BaseModel):
             msg = f"not Airflow variables (AIRFLOW__SECTION__KEY, AIRFLOW_CONN_*, AIRFLOW_VAR_*): {', '.join(bad)}"
             raise ValueError(msg)
         return value
+
+    @property
+    def bind_host(self) -> str:
+        """Return the address the API server binds: ``config`` (``AIRFLOW__API__HOST``) overrides ``host``."""
+        return self.config.get("AIRFLOW__API__HOST", self.host)
+
+    @property
+    def bind_port(self) -> int:
+        """Return the port the API server binds: ``config`` (``AIRFLOW__API__PORT``) overrides ``api_port``."""
+        value = self.config.get("AIRFLOW__API__PORT", "")
+        return int(value) if value.strip().isdigit() else self.api_port
+
+    @property
+    def client_host(self) -> str:
+        """Return the address to reach the local API server at (loopback when it binds every interface)."""
+        return "127.0.0.1" if self.bind_host in WILDCARD_HOSTS else self.bind_host
+
+    @property
+    def base_url(self) -> str:
+        """Return the REST API's base URL: ``api_url``, else the local stack's API server."""
+        if self.api_url:
+            return self.api_url.rstrip("/")
+        host = f"[{self.client_host}]" if ":" in self.client_host else self.client_host
+        return f"http://{host}:{self.bind_port}"
 
 
 class MetricsSettings(BaseModel):
@@ -913,55 +877,6 @@ class Settings(BaseSettings):
     def checkpoint_root(self) -> str:
         """Return the root of streaming checkpoints (a local path or a URI)."""
         return self.spark.checkpoint_root or str(self.data_dir / "checkpoints")
-
-    def to_env(self) -> dict[str, str]:
-        """Return these settings as ``TRENDS_*`` variables, secrets revealed, for child processes.
-
-        Airflow's tasks build ``Settings()`` from their environment: given these variables they read exactly the
-        values the stack was started with, whether those came from the environment, a ``.env`` file or code.
-        """
-        out: dict[str, str] = {}
-        _flatten(self, (), out)
-        return out
-
-    def secret_vars(self) -> dict[str, str]:
-        """Return the variable of every secret setting (``SecretStr``) and the section it belongs to.
-
-        E.g. ``TRENDS_KAFKA__SASL_PASSWORD`` -> ``kafka``: a child process is given the secrets of the sections
-        (services) it talks to only (:func:`infra.process.child_env`).
-        """
-        out: dict[str, str] = {}
-        for section, field in type(self).model_fields.items():
-            model = field.annotation
-            if not (isinstance(model, type) and issubclass(model, BaseModel)):
-                continue
-            for name, sub in model.model_fields.items():
-                if "SecretStr" in str(sub.annotation):
-                    out[ENV_PREFIX + f"{section}{ENV_NESTED_DELIMITER}{name}".upper()] = section
-        return out
-
-
-def _flatten(model: BaseModel, prefix: tuple[str, ...], out: dict[str, str]) -> None:
-    for name, field in type(model).model_fields.items():
-        value = getattr(model, name)
-        if isinstance(value, BaseModel):
-            _flatten(value, (*prefix, name), out)
-            continue
-        key = ENV_PREFIX + ENV_NESTED_DELIMITER.join((*prefix, name)).upper()
-        if value is None:
-            if field.default is not None:  # e.g. spark.local_ip: "empty" is how the env says "unset"
-                out[key] = ""
-            continue
-        if isinstance(value, SecretStr):
-            out[key] = value.get_secret_value()
-        elif isinstance(value, str | Path):
-            out[key] = str(value)
-        elif isinstance(value, bool):
-            out[key] = "true" if value else "false"
-        elif isinstance(value, int | float):
-            out[key] = str(value)
-        else:  # lists and maps: JSON, as pydantic-settings parses complex values
-            out[key] = json.dumps(value)
 
 
 def _is_secret_field(loc: tuple[int | str, ...]) -> bool:

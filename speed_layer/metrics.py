@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from infra.supervisor import RESTARTS_ENV
+from infra.settings import RESTARTS_ENV
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The reliability suite's harness: a private pipeline per case, a supervised speed layer, and the result table.
 
 Each case runs the real pipeline on a fresh topic and keyspace — ingestion through ``EventProducer``, the speed
-layer as the stack's ``speed`` service (``trends speed run`` under the shipped :mod:`infra.supervisor`, which restarts
+layer as the stack's ``speed`` service (``trends speed run`` under the shipped :mod:`stack.supervisor`, which restarts
 it with back-off whenever it exits non-zero and records the restarts), the batch layer over the closed hours —
 injects its fault, and ends by asking the serving layer for the window: the count must be exact and the distinct
 users within the HLL bounds. Every case adds a row (case, events in, events accounted for, result) to the table
@@ -27,11 +27,11 @@ import pytest
 
 from infra import migrations, topics
 from infra.cassandra import session
-from infra.process import family, process_alive, tail
-from infra.services.pipeline import SpeedService
 from infra.settings import Settings
-from infra.supervisor import SupervisorState
 from ingestion.producer import EventProducer
+from stack.process import family, process_alive, tail
+from stack.services.pipeline import SpeedService
+from stack.supervisor import SupervisorState
 from tests.helpers import free_port
 from views.event import Event
 
@@ -87,7 +87,7 @@ def read_topic(settings: Settings, topic: str, timeout_s: float = 60) -> list[An
 
 
 class SupervisedSpeed:
-    """The speed job exactly as the stack runs it: :class:`SpeedService`, ``infra.supervisor`` around ``trends speed
+    """The speed job exactly as the stack runs it: :class:`SpeedService`, ``stack.supervisor`` around ``trends speed
     run`` with the stack's back-off settings. Its pid and state files live under the case's own data dir, so a speed
     service of the stack itself is never touched.
     """

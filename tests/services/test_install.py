@@ -23,6 +23,7 @@ import pytest
 from infra import topics
 from infra.cassandra import session
 from infra.settings import Settings
+from infra.settings_env import to_env
 from tests.helpers import wait_ready
 
 pytestmark = [pytest.mark.install, pytest.mark.spark]
@@ -60,7 +61,7 @@ def env(stack_up: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     work = tmp_path_factory.mktemp("install")
     out = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("TRENDS_", "VIRTUAL_ENV", "PYTHON"))},
-        **stack_up.to_env(),
+        **to_env(stack_up),
         "TRENDS_KAFKA__EVENTS_TOPIC": topic,
         "TRENDS_KAFKA__DLQ_TOPIC": f"{topic}.dlq",
         "TRENDS_KAFKA__PARTITIONS": "2",
