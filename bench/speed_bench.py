@@ -299,7 +299,8 @@ def main() -> None:
         update={
             "kafka": base.kafka.model_copy(update={"events_topic": topic}),
             "cassandra": base.cassandra.model_copy(update={"keyspace": keyspace}),
-            "speed": base.speed.model_copy(update={"query_name": f"bench_{run}", "metrics_port": 0}),
+            "speed": base.speed.model_copy(update={"query_name": f"bench_{run}"}),
+            "metrics": base.metrics.model_copy(update={"speed_port": 0}),
             "views": base.views.model_copy(update={"slice_dims": ["origin"]}),
             "spark": base.spark.model_copy(update={"checkpoint_root": str(base.data_dir / "bench-checkpoints" / run)}),
         }
@@ -341,7 +342,7 @@ def main() -> None:
             "TRENDS_KAFKA__EVENTS_TOPIC": lat_topic,
             "TRENDS_CASSANDRA__KEYSPACE": keyspace,
             "TRENDS_SPEED__QUERY_NAME": f"bench_lat_{run}",
-            "TRENDS_SPEED__METRICS_PORT": "0",
+            "TRENDS_METRICS__SPEED_PORT": "0",
             "TRENDS_VIEWS__SLICE_DIMS": '["origin"]',
             "TRENDS_SPARK__CHECKPOINT_ROOT": str(base.data_dir / "bench-checkpoints" / run),
         }

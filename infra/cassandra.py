@@ -13,7 +13,8 @@ from contextlib import contextmanager
 from ssl import Purpose, SSLContext, TLSVersion, create_default_context
 from typing import TYPE_CHECKING, Any
 
-from infra.settings import CassandraSettings, Settings
+from infra.service_settings import CassandraSettings
+from infra.settings import Settings
 
 if TYPE_CHECKING:
     from cassandra.cluster import Cluster, Session

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 
 from infra.cassandra import session, table
 from infra.errors import MigrationError
-from infra.settings import CassandraSettings, Settings
+from infra.service_settings import CassandraSettings
+from infra.settings import Settings
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infra import jars
-from infra.settings import KafkaSettings, Settings
+from infra.service_settings import KafkaSettings
+from infra.settings import Settings
 
 if TYPE_CHECKING:
     from pydantic import SecretStr

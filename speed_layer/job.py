@@ -203,7 +203,7 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
     )
     listener = _make_spark_listener(adapter)
     spark.streams.addListener(listener)
-    port = settings.speed.metrics_port
+    port = settings.metrics.speed_port
     server = serve_metrics(registry, settings.metrics.host, port) if port else None
     started = time.monotonic()
     query = start(spark, settings, sink, available_now=available_now)

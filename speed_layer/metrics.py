@@ -3,7 +3,7 @@
 Spark reports each micro-batch's progress to a ``StreamingQueryListener``; we reduce it to the figures an
 operator watches — input rows and rate, batch duration, state rows, rows dropped as too late, unparseable rows,
 the watermark, the consumer lag and the newest event time written (freshness) — and expose them with
-``prometheus_client``: on ``/metrics`` (``metrics.host``, ``speed.metrics_port``) and as a textfile for
+``prometheus_client``: on ``/metrics`` (``metrics.host``, ``metrics.speed_port``) and as a textfile for
 node-exporter's textfile collector. Names follow Prometheus's conventions: counters end in ``_total``, times are
 ``_timestamp_seconds`` (Unix time, so freshness is ``time() - …`` in a rule) or ``_seconds`` (durations).
 """

@@ -27,7 +27,8 @@ from pathlib import Path
 from infra.airflow.client import AirflowClient
 from infra.errors import StackError
 from infra.security import MIN_SECRET_CHARS, exposure_problem, has_userinfo, is_loopback, is_secret_key
-from infra.settings import LOCAL_ADMIN_PASSWORD, Settings
+from infra.service_settings import LOCAL_ADMIN_PASSWORD
+from infra.settings import Settings
 from stack.process import child_env, tail, write_private
 
 logger = logging.getLogger(__name__)

@@ -114,12 +114,12 @@ class SpeedService(PipelineService):
     @property
     @override
     def client_port(self) -> int:
-        return self.settings.speed.metrics_port
+        return self.settings.metrics.speed_port
 
     @override
     def ports(self) -> list[tuple[int, str, str]]:
-        port = self.settings.speed.metrics_port
-        return [(port, "metrics", "TRENDS_SPEED__METRICS_PORT")] if port else []
+        port = self.settings.metrics.speed_port
+        return [(port, "metrics", "TRENDS_METRICS__SPEED_PORT")] if port else []
 
     @override
     def is_ready(self) -> bool:

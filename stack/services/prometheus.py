@@ -56,7 +56,7 @@ def render_config(
         evaluation_interval=_duration(m.evaluation_interval_s),
         rules_file=str(rules_file),
         batch_exporter=f"{_reach(m.host)}:{m.batch_exporter_port}",
-        speed=f"{_reach(m.host)}:{settings.speed.metrics_port}",
+        speed=f"{_reach(m.host)}:{settings.metrics.speed_port}",
         api=f"{_reach(settings.serving.host)}:{settings.serving.port}",
         extra_scrape_configs="\n".join(blocks),
     )

@@ -114,7 +114,8 @@ def scoped(base: Settings, topic: str, keyspace: str, tmp: Path) -> Settings:
             "cassandra": base.cassandra.model_copy(update={"keyspace": keyspace}),
             "batch": base.batch.model_copy(update={"lateness_s": 300, "grace_s": 300}),
             "views": base.views.model_copy(update={"slice_dims": ["origin"]}),
-            "speed": base.speed.model_copy(update={"metrics_port": 0, "allowed_lateness_s": 3600}),
+            "speed": base.speed.model_copy(update={"allowed_lateness_s": 3600}),
+            "metrics": base.metrics.model_copy(update={"speed_port": 0}),
             "spark": base.spark.model_copy(update={"checkpoint_root": str(tmp / "checkpoints")}),
         }
     )

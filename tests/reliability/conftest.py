@@ -117,7 +117,7 @@ class SupervisedSpeed:
 
     def exported_restarts(self, timeout_s: float = 120) -> int | None:
         """Return ``trends_speed_restarts_total`` from the running job's /metrics (None if it never answers)."""
-        url = f"http://127.0.0.1:{self.service.settings.speed.metrics_port}/metrics"
+        url = f"http://127.0.0.1:{self.service.settings.metrics.speed_port}/metrics"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError):
@@ -275,10 +275,10 @@ def pipeline(stack_up: Settings, tmp_path: Path) -> Iterator[Pipeline]:
         update={
             "kafka": stack_up.kafka.model_copy(update={"events_topic": topic, "partitions": 4}),
             "cassandra": stack_up.cassandra.model_copy(update={"keyspace": keyspace}),
+            "metrics": stack_up.metrics.model_copy(update={"speed_port": free_port()}),
             "speed": stack_up.speed.model_copy(
                 update={
                     "query_name": query,
-                    "metrics_port": free_port(),
                     "trigger_seconds": 1.0,
                     "allowed_lateness_s": 600,
                     "max_offsets_per_trigger": 5000,

@@ -46,11 +46,11 @@ def monitored(keyspace_settings: Settings, new_topic: Callable[..., str], tmp_pa
         update={
             "data_dir": tmp_path / "data",
             "kafka": base.kafka.model_copy(update={"events_topic": new_topic(partitions=2)}),
-            "speed": base.speed.model_copy(update={"metrics_port": free_port()}),  # nothing listens: a down target
             "serving": base.serving.model_copy(update={"port": free_port()}),
             "metrics": base.metrics.model_copy(
                 update={
                     "host": "127.0.0.1",
+                    "speed_port": free_port(),  # nothing listens: a down target
                     "batch_exporter_port": free_port(),
                     "prometheus_port": free_port(),
                     "scrape_interval_s": 1.0,

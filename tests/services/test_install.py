@@ -67,7 +67,7 @@ def env(stack_up: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "TRENDS_KAFKA__PARTITIONS": "2",
         "TRENDS_CASSANDRA__KEYSPACE": keyspace,
         "TRENDS_SPARK__CHECKPOINT_ROOT": str(work / "checkpoints"),
-        "TRENDS_SPEED__METRICS_PORT": "0",
+        "TRENDS_METRICS__SPEED_PORT": "0",
         "TRENDS_SPEED__ALLOWED_LATENESS_S": "7200",
         "TRENDS_BATCH__LATENESS_S": "300",
         "TRENDS_BATCH__GRACE_S": "300",

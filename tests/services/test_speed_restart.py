@@ -68,7 +68,8 @@ def test_a_failing_speed_service_is_restarted_with_backoff_and_counted(
             "data_dir": tmp_path / "data",
             "kafka": stack_up.kafka.model_copy(update={"events_topic": topic}),
             "cassandra": stack_up.cassandra.model_copy(update={"keyspace": keyspace}),
-            "speed": stack_up.speed.model_copy(update={"metrics_port": port, "trigger_seconds": 1.0}),
+            "speed": stack_up.speed.model_copy(update={"trigger_seconds": 1.0}),
+            "metrics": stack_up.metrics.model_copy(update={"speed_port": port}),
             "stack": stack_up.stack.model_copy(
                 update={
                     "speed_restart_backoff_s": 1.0,

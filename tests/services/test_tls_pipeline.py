@@ -140,7 +140,7 @@ def run_pipeline(target: Stack, work: Path) -> dict[str, Any]:
     """Ingest the seeded stream, drain it through the speed layer, recompute two hours, ask the API."""
     env = {
         **target.env,
-        "TRENDS_SPEED__METRICS_PORT": "0",
+        "TRENDS_METRICS__SPEED_PORT": "0",
         "TRENDS_SPEED__ALLOWED_LATENESS_S": "3600",
         "TRENDS_SPARK__CHECKPOINT_ROOT": str(work / "checkpoints"),
         "TRENDS_SERVING__PORT": str(target.api_port),

@@ -120,3 +120,15 @@ def test_invalid_settings_on_the_command_line_hide_the_secret(monkeypatch: pytes
     assert result.exit_code == 2
     assert "invalid settings" in result.output and "database_url" in result.output
     assert "hunter2" not in result.output
+
+
+def test_a_renamed_setting_keeps_its_old_name_with_a_deprecation_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRENDS_SPEED__METRICS_PORT", "9333")
+    with pytest.warns(DeprecationWarning, match=r"speed\.metrics_port is deprecated: use metrics\.speed_port"):
+        assert Settings().metrics.speed_port == 9333
+    monkeypatch.setenv("TRENDS_METRICS__SPEED_PORT", "9444")  # the new name wins over the old one
+    with pytest.warns(DeprecationWarning):
+        assert Settings().metrics.speed_port == 9444
+    monkeypatch.delenv("TRENDS_SPEED__METRICS_PORT")
+    monkeypatch.delenv("TRENDS_METRICS__SPEED_PORT")
+    assert Settings().metrics.speed_port == 9108

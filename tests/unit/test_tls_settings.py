@@ -21,7 +21,8 @@ from pydantic_settings import SettingsError
 
 from infra.cassandra import ssl_context
 from infra.errors import StackError
-from infra.settings import KafkaSettings, Settings, get_settings
+from infra.service_settings import KafkaSettings
+from infra.settings import Settings, get_settings
 from infra.settings_env import secret_vars
 from infra.spark import kafka_options, pkcs8_pem
 from stack.airflow.service import Airflow
