@@ -8,7 +8,7 @@ JARS := $(VENV)/.jars
 BROWSER := $(VENV)/.browser
 GOTOOLS := $(VENV)/.gotools
 
-.PHONY: help setup demo test test-unit test-services test-reliability test-cluster test-alerting test-backfill test-install gotools lint format lock stack-down clean
+.PHONY: help setup demo test test-unit test-services test-reliability test-cluster test-alerting test-backfill test-install gotools lint docs-check docs format lock stack-down clean
 
 help:
 	@echo "make demo        set up, start the stack and run the whole pipeline (stream, Airflow backfill, API, dashboard)"
@@ -22,6 +22,8 @@ help:
 	@echo "make test-alerting     the alert rules (promtool) and a real Prometheus firing the watermark-lag alert"
 	@echo "make gotools     build promtool and prometheus from Go modules into ~/.cache/trends/bin (once, ~6 min)"
 	@echo "make lint        ruff check, ruff format --check, mypy, lint-imports (the layering contracts)"
+	@echo "make docs-check  build the docs site with mkdocs --strict (broken links, missing pages fail; part of make test)"
+	@echo "make docs        serve the docs site on http://127.0.0.1:8001 (live reload; DOCS_ADDR=host:port to move it)"
 	@echo "make lock        re-resolve the dependencies and rewrite constraints.txt"
 	@echo "make stack-down  stop the local servers"
 
@@ -59,7 +61,7 @@ setup: $(INSTALLED) $(JARS)
 demo: setup
 	$(BIN)/trends demo
 
-test: setup $(BROWSER) $(GOTOOLS) lint
+test: setup $(BROWSER) $(GOTOOLS) lint docs-check
 	$(BIN)/pytest
 
 test-unit: $(INSTALLED) $(GOTOOLS)
@@ -115,6 +117,16 @@ lint: $(INSTALLED)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# The docs site (mkdocs.yml, docs/): --strict turns a broken link, a page missing from the nav or a failed
+# generated reference (the CLI's, from the click commands) into an error. The built site goes to site/ (ignored).
+docs-check: $(INSTALLED)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+# On 8001: the API and dashboard of `make demo` keep 8000.
+DOCS_ADDR ?= 127.0.0.1:8001
+docs: $(INSTALLED)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve -a $(DOCS_ADDR)
 
 format: $(INSTALLED)
 	$(BIN)/ruff format .

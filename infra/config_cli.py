@@ -1,4 +1,4 @@
-"""``trends config``: show the effective settings, or the table of every setting for the README."""
+"""``trends config``: show the effective settings, or the table of every setting for the docs' settings page."""
 
 from __future__ import annotations
 
@@ -44,12 +44,18 @@ def settings_rows(model: type[BaseModel] = Settings, prefix: tuple[str, ...] = (
         yield env, default, field.description or ""
 
 
+def _markdown_text(text: str) -> str:
+    """Return a description fit for a table cell: no ``|``, and ``<name>`` outside code spans kept as text, not HTML."""
+    parts = text.replace("|", "/").split("`")
+    return "`".join(part if i % 2 else part.replace("<", "&lt;") for i, part in enumerate(parts))
+
+
 def markdown_table() -> str:
-    """Return the configuration table of the README."""
+    """Return the table of every setting: the body of the docs' settings page."""
     lines = ["| Environment variable | Default | Meaning |", "|---|---|---|"]
     for env, default, description in settings_rows():
         shown = f"`{default}`" if default else "(unset)"
-        lines.append(f"| `{env}` | {shown} | {description.replace('|', '/')} |")
+        lines.append(f"| `{env}` | {shown} | {_markdown_text(description)} |")
     return "\n".join(lines)
 
 
@@ -57,8 +63,11 @@ TABLE_START = "<!-- settings-table:start -->"
 TABLE_END = "<!-- settings-table:end -->"
 
 
-def write_readme_table(path: Path) -> bool:
-    """Replace the settings table between the markers of a README; return whether it changed."""
+def write_settings_table(path: Path) -> bool:
+    """Replace the settings table between the markers of a docs page; return whether it changed.
+
+    The prose around the markers stays hand-written; only the table is generated, so it cannot drift from the model.
+    """
     text = path.read_text(encoding="utf-8")
     head, sep, rest = text.partition(TABLE_START)
     _, sep2, tail = rest.partition(TABLE_END)
@@ -100,16 +109,16 @@ def masked_settings(model: BaseModel) -> dict[str, Any]:
 @click.command()
 @click.option("--markdown", is_flag=True, help="Print the table of every setting, env var and default.")
 @click.option(
-    "--update-readme",
+    "--update-docs",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Rewrite the settings table inside this README.",
+    help="Rewrite the settings table inside this docs page (docs/reference/settings.md).",
 )
 @click.pass_obj
-def config(settings: Settings, markdown: bool, update_readme: Path | None) -> None:
+def config(settings: Settings, markdown: bool, update_docs: Path | None) -> None:
     """Show the effective settings (secrets masked) as JSON."""
-    if update_readme is not None:
-        changed = write_readme_table(update_readme)
-        click.echo(f"{update_readme}: {'updated' if changed else 'already current'}")
+    if update_docs is not None:
+        changed = write_settings_table(update_docs)
+        click.echo(f"{update_docs}: {'updated' if changed else 'already current'}")
         return
     if markdown:
         click.echo(markdown_table())

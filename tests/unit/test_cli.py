@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from app.cli import cli
 from infra.config_cli import markdown_table
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+SETTINGS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "settings.md"
 
 
 def _walk(group: click.Group, ctx: click.Context, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -53,11 +53,13 @@ def test_unknown_service_is_a_usage_error() -> None:
     assert "zookeeper" in result.output
 
 
-def test_readme_configuration_table_is_current() -> None:
-    text = README.read_text()
+def test_settings_page_table_is_current() -> None:
+    text = SETTINGS_PAGE.read_text()
     match = re.search(r"<!-- settings-table:start -->\n(.*?)\n<!-- settings-table:end -->", text, re.S)
-    assert match, "README lacks the generated settings table markers"
-    assert match.group(1).strip() == markdown_table().strip(), "run: trends config --update-readme README.md"
+    assert match, "docs/reference/settings.md lacks the generated settings table markers"
+    assert match.group(1).strip() == markdown_table().strip(), (
+        "run: trends config --update-docs docs/reference/settings.md"
+    )
 
 
 def test_every_setting_is_documented() -> None:
