@@ -41,8 +41,8 @@ $(JARS): $(INSTALLED) $(wildcard infra/maven/*/pom.xml)
 
 # promtool and the Prometheus server, built with `go install` into ~/.cache/trends/bin (outside git), for the alert
 # rules' tests and the alerting test. Rebuilt only when a binary is missing from the cache.
-$(GOTOOLS): $(INSTALLED) infra/gotools.py
-	$(BIN)/python -m infra.gotools
+$(GOTOOLS): $(INSTALLED) stack/gotools.py
+	$(BIN)/python -m stack.gotools
 	touch $@
 
 gotools: $(GOTOOLS)

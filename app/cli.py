@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 # name -> "module:attribute" of a click command; add a layer's group here when it lands.
 SUBCOMMANDS = {
-    "stack": "infra.stack_cli:stack",
+    "stack": "stack.cli:stack",
     "config": "infra.config_cli:config",
     "demo": "app.demo:demo",
     "ingest": "ingestion.cli:ingest",

@@ -25,15 +25,15 @@ import click
 from batch_layer import index, job
 from batch_layer.backfill import DAG_ID as BACKFILL_DAG_ID
 from batch_layer.backfill import BackfillFailedError, Follower, index_events
-from infra import migrations, stack, topics
-from infra.airflow.client import AirflowClient
-from infra.airflow.config import AirflowConfig
+from infra import migrations, topics
 from infra.cassandra import session
 from infra.errors import StackError
-from infra.process import child_env
-from infra.services.pipeline import ApiService
 from infra.settings import Settings
 from serving.store import ViewReader
+from stack import control
+from stack.airflow.config import AirflowConfig
+from stack.process import child_env
+from stack.services.pipeline import ApiService
 from views.buckets import HOUR, MINUTE, closed_until, floor, utc
 from views.store.batch import BatchRows
 from views.store.pointers import PointerStore
@@ -140,7 +140,7 @@ def _backfill(settings: Settings, first: datetime) -> list[datetime]:
     if not todo:
         click.echo(f"batch view already holds {len(starts)} closed hour(s) {starts[0]:%H:%M} .. {last_end:%H:%M}")
         return starts
-    af = AirflowClient(settings)
+    af = AirflowConfig(settings).client()
     token = af.token()
     af.wait_dag(token, BACKFILL_DAG_ID)
     conf = {"start": todo[0].isoformat(), "end": (todo[-1] + HOUR).isoformat()}
@@ -221,7 +221,7 @@ def demo(settings: Settings, fresh: bool, hours: int, event_rate: float, live_ra
     """Run the whole pipeline on the local stack and leave it running: stream, batch, serve, ask."""
     t0 = time.monotonic()
     _step("stack: Kafka, Cassandra, Airflow")
-    for r in stack.up(settings, ["kafka", "cassandra", "airflow"]):
+    for r in control.up(settings, ["kafka", "cassandra", "airflow"]):
         how = "already running" if r.already_running else f"started in {r.seconds:.1f} s"
         click.echo(f"{r.name:10} {r.address:22} {how}")
     for topic, how in topics.ensure_topics(settings.kafka).items():
@@ -230,7 +230,7 @@ def demo(settings: Settings, fresh: bool, hours: int, event_rate: float, live_ra
     click.echo(f"schema     {settings.cassandra.keyspace:22} {len(applied)} migration(s) applied now")
 
     _step("speed layer: trends speed run (background service)")
-    for r in stack.up(settings, ["speed"]):
+    for r in control.up(settings, ["speed"]):
         click.echo(f"speed      metrics {r.address:14} {'already running' if r.already_running else 'started'}")
 
     _step("workload: history with planted bursts, then a live stream")
@@ -268,7 +268,7 @@ def demo(settings: Settings, fresh: bool, hours: int, event_rate: float, live_ra
         click.echo(f"live stream stopped; speed view fresh up to {newest:%H:%M:%S} UTC")
 
     _step("serving: API and dashboard (background service)")
-    for r in stack.up(settings, ["api"]):
+    for r in control.up(settings, ["api"]):
         click.echo(f"api        {r.address:22} {'already running' if r.already_running else 'started'}")
     url = _show_trending(settings, state)
 

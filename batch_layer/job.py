@@ -30,6 +30,7 @@ from batch_layer.store import BatchStore, new_run_id
 from infra.cassandra import session
 from infra.errors import TrendsError
 from infra.settings import Settings
+from infra.spark import kafka_options
 from views.buckets import HOUR
 from views.store.losses import Loss, LossStore, losses_json
 from views.store.pointers import PointerStore
@@ -195,7 +196,7 @@ def extract(spark: SparkSession, settings: Settings, plan: offsets.Plan) -> Data
     """Read exactly the plan's offset ranges (one Kafka read per range of a partition, unioned); fail if any is gone."""
     frames = [
         spark.read.format("kafka")
-        .options(**settings.kafka.spark_options())
+        .options(**kafka_options(settings.kafka))
         .option("assign", assign)
         .option("startingOffsets", starting)
         .option("endingOffsets", ending)

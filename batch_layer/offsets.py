@@ -26,7 +26,8 @@ from typing import Any
 
 from batch_layer.index import Horizon, IndexStore, Span
 from infra.errors import TrendsError
-from infra.settings import KafkaSettings, Settings
+from infra.service_settings import KafkaSettings
+from infra.settings import Settings
 from views import buckets
 from views.store.losses import Loss
 

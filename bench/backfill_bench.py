@@ -35,11 +35,13 @@ from confluent_kafka import Producer
 from batch_layer import index, offsets
 from batch_layer.index import IndexStore, Span
 from batch_layer.store import BatchStore
-from infra import migrations, stack, topics
+from infra import migrations, topics
 from infra.airflow.client import AirflowClient
 from infra.cassandra import session
 from infra.settings import Settings
+from infra.settings_env import to_env
 from ingestion.generator import GeneratorConfig, SyntheticStream
+from stack import control
 from views.buckets import month_key
 from views.event import Event
 from views.store.batch import BatchRows
@@ -173,7 +175,7 @@ def main() -> None:
         print(f"indexer: {indexed.records:,} records in {index_s:.1f} s; bare Spark read + count {bare_n:,} in "
               f"{bare_s:.1f} s: ratio {bare_s / index_s:.2f} (goal >= {INDEX_GOAL})")  # fmt: skip
 
-        env = {**os.environ, **settings.to_env()}
+        env = {**os.environ, **to_env(settings)}
         trends = str(Path(sys.executable).parent / "trends")
         t0 = time.monotonic()
         proc = subprocess.run(
@@ -201,7 +203,7 @@ def main() -> None:
                     ),
                 }
             )
-            stack.up(via_airflow, ["airflow"])
+            control.up(via_airflow, ["airflow"])
             af = AirflowClient(via_airflow)
             token = af.token()
             af.wait_dag(token, "trends_backfill")
@@ -219,7 +221,7 @@ def main() -> None:
         if spark is not None:
             spark.stop()
         if af is not None:
-            stack.down(af.config.settings, ["airflow"])
+            control.down(af.config.settings, ["airflow"])
         try:
             topics.delete_topics(settings.kafka, [topic])
         except Exception as exc:  # noqa: BLE001 - clean-up

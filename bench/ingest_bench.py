@@ -31,8 +31,8 @@ import uuid
 from pathlib import Path
 
 from infra import jars, topics
-from infra.services.base import find_java
 from infra.settings import Settings
+from stack.services.base import find_java
 
 ROOT = Path(__file__).resolve().parent.parent
 TRENDS = ROOT / ".venv" / "bin" / "trends"

@@ -54,6 +54,7 @@ from batch_layer.store import BatchStore
 from infra import migrations
 from infra.cassandra import session
 from infra.settings import Settings
+from infra.settings_env import to_env
 from serving import queries
 from serving.merge import plan
 from serving.store import ViewReader
@@ -309,7 +310,7 @@ def start_server(settings: Settings, workers: int = 1, **extra: str) -> tuple[su
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {**os.environ, **settings.to_env(), "TRENDS_SERVING__PORT": str(port), "TRENDS_LOG_LEVEL": "WARNING", **extra}
+    env = {**os.environ, **to_env(settings), "TRENDS_SERVING__PORT": str(port), "TRENDS_LOG_LEVEL": "WARNING", **extra}
     trends = str(Path(sys.executable).parent / "trends")
     proc = subprocess.Popen([trends, "serve", "--workers", str(workers)], env=env, stdout=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"

@@ -38,6 +38,7 @@ from confluent_kafka import Producer
 from infra import migrations, topics
 from infra.cassandra import session, table
 from infra.settings import Settings
+from infra.spark import kafka_options
 from views.event import format_ts
 
 BARE, COUNTED = "bare Kafka -> noop", "bare Kafka -> count -> noop"
@@ -110,7 +111,7 @@ def throughput(settings: Settings, warmup: Settings, count: int) -> dict[str, fl
     def kafka(s: Settings) -> object:
         return (
             spark.readStream.format("kafka")
-            .options(**s.kafka.spark_options())
+            .options(**kafka_options(s.kafka))
             .option("subscribe", s.kafka.events_topic)
             .option("startingOffsets", "earliest")
             .option("maxOffsetsPerTrigger", str(s.speed.max_offsets_per_trigger))
@@ -298,7 +299,8 @@ def main() -> None:
         update={
             "kafka": base.kafka.model_copy(update={"events_topic": topic}),
             "cassandra": base.cassandra.model_copy(update={"keyspace": keyspace}),
-            "speed": base.speed.model_copy(update={"query_name": f"bench_{run}", "metrics_port": 0}),
+            "speed": base.speed.model_copy(update={"query_name": f"bench_{run}"}),
+            "metrics": base.metrics.model_copy(update={"speed_port": 0}),
             "views": base.views.model_copy(update={"slice_dims": ["origin"]}),
             "spark": base.spark.model_copy(update={"checkpoint_root": str(base.data_dir / "bench-checkpoints" / run)}),
         }
@@ -340,7 +342,7 @@ def main() -> None:
             "TRENDS_KAFKA__EVENTS_TOPIC": lat_topic,
             "TRENDS_CASSANDRA__KEYSPACE": keyspace,
             "TRENDS_SPEED__QUERY_NAME": f"bench_lat_{run}",
-            "TRENDS_SPEED__METRICS_PORT": "0",
+            "TRENDS_METRICS__SPEED_PORT": "0",
             "TRENDS_VIEWS__SLICE_DIMS": '["origin"]',
             "TRENDS_SPARK__CHECKPOINT_ROOT": str(base.data_dir / "bench-checkpoints" / run),
         }

@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
+from ssl import Purpose, SSLContext, TLSVersion, create_default_context
 from typing import TYPE_CHECKING, Any
 
+from infra.service_settings import CassandraSettings
 from infra.settings import Settings
 
 if TYPE_CHECKING:
@@ -53,7 +55,7 @@ def make_cluster(settings: Settings, *, connect_timeout: float | None = None) ->
         "auth_provider": auth,
         # TLS (client_encryption_options on the nodes): the CA, an optional client certificate, the hostname check;
         # with check_hostname the driver verifies each node's certificate against the address it connects to.
-        "ssl_context": cfg.ssl_context(),
+        "ssl_context": ssl_context(cfg),
         "connect_timeout": connect_timeout or cfg.connect_timeout_s,
         "protocol_version": cfg.protocol_version,
         "execution_profiles": {
@@ -157,3 +159,21 @@ def write_many(
         raise_on_first_error=True,
         execution_profile=WRITE_PROFILE,
     )
+
+
+def ssl_context(cfg: CassandraSettings) -> SSLContext | None:
+    """Return the driver's TLS context (CA, optional client certificate, hostname check), or None without TLS.
+
+    :raises OSError: when a configured certificate or key file cannot be read.
+    :raises ssl.SSLError: when a file is not a PEM certificate or key (or the key password is wrong).
+    """
+    if not cfg.ssl:
+        return None
+    ca = str(cfg.ssl_ca_file) if cfg.ssl_ca_file is not None else None
+    ctx = create_default_context(Purpose.SERVER_AUTH, cafile=ca)
+    ctx.minimum_version = TLSVersion.TLSv1_2
+    ctx.check_hostname = cfg.ssl_check_hostname
+    if cfg.ssl_certificate_file is not None and cfg.ssl_key_file is not None:
+        password = cfg.ssl_key_password.get_secret_value() if cfg.ssl_key_password is not None else None
+        ctx.load_cert_chain(str(cfg.ssl_certificate_file), str(cfg.ssl_key_file), password=password)
+    return ctx

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from infra.cassandra import session, table
 from infra.errors import MigrationError
+from infra.service_settings import CassandraSettings
 from infra.settings import Settings
 
 if TYPE_CHECKING:
@@ -98,9 +99,17 @@ def discover(folder: Path = CQL_DIR) -> list[Migration]:
     return [found[v] for v in sorted(found)]
 
 
+def replication_map(cfg: CassandraSettings) -> dict[str, str | int]:
+    """Return the keyspace replication map for ``CREATE KEYSPACE``."""
+    if cfg.replication_strategy == "NetworkTopologyStrategy":
+        dcs = cfg.datacenter_replication or {cfg.local_datacenter: cfg.replication_factor}
+        return {"class": "NetworkTopologyStrategy", **dcs}
+    return {"class": "SimpleStrategy", "replication_factor": cfg.replication_factor}
+
+
 def create_keyspace(sess: Session, settings: Settings) -> None:
     """Create the keyspace with the configured replication if it does not exist."""
-    replication = settings.cassandra.replication_map()
+    replication = replication_map(settings.cassandra)
     rendered = ", ".join(f"'{k}': {v!r}" if isinstance(v, str) else f"'{k}': {v}" for k, v in replication.items())
     sess.execute(f"CREATE KEYSPACE IF NOT EXISTS {settings.cassandra.keyspace} WITH replication = {{{rendered}}}")
 

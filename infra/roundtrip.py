@@ -21,7 +21,7 @@ from infra import topics
 from infra.cassandra import READ_PROFILE, session, table
 from infra.errors import TrendsError
 from infra.settings import Settings
-from infra.spark import get_spark
+from infra.spark import get_spark, kafka_options
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -86,7 +86,7 @@ def stream_to_cassandra(spark: SparkSession, settings: Settings, topic: str, run
     )
     source = (
         spark.readStream.format("kafka")
-        .options(**settings.kafka.spark_options())
+        .options(**kafka_options(settings.kafka))
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
         .option("failOnDataLoss", "true")

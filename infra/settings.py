@@ -3,17 +3,18 @@
 Every knob lives here, read from ``TRENDS_*`` environment variables (nested sections joined with ``__``, e.g.
 ``TRENDS_KAFKA__BOOTSTRAP_SERVERS``) or an optional ``.env`` file. Defaults describe the single-machine stack that
 ``trends stack up`` runs on loopback; none of the code assumes them: point the same settings at real clusters.
-The README's configuration table is generated from the field descriptions below (``trends config --markdown``).
+The settings reference (docs/reference/settings.md) is generated from the field descriptions below
+(``trends config --update-docs docs/reference/settings.md``).
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 import typing
+import warnings
 from functools import lru_cache
 from pathlib import Path
-from ssl import Purpose, SSLContext, TLSVersion, create_default_context
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -25,293 +26,22 @@ from pydantic_settings import (
 )
 
 from infra.security import MASK, has_userinfo, is_secret_key
+from infra.service_settings import AirflowSettings, CassandraSettings, KafkaSettings, SparkSettings
+
+logger = logging.getLogger(__name__)
 
 ENV_PREFIX = "TRENDS_"
 ENV_NESTED_DELIMITER = "__"
 SECRETS_DIR_ENV = "TRENDS_SECRETS_DIR"
-
-Consistency = Literal["ONE", "TWO", "THREE", "QUORUM", "ALL", "LOCAL_QUORUM", "EACH_QUORUM", "LOCAL_ONE", "ANY"]
+# How many times the stack's supervisor restarted a command so far (the speed job exports it as a metric).
+RESTARTS_ENV = "TRENDS_SUPERVISED_RESTARTS"
+# Old name -> new name of settings moved between sections (the old one still works, with a deprecation warning).
+RENAMED = {("speed", "metrics_port"): ("metrics", "speed_port")}
 
 
 def _xdg(var: str, fallback: str) -> Path:
     base = os.environ.get(var)
     return (Path(base) if base else Path.home() / fallback) / "trends"
-
-
-class KafkaSettings(BaseModel):
-    """Where the events live: brokers, topics and client security."""
-
-    bootstrap_servers: str = Field(
-        "127.0.0.1:9092",
-        description="Comma-separated host:port list of brokers. The local stack starts one KRaft node per entry "
-        "(e.g. 127.0.0.11:9092,127.0.0.12:9092,127.0.0.13:9092 for a 3-broker cluster on loopback).",
-    )
-    events_topic: str = Field("events", description="Topic of validated events, keyed by item.")
-    dlq_topic: str = Field("events.dlq", description="Dead-letter topic: rejected records with a reason.")
-    partitions: int = Field(4, ge=1, description="Partitions of the events and dead-letter topics at creation.")
-    replication_factor: int = Field(
-        1, ge=1, description="Replication factor of the topics at creation (3 on a real cluster)."
-    )
-    min_insync_replicas: int = Field(
-        1, ge=1, description="min.insync.replicas of the topics (2 with replication factor 3)."
-    )
-    events_retention_ms: int = Field(
-        -1,
-        ge=-1,
-        description="retention.ms of the events topic. -1 keeps events forever: Kafka's retention is by record "
-        "timestamp (= event time), so a finite value deletes historical events at once.",
-    )
-    events_retention_bytes: int = Field(
-        -1, ge=-1, description="retention.bytes per partition of the events topic (-1: no size bound)."
-    )
-    dlq_retention_ms: int = Field(
-        30 * 24 * 3600 * 1000, ge=-1, description="retention.ms of the dead-letter topic (default 30 days)."
-    )
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
-        "PLAINTEXT", description="security.protocol of every client (SSL and SASL_SSL encrypt with TLS)."
-    )
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
-        None, description="sasl.mechanism when SASL is used: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512."
-    )
-    sasl_username: str | None = Field(None, description="SASL user name.")
-    sasl_password: SecretStr | None = Field(None, description="SASL password (secret).")
-    client_id: str = Field("trends", description="client.id prefix of every Kafka client.")
-    # -- TLS (security_protocol SSL or SASL_SSL) ------------------------------------------------------------------
-    ssl_ca_file: Path | None = Field(
-        None,
-        description="PEM file of the CA(s) that signed the brokers' certificates. Unset: the system's CAs (enough "
-        "for managed Kafka with public certificates). With stack.tls: the local stack's CA.",
-    )
-    ssl_certificate_file: Path | None = Field(
-        None, description="PEM client certificate (chain) for mutual TLS; needs ssl_key_file."
-    )
-    ssl_key_file: Path | None = Field(
-        None, description="PEM private key of the client certificate (PKCS#8 or PKCS#1; Spark needs it as PKCS#8)."
-    )
-    ssl_key_password: SecretStr | None = Field(None, description="Password of an encrypted ssl_key_file (secret).")
-    ssl_check_hostname: bool = Field(
-        True,
-        description="Check that a broker's certificate names the host connected to (ssl.endpoint.identification."
-        "algorithm=https). Turn off only for brokers whose certificates cannot name their addresses.",
-    )
-
-    @model_validator(mode="after")
-    def _consistent_security(self) -> KafkaSettings:
-        if self.security_protocol.startswith("SASL_"):
-            missing = [
-                f"TRENDS_KAFKA__{name.upper()}"
-                for name in ("sasl_mechanism", "sasl_username", "sasl_password")
-                if getattr(self, name) is None
-            ]
-            if missing:
-                msg = f"security_protocol {self.security_protocol} needs {', '.join(missing)}"
-                raise ValueError(msg)
-        if (self.ssl_certificate_file is None) != (self.ssl_key_file is None):
-            msg = "a client certificate needs both TRENDS_KAFKA__SSL_CERTIFICATE_FILE and TRENDS_KAFKA__SSL_KEY_FILE"
-            raise ValueError(msg)
-        return self
-
-    @property
-    def uses_tls(self) -> bool:
-        """Tell whether clients speak TLS to the brokers (SSL or SASL_SSL)."""
-        return self.security_protocol in ("SSL", "SASL_SSL")
-
-    def client_config(self, *, reveal_secrets: bool = True) -> dict[str, Any]:
-        """Return the librdkafka configuration shared by producers, consumers and the admin client.
-
-        :arg reveal_secrets: put the real passwords in (``False`` masks them for logging).
-        """
-
-        def secret(value: SecretStr) -> str:
-            return value.get_secret_value() if reveal_secrets else str(value)
-
-        conf: dict[str, Any] = {
-            "bootstrap.servers": self.bootstrap_servers,
-            "security.protocol": self.security_protocol,
-            "client.id": self.client_id,
-        }
-        if self.sasl_mechanism:
-            conf["sasl.mechanism"] = self.sasl_mechanism
-        if self.sasl_username:
-            conf["sasl.username"] = self.sasl_username
-        if self.sasl_password is not None:
-            conf["sasl.password"] = secret(self.sasl_password)
-        if self.uses_tls:
-            conf["ssl.endpoint.identification.algorithm"] = "https" if self.ssl_check_hostname else "none"
-            if self.ssl_ca_file is not None:
-                conf["ssl.ca.location"] = str(self.ssl_ca_file)
-            if self.ssl_certificate_file is not None and self.ssl_key_file is not None:
-                conf["ssl.certificate.location"] = str(self.ssl_certificate_file)
-                conf["ssl.key.location"] = str(self.ssl_key_file)
-            if self.ssl_key_password is not None:
-                conf["ssl.key.password"] = secret(self.ssl_key_password)
-        return conf
-
-    def spark_options(self) -> dict[str, str]:
-        """Return the same connection as options of Spark's Kafka source (``kafka.``-prefixed Java client keys).
-
-        Certificates and keys go inline as PEM text (``ssl.truststore.certificates``, ``ssl.keystore.key``), not as
-        file paths: the options travel to the executors, which may run on hosts without the files.
-
-        :raises OSError: when a configured certificate or key file cannot be read.
-        """
-        opts = {
-            "kafka.bootstrap.servers": self.bootstrap_servers,
-            "kafka.security.protocol": self.security_protocol,
-        }
-        if self.sasl_mechanism:
-            opts["kafka.sasl.mechanism"] = self.sasl_mechanism
-        if self.sasl_username and self.sasl_password is not None:
-            module = (
-                "org.apache.kafka.common.security.plain.PlainLoginModule"
-                if self.sasl_mechanism == "PLAIN"
-                else "org.apache.kafka.common.security.scram.ScramLoginModule"
-            )
-            password = self.sasl_password.get_secret_value()
-            opts["kafka.sasl.jaas.config"] = f'{module} required username="{self.sasl_username}" password="{password}";'
-        if self.uses_tls:
-            opts["kafka.ssl.endpoint.identification.algorithm"] = "https" if self.ssl_check_hostname else ""
-            if self.ssl_ca_file is not None:
-                opts["kafka.ssl.truststore.type"] = "PEM"
-                opts["kafka.ssl.truststore.certificates"] = self.ssl_ca_file.read_text()
-            if self.ssl_certificate_file is not None and self.ssl_key_file is not None:
-                opts["kafka.ssl.keystore.type"] = "PEM"
-                opts["kafka.ssl.keystore.certificate.chain"] = self.ssl_certificate_file.read_text()
-                from infra.tls import pkcs8_pem  # noqa: PLC0415 - cryptography only where a client key is used
-
-                opts["kafka.ssl.keystore.key"] = pkcs8_pem(self.ssl_key_file, self.ssl_key_password)
-                if self.ssl_key_password is not None:
-                    opts["kafka.ssl.key.password"] = self.ssl_key_password.get_secret_value()
-        return opts
-
-    @property
-    def brokers(self) -> list[tuple[str, int]]:
-        """Return host and port of every bootstrap server, in order."""
-        out = []
-        for entry in self.bootstrap_servers.split(","):
-            host, _, port = entry.strip().rpartition(":")
-            out.append((host, int(port)))
-        return out
-
-    @property
-    def first_broker(self) -> tuple[str, int]:
-        """Return host and port of the first bootstrap server."""
-        return self.brokers[0]
-
-
-class CassandraSettings(BaseModel):
-    """Where the views live: contact points, keyspace, replication and consistency."""
-
-    contact_points: list[str] = Field(
-        ["127.0.0.1"],
-        description='Cassandra nodes to contact first (JSON list in env, e.g. \'["10.0.0.1","10.0.0.2"]\'). '
-        'The local stack starts one node per entry (e.g. ["127.0.0.21","127.0.0.22"]), the first being the seed.',
-    )
-    port: int = Field(9042, description="CQL native transport port.")
-    protocol_version: int = Field(5, ge=3, le=6, description="CQL native protocol version (5 for Cassandra 4+).")
-    keyspace: str = Field("trends", pattern=r"^[a-z][a-z0-9_]{0,47}$", description="Keyspace of all tables.")
-    replication_strategy: Literal["SimpleStrategy", "NetworkTopologyStrategy"] = Field(
-        "SimpleStrategy", description="Replication class of the keyspace at creation."
-    )
-    replication_factor: int = Field(1, ge=1, description="Replicas per row (SimpleStrategy).")
-    datacenter_replication: dict[str, int] = Field(
-        default_factory=dict,
-        description="Replicas per datacenter for NetworkTopologyStrategy (JSON map, e.g. '{\"dc1\": 3}').",
-    )
-    local_datacenter: str = Field("datacenter1", description="Datacenter the driver's load-balancing policy prefers.")
-    read_consistency: Consistency = Field("LOCAL_QUORUM", description="Consistency level of reads.")
-    write_consistency: Consistency = Field("LOCAL_QUORUM", description="Consistency level of writes.")
-    username: str | None = Field(None, description="User for PasswordAuthenticator, if enabled.")
-    password: SecretStr | None = Field(None, description="Password for PasswordAuthenticator (secret).")
-    ssl: bool = Field(
-        False,
-        description="Encrypt client connections with TLS (the nodes' client_encryption_options). On with stack.tls.",
-    )
-    ssl_ca_file: Path | None = Field(
-        None,
-        description="PEM file of the CA(s) that signed the nodes' certificates. Unset: the system's CAs. With "
-        "stack.tls: the local stack's CA.",
-    )
-    ssl_certificate_file: Path | None = Field(
-        None, description="PEM client certificate for nodes that require client auth (mutual TLS); needs ssl_key_file."
-    )
-    ssl_key_file: Path | None = Field(None, description="PEM private key of the client certificate.")
-    ssl_key_password: SecretStr | None = Field(None, description="Password of an encrypted ssl_key_file (secret).")
-    ssl_check_hostname: bool = Field(
-        True, description="Check that a node's certificate names the address connected to (contact point or peer)."
-    )
-    connect_timeout_s: float = Field(10.0, gt=0, description="Driver connect timeout, seconds.")
-    request_timeout_s: float = Field(20.0, gt=0, description="Default per-request timeout, seconds.")
-    write_concurrency: int = Field(
-        128, ge=1, description="Concurrent requests of bulk writes (each waits for its commitlog group)."
-    )
-    read_concurrency: int = Field(32, ge=1, description="Concurrent requests of bulk reads (the batch index).")
-
-    @model_validator(mode="after")
-    def _consistent_tls(self) -> CassandraSettings:
-        if (self.ssl_certificate_file is None) != (self.ssl_key_file is None):
-            msg = (
-                "a client certificate needs both TRENDS_CASSANDRA__SSL_CERTIFICATE_FILE and "
-                "TRENDS_CASSANDRA__SSL_KEY_FILE"
-            )
-            raise ValueError(msg)
-        return self
-
-    def ssl_context(self) -> SSLContext | None:
-        """Return the driver's TLS context (CA, optional client certificate, hostname check), or None without TLS.
-
-        :raises OSError: when a configured certificate or key file cannot be read.
-        :raises ssl.SSLError: when a file is not a PEM certificate or key (or the key password is wrong).
-        """
-        if not self.ssl:
-            return None
-        ca = str(self.ssl_ca_file) if self.ssl_ca_file is not None else None
-        ctx = create_default_context(Purpose.SERVER_AUTH, cafile=ca)
-        ctx.minimum_version = TLSVersion.TLSv1_2
-        ctx.check_hostname = self.ssl_check_hostname
-        if self.ssl_certificate_file is not None and self.ssl_key_file is not None:
-            password = self.ssl_key_password.get_secret_value() if self.ssl_key_password is not None else None
-            ctx.load_cert_chain(str(self.ssl_certificate_file), str(self.ssl_key_file), password=password)
-        return ctx
-
-    def replication_map(self) -> dict[str, str | int]:
-        """Return the keyspace replication map for ``CREATE KEYSPACE``."""
-        if self.replication_strategy == "NetworkTopologyStrategy":
-            dcs = self.datacenter_replication or {self.local_datacenter: self.replication_factor}
-            return {"class": "NetworkTopologyStrategy", **dcs}
-        return {"class": "SimpleStrategy", "replication_factor": self.replication_factor}
-
-
-class SparkSettings(BaseModel):
-    """How Spark jobs run: master, parallelism, jars and checkpoints."""
-
-    master: str = Field("local[2]", description="Spark master URL: local[N], spark://host:port, k8s://…, yarn.")
-    app_name: str = Field("trends", description="Application name prefix shown in the Spark UI.")
-    shuffle_partitions: int = Field(
-        2,
-        ge=1,
-        description="spark.sql.shuffle.partitions: about the executor cores in total. It also fixes the state store "
-        "partitions of a new streaming query for the life of its checkpoint.",
-    )
-    driver_memory: str = Field("1g", description="spark.driver.memory (only effective when Spark starts the JVM).")
-    extra_jars: list[str] = Field(
-        default_factory=list,
-        description="More jars for spark.jars, besides the Kafka connector fetched into the cache (JSON list).",
-    )
-    checkpoint_root: str | None = Field(
-        None,
-        description="Root of streaming checkpoints: a path or a URI of durable shared storage on a cluster "
-        "(hdfs://, s3a://). Default: <data_dir>/checkpoints.",
-    )
-    ui_enabled: bool = Field(False, description="Start the Spark web UI (spark.ui.enabled).")
-    local_ip: str | None = Field(
-        "127.0.0.1",
-        description="SPARK_LOCAL_IP of the driver: loopback for a local master; unset it (empty) or give a "
-        "reachable address when executors run on other hosts.",
-    )
-    conf: dict[str, str] = Field(
-        default_factory=dict, description="Any further Spark configuration (JSON map), applied last."
-    )
 
 
 class StackSettings(BaseModel):
@@ -490,9 +220,6 @@ class SpeedSettings(BaseModel):
         description="TTL of speed view rows (and of the speed layer's coverage records); must exceed the batch "
         "layer's lag: a minute above the batch watermark whose speed rows may have expired is answered as a gap.",
     )
-    metrics_port: int = Field(
-        9108, ge=0, description="Port of the /metrics endpoint of `trends speed run`, on `metrics.host` (0: none)."
-    )
     stop_timeout_s: float = Field(
         60.0, gt=0, description="On SIGTERM/Ctrl-C, how long to let the running micro-batch finish before stopping."
     )
@@ -612,7 +339,7 @@ class ServingSettings(BaseModel):
         "the batch run they belong to, so a rerun is never served stale; 0 disables. Used only when reads see "
         "every acknowledged write (quorum reads and writes, or replication factor 1).",
     )
-    # -- issue 23: answers for many viewers (answer cache, worker processes) --
+    # -- answers for many viewers (answer cache, worker processes) --
     answer_cache_mb: int = Field(
         64,
         ge=0,
@@ -653,109 +380,6 @@ class ServingSettings(BaseModel):
         return value
 
 
-LOCAL_ADMIN_PASSWORD = "admin"  # noqa: S105 - documented default of the loopback-only local stack
-
-
-class AirflowSettings(BaseModel):
-    """The local Airflow of ``trends stack up --with-airflow`` (API server, scheduler, DAG processor)."""
-
-    host: str = Field(
-        "127.0.0.1",
-        description="Address the Airflow API server (UI, REST API and the tasks' execution API) binds to. "
-        "Keep loopback: a non-loopback address is refused while the admin password is the default.",
-    )
-    api_port: int = Field(8080, ge=1, le=65535, description="Port of the Airflow API server and UI.")
-    parallelism: int = Field(
-        2,
-        ge=1,
-        le=32,
-        description="[core] parallelism: task instances LocalExecutor runs at once (it forks one worker each); "
-        "2-4 on one machine, where each batch task is a Spark driver.",
-    )
-    database_url: SecretStr | None = Field(
-        None,
-        description="SQLAlchemy URL of the metadata DB for a deployment, e.g. "
-        "postgresql+psycopg2://airflow:PASSWORD@127.0.0.1:5432/airflow (needs the psycopg2 driver installed). "
-        "Unset: SQLite in <data_dir>/airflow/data/airflow.db.",
-    )
-    admin_user: str = Field(
-        "admin",
-        pattern=r"^[A-Za-z0-9_.@-]{1,64}$",
-        description="User of the web UI and REST API (SimpleAuthManager, role admin).",
-    )
-    admin_password: SecretStr = Field(
-        SecretStr(LOCAL_ADMIN_PASSWORD),
-        description="Password of that user (secret). The default `admin` is for the loopback-only local stack; "
-        "set your own for anything else.",
-    )
-    dags_folder: Path | None = Field(
-        None, description="Folder of DAG files the DAG processor parses. Default: the repository's dags/ folder."
-    )
-    api_workers: int = Field(1, ge=1, le=8, description="Worker processes of the API server.")
-    triggerer: bool = Field(
-        False,
-        description="Also run `airflow triggerer`. Needed only by deferrable operators (the batch DAG has none); "
-        "without it a deferred task waits forever.",
-    )
-    start_timeout_s: float = Field(
-        180.0, gt=0, description="Longest wait for `airflow db migrate` and then for the API to report healthy."
-    )
-    config: dict[str, str] = Field(
-        default_factory=dict,
-        description="Further Airflow options as environment variables of its processes, applied last (JSON map, "
-        'e.g. \'{"AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30"}\').',
-    )
-
-    # How `trends batch backfill` reaches Airflow's REST API: the local stack's by default, or a deployment's.
-    api_url: str | None = Field(
-        None,
-        pattern=r"^https?://[^\s/]+(/\S*)?$",
-        description="Base URL of the Airflow REST API that `trends batch backfill` calls (e.g. "
-        "https://airflow.example.com). Unset: the local stack's API server, http://<host>:<api_port>.",
-    )
-    api_user: str | None = Field(
-        None,
-        description="User `trends` logs in as at the auth manager's token endpoint (POST <api_url>/auth/token: "
-        "SimpleAuthManager, tested; FAB's is the same). Unset: admin_user.",
-    )
-    api_password: SecretStr | None = Field(None, description="Password of api_user (secret). Unset: admin_password.")
-    api_token: SecretStr | None = Field(
-        None,
-        description="A JWT for the REST API issued by the deployment's auth manager (secret; any auth manager). "
-        "When set it is sent as is and no login happens; an expired or refused token is an error naming this "
-        "setting. Empty means unset.",
-    )
-
-    @field_validator("api_url", "api_user", "api_password", "api_token", mode="before")
-    @classmethod
-    def _empty_is_unset(cls, value: Any) -> Any:
-        # TRENDS_AIRFLOW__API_TOKEN= must mean "log in", not "send an empty bearer".
-        raw = value.get_secret_value() if isinstance(value, SecretStr) else value
-        return None if isinstance(raw, str) and not raw.strip() else value
-
-    @field_validator("database_url")
-    @classmethod
-    def _known_database(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None:
-            url = value.get_secret_value()
-            scheme, sep, _ = url.partition("://")
-            if not sep or scheme.partition("+")[0] not in {"postgresql", "mysql", "sqlite"}:
-                # The URL itself is never repeated: it may hold a password.
-                shown = repr(scheme) if sep and scheme.replace("+", "").isalnum() else "not a URL"
-                msg = f"database URL scheme {shown}: use postgresql[+driver]://, mysql[+driver]:// or sqlite://"
-                raise ValueError(msg)
-        return value
-
-    @field_validator("config")
-    @classmethod
-    def _airflow_variables(cls, value: dict[str, str]) -> dict[str, str]:
-        bad = [k for k in value if not k.startswith(("AIRFLOW__", "AIRFLOW_CONN_", "AIRFLOW_VAR_"))]
-        if bad:
-            msg = f"not Airflow variables (AIRFLOW__SECTION__KEY, AIRFLOW_CONN_*, AIRFLOW_VAR_*): {', '.join(bad)}"
-            raise ValueError(msg)
-        return value
-
-
 class MetricsSettings(BaseModel):
     """Where each process exposes Prometheus metrics, what the batch exporter reads, and the local Prometheus."""
 
@@ -763,6 +387,13 @@ class MetricsSettings(BaseModel):
         "127.0.0.1",
         description="Address the /metrics endpoints of the speed job, the ingest commands and the batch exporter bind "
         "to (`0.0.0.0` to let a Prometheus on another host scrape them; they expose counts and times, no data).",
+    )
+    speed_port: int = Field(
+        9108,
+        ge=0,
+        le=65535,
+        description="Port of the /metrics endpoint of `trends speed run` (0: none). Was `speed.metrics_port`, "
+        "which still works with a deprecation warning.",
     )
     batch_exporter_port: int = Field(
         9109, ge=1, le=65535, description="Port of `trends batch exporter`, the batch layer's /metrics endpoint."
@@ -877,6 +508,28 @@ class Settings(BaseSettings):
     serving: ServingSettings = Field(default_factory=ServingSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        # Settings renamed keep their old names working, with a warning, until their users have moved.
+        if not isinstance(data, dict):
+            return data
+        for (old_section, old_name), (new_section, new_name) in RENAMED.items():
+            section = data.get(old_section)
+            if not isinstance(section, dict) or old_name not in section:
+                continue
+            old = f"{old_section}.{old_name}"
+            new = f"{new_section}.{new_name}"
+            msg = f"the setting {old} is deprecated: use {new} ({ENV_PREFIX}{new.upper().replace('.', '__')})"
+            warnings.warn(msg, DeprecationWarning, stacklevel=2)
+            logger.warning("%s", msg)
+            data = {**data, old_section: {k: v for k, v in section.items() if k != old_name}}
+            target = data.get(new_section)
+            target = dict(target) if isinstance(target, dict) else {}
+            target.setdefault(new_name, section[old_name])
+            data[new_section] = target
+        return data
+
     @field_validator("data_dir", "cache_dir")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
@@ -913,55 +566,6 @@ class Settings(BaseSettings):
     def checkpoint_root(self) -> str:
         """Return the root of streaming checkpoints (a local path or a URI)."""
         return self.spark.checkpoint_root or str(self.data_dir / "checkpoints")
-
-    def to_env(self) -> dict[str, str]:
-        """Return these settings as ``TRENDS_*`` variables, secrets revealed, for child processes.
-
-        Airflow's tasks build ``Settings()`` from their environment: given these variables they read exactly the
-        values the stack was started with, whether those came from the environment, a ``.env`` file or code.
-        """
-        out: dict[str, str] = {}
-        _flatten(self, (), out)
-        return out
-
-    def secret_vars(self) -> dict[str, str]:
-        """Return the variable of every secret setting (``SecretStr``) and the section it belongs to.
-
-        E.g. ``TRENDS_KAFKA__SASL_PASSWORD`` -> ``kafka``: a child process is given the secrets of the sections
-        (services) it talks to only (:func:`infra.process.child_env`).
-        """
-        out: dict[str, str] = {}
-        for section, field in type(self).model_fields.items():
-            model = field.annotation
-            if not (isinstance(model, type) and issubclass(model, BaseModel)):
-                continue
-            for name, sub in model.model_fields.items():
-                if "SecretStr" in str(sub.annotation):
-                    out[ENV_PREFIX + f"{section}{ENV_NESTED_DELIMITER}{name}".upper()] = section
-        return out
-
-
-def _flatten(model: BaseModel, prefix: tuple[str, ...], out: dict[str, str]) -> None:
-    for name, field in type(model).model_fields.items():
-        value = getattr(model, name)
-        if isinstance(value, BaseModel):
-            _flatten(value, (*prefix, name), out)
-            continue
-        key = ENV_PREFIX + ENV_NESTED_DELIMITER.join((*prefix, name)).upper()
-        if value is None:
-            if field.default is not None:  # e.g. spark.local_ip: "empty" is how the env says "unset"
-                out[key] = ""
-            continue
-        if isinstance(value, SecretStr):
-            out[key] = value.get_secret_value()
-        elif isinstance(value, str | Path):
-            out[key] = str(value)
-        elif isinstance(value, bool):
-            out[key] = "true" if value else "false"
-        elif isinstance(value, int | float):
-            out[key] = str(value)
-        else:  # lists and maps: JSON, as pydantic-settings parses complex values
-            out[key] = json.dumps(value)
 
 
 def _is_secret_field(loc: tuple[int | str, ...]) -> bool:

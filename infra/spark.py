@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from infra import jars
+from infra.service_settings import KafkaSettings
 from infra.settings import Settings
 
 if TYPE_CHECKING:
+    from pydantic import SecretStr
     from pyspark.sql import SparkSession
 
 logger = logging.getLogger(__name__)
@@ -85,3 +87,62 @@ def get_spark(settings: Settings, app: str) -> SparkSession:
     spark.sparkContext.setLogLevel("WARN")
     logger.info("spark session %s on %s", spark.sparkContext.appName, spark.sparkContext.master)
     return spark
+
+
+def kafka_options(kafka: KafkaSettings) -> dict[str, str]:
+    """Return the brokers' connection as options of Spark's Kafka source (``kafka.``-prefixed Java client keys).
+
+    Certificates and keys go inline as PEM text (``ssl.truststore.certificates``, ``ssl.keystore.key``), not as
+    file paths: the options travel to the executors, which may run on hosts without the files.
+
+    :raises OSError: when a configured certificate or key file cannot be read.
+    """
+    opts = {
+        "kafka.bootstrap.servers": kafka.bootstrap_servers,
+        "kafka.security.protocol": kafka.security_protocol,
+    }
+    if kafka.sasl_mechanism:
+        opts["kafka.sasl.mechanism"] = kafka.sasl_mechanism
+    if kafka.sasl_username and kafka.sasl_password is not None:
+        module = (
+            "org.apache.kafka.common.security.plain.PlainLoginModule"
+            if kafka.sasl_mechanism == "PLAIN"
+            else "org.apache.kafka.common.security.scram.ScramLoginModule"
+        )
+        password = kafka.sasl_password.get_secret_value()
+        opts["kafka.sasl.jaas.config"] = f'{module} required username="{kafka.sasl_username}" password="{password}";'
+    if kafka.uses_tls:
+        opts["kafka.ssl.endpoint.identification.algorithm"] = "https" if kafka.ssl_check_hostname else ""
+        if kafka.ssl_ca_file is not None:
+            opts["kafka.ssl.truststore.type"] = "PEM"
+            opts["kafka.ssl.truststore.certificates"] = kafka.ssl_ca_file.read_text()
+        if kafka.ssl_certificate_file is not None and kafka.ssl_key_file is not None:
+            opts["kafka.ssl.keystore.type"] = "PEM"
+            opts["kafka.ssl.keystore.certificate.chain"] = kafka.ssl_certificate_file.read_text()
+            opts["kafka.ssl.keystore.key"] = pkcs8_pem(kafka.ssl_key_file, kafka.ssl_key_password)
+            if kafka.ssl_key_password is not None:
+                opts["kafka.ssl.key.password"] = kafka.ssl_key_password.get_secret_value()
+    return opts
+
+
+def pkcs8_pem(path: Path, password: SecretStr | None) -> str:
+    """Return a PEM private key as PKCS#8 text (what Java's PEM keystores read), converting PKCS#1 or SEC1 keys.
+
+    An encrypted key stays encrypted with the same password.
+
+    :raises OSError: when the file cannot be read.
+    :raises ValueError: when it holds no private key the password opens.
+    """
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415 - only where a client key is used
+
+    raw = path.read_bytes()
+    if b"-----BEGIN PRIVATE KEY-----" in raw or b"-----BEGIN ENCRYPTED PRIVATE KEY-----" in raw:
+        return raw.decode()
+    secret = password.get_secret_value().encode() if password is not None else None
+    try:
+        key = serialization.load_pem_private_key(raw, password=secret)
+    except (ValueError, TypeError) as exc:
+        msg = f"{path}: not a PEM private key that the configured password opens ({exc})"
+        raise ValueError(msg) from exc
+    encryption = serialization.BestAvailableEncryption(secret) if secret is not None else serialization.NoEncryption()
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption).decode()

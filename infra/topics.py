@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.errors import StackError
-from infra.settings import KafkaSettings
+from infra.service_settings import KafkaSettings
 
 logger = logging.getLogger(__name__)
 

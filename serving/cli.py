@@ -15,6 +15,7 @@ import click
 from infra.params import UTC_TIME
 from infra.security import escape_text
 from infra.settings import Settings
+from infra.settings_env import to_env
 
 if TYPE_CHECKING:
     from serving.merge import Resolution
@@ -173,7 +174,7 @@ def _serve_workers(settings: Settings, host: str, port: int, workers: int) -> No
     from serving.api import MULTIPROC_ENV
 
     metrics_dir = tempfile.mkdtemp(prefix="trends-serve-metrics-")
-    os.environ.update(settings.to_env())
+    os.environ.update(to_env(settings))
     os.environ[MULTIPROC_ENV] = metrics_dir
     try:
         uvicorn.run(

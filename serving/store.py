@@ -26,7 +26,8 @@ from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 from infra.cassandra import READ_PROFILE
-from infra.settings import CassandraSettings, Settings
+from infra.service_settings import CassandraSettings
+from infra.settings import Settings
 from serving.cache import AnswerCache, Bucket, RowCache
 from serving.merge import Layer, Resolution, Span, SpeedCoverage
 from views.buckets import DAY, HOUR, MINUTE, as_date, days_between, floor, month_key, utc

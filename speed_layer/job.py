@@ -18,7 +18,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from infra.settings import Settings
-from infra.spark import get_spark
+from infra.spark import get_spark, kafka_options
 from speed_layer.checkpoint import ViewDefinitionChangedError, check_view_definition
 from speed_layer.metrics import PARSE_METRICS, BatchMetrics, MetricsRegistry, serve_metrics
 from speed_layer.sink import SpeedViewSink
@@ -35,7 +35,7 @@ def extract(spark: SparkSession, settings: Settings) -> DataFrame:
     speed = settings.speed
     return (
         spark.readStream.format("kafka")
-        .options(**settings.kafka.spark_options())
+        .options(**kafka_options(settings.kafka))
         .option("subscribe", settings.kafka.events_topic)
         .option("startingOffsets", speed.starting_offsets)
         .option("maxOffsetsPerTrigger", str(speed.max_offsets_per_trigger))
@@ -203,7 +203,7 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
     )
     listener = _make_spark_listener(adapter)
     spark.streams.addListener(listener)
-    port = settings.speed.metrics_port
+    port = settings.metrics.speed_port
     server = serve_metrics(registry, settings.metrics.host, port) if port else None
     started = time.monotonic()
     query = start(spark, settings, sink, available_now=available_now)

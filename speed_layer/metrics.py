@@ -3,7 +3,7 @@
 Spark reports each micro-batch's progress to a ``StreamingQueryListener``; we reduce it to the figures an
 operator watches — input rows and rate, batch duration, state rows, rows dropped as too late, unparseable rows,
 the watermark, the consumer lag and the newest event time written (freshness) — and expose them with
-``prometheus_client``: on ``/metrics`` (``metrics.host``, ``speed.metrics_port``) and as a textfile for
+``prometheus_client``: on ``/metrics`` (``metrics.host``, ``metrics.speed_port``) and as a textfile for
 node-exporter's textfile collector. Names follow Prometheus's conventions: counters end in ``_total``, times are
 ``_timestamp_seconds`` (Unix time, so freshness is ``time() - …`` in a rule) or ``_seconds`` (durations).
 """
@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from infra.supervisor import RESTARTS_ENV
+from infra.settings import RESTARTS_ENV
 
 logger = logging.getLogger(__name__)
 

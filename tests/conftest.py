@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from infra import migrations, stack, topics
+from infra import migrations, topics
 from infra.settings import Settings
+from stack import control
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 
@@ -28,13 +29,13 @@ def settings() -> Settings:
 @pytest.fixture(scope="session")
 def stack_up(settings: Settings) -> Iterator[Settings]:
     """Start (or reuse) Kafka and Cassandra, with topics and schema; stop them afterwards if we started them."""
-    results = stack.up(settings)
+    results = control.up(settings)
     topics.ensure_topics(settings.kafka)
     migrations.migrate(settings)
     yield settings
     started_here = [r.name for r in results if not r.already_running]
     if started_here and not os.environ.get("TRENDS_TEST_KEEP_STACK"):
-        stack.down(settings, started_here)
+        control.down(settings, started_here)
 
 
 @pytest.fixture

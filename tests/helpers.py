@@ -78,7 +78,7 @@ def speed_drain(settings: Settings, tmp_path: Path, lateness_s: int = 600, **ext
         "TRENDS_KAFKA__EVENTS_TOPIC": settings.kafka.events_topic,
         "TRENDS_CASSANDRA__KEYSPACE": settings.cassandra.keyspace,
         "TRENDS_SPEED__QUERY_NAME": settings.speed.query_name,
-        "TRENDS_SPEED__METRICS_PORT": "0",
+        "TRENDS_METRICS__SPEED_PORT": "0",
         "TRENDS_SPEED__ALLOWED_LATENESS_S": str(lateness_s),
         "TRENDS_SPARK__CHECKPOINT_ROOT": str(tmp_path / "checkpoints"),
         "TRENDS_VIEWS__SLICE_DIMS": json.dumps(settings.views.slice_dims),

@@ -1,10 +1,9 @@
-"""A client of Airflow: log in, trigger a DAG, follow runs (the REST API), and create backfills of the local stack.
+"""A client of Airflow's REST API: log in, trigger a DAG, follow runs. It reads only the ``airflow`` settings.
 
 The REST API is the local stack's unless ``airflow.api_url`` points at a deployment. Calls authenticate with a JWT:
 ``airflow.api_token`` as given (any auth manager), or one from the auth manager's token endpoint
 (``POST /auth/token`` with a user and password: SimpleAuthManager's, which the local stack runs; FAB's has the same
-shape). Scheduler-driven backfills of the hourly DAG go through the ``airflow`` CLI (``airflow backfill create``),
-whose refusals are told apart by their output.
+shape).
 """
 
 from __future__ import annotations
@@ -21,9 +20,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from infra.airflow.config import AirflowConfig
 from infra.errors import StackError
-from infra.process import tail
 from infra.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -43,10 +40,15 @@ class AirflowAPIError(StackError):
 class AirflowClient:
     """Operate the Airflow of these settings through its REST API and (for the local stack) its CLI."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.config = AirflowConfig(settings)
-        self.url = (settings.airflow.api_url or self.config.url).rstrip("/")
+    def __init__(self, settings: Settings, *, diagnostics: Callable[[], str] | None = None) -> None:
+        """:arg diagnostics: what to add to the error of a failed run or an unparsed DAG (the local stack's logs)."""
+        self.conf = settings.airflow
+        self.url = self.conf.base_url
+        self._diagnostics = diagnostics
         self._bearer: str | None = None
+
+    def _details(self) -> str:
+        return f"\n{self._diagnostics()}" if self._diagnostics is not None else ""
 
     def token(self, user: str | None = None, password: str | None = None) -> str:
         """Log in to the REST API (``POST /auth/token``) and return the JWT.
@@ -55,8 +57,8 @@ class AirflowClient:
         """
         body = json.dumps(
             {
-                "username": user or self.config.conf.admin_user,
-                "password": password or self.config.conf.admin_password.get_secret_value(),
+                "username": user or self.conf.admin_user,
+                "password": password or self.conf.admin_password.get_secret_value(),
             }
         ).encode()
         request = urllib.request.Request(  # noqa: S310 - http://host:port of our API server
@@ -68,7 +70,7 @@ class AirflowClient:
         except (OSError, ValueError, KeyError) as exc:
             status = exc.code if isinstance(exc, urllib.error.HTTPError) else None
             detail = exc.read().decode(errors="replace")[:300] if isinstance(exc, urllib.error.HTTPError) else ""
-            msg = f"logging in to Airflow at {self.url} as {user or self.config.conf.admin_user} failed: {exc} {detail}"
+            msg = f"logging in to Airflow at {self.url} as {user or self.conf.admin_user} failed: {exc} {detail}"
             if status in {401, 403}:
                 msg += (
                     " (check TRENDS_AIRFLOW__API_USER / TRENDS_AIRFLOW__API_PASSWORD, or set TRENDS_AIRFLOW__API_TOKEN)"
@@ -85,7 +87,7 @@ class AirflowClient:
 
         The login is ``airflow.api_user`` / ``airflow.api_password``, defaulting to the local stack's admin.
         """
-        conf = self.config.conf
+        conf = self.conf
         if conf.api_token is not None:
             return conf.api_token.get_secret_value()
         if self._bearer is None or renew:
@@ -120,7 +122,7 @@ class AirflowClient:
 
         :raises AirflowAPIError: as :meth:`send`; a refused ``airflow.api_token`` names the setting.
         """
-        static = self.config.conf.api_token is not None
+        static = self.conf.api_token is not None
         try:
             return self.send(method, path, body, token=self.bearer(), accept=accept)
         except AirflowAPIError as exc:
@@ -154,7 +156,7 @@ class AirflowClient:
         deadline = time.monotonic() + timeout_s
         while dag_id not in {d["dag_id"] for d in self.get(token, "/api/v2/dags?limit=1000")["dags"]}:
             if time.monotonic() > deadline:
-                msg = f"DAG {dag_id} not parsed within {timeout_s:.0f} s:\n{tail(self.config.log_files())}"
+                msg = f"DAG {dag_id} not parsed within {timeout_s:.0f} s{self._details()}"
                 raise StackError(msg)
             time.sleep(2)
 
@@ -256,7 +258,7 @@ class AirflowClient:
             if state == "success":
                 return
             if state == "failed":
-                msg = f"{dag_id} run {run_id} failed\n{tail(self.config.log_files())}"
+                msg = f"{dag_id} run {run_id} failed{self._details()}"
                 raise StackError(msg)
             time.sleep(3)
         msg = f"{dag_id} run {run_id} not done within {timeout_s:.0f} s (state {state})"
@@ -285,7 +287,7 @@ class AirflowClient:
                 on_poll(states)
             failed = [k for k, v in states.items() if v == "failed"]
             if failed:
-                msg = f"{dag_id} runs failed: {', '.join(failed)}\n{tail(self.config.log_files())}"
+                msg = f"{dag_id} runs failed: {', '.join(failed)}{self._details()}"
                 raise StackError(msg)
             if len({datetime.fromisoformat(r["data_interval_start"]) for r in mine}) == len(wanted) and all(
                 v == "success" for v in states.values()
@@ -294,47 +296,3 @@ class AirflowClient:
             time.sleep(3)
         msg = f"{dag_id} runs not done within {timeout_s:.0f} s: {states}"
         raise StackError(msg)
-
-    def backfill(
-        self,
-        dag_id: str,
-        first: datetime,
-        last: datetime,
-        *extra: str,
-        max_active_runs: int = 2,
-        retry_s: float = 600,
-    ) -> None:
-        """Unpause the DAG and create a scheduler-driven backfill (``airflow backfill create``).
-
-        The runs are those whose data intervals start in ``[first, last]``; ``extra`` e.g.
-        ``--reprocess-behavior completed``. A backfill's runs are bounded by its own ``--max-active-runs`` (Airflow
-        3 does not apply the DAG's to them), so it is passed explicitly. Airflow allows one unfinished backfill per
-        DAG: while the previous one is being marked complete (or SQLite reports a lock), the creation is retried for up
-        to ``retry_s``.
-
-        :raises StackError: the CLI refused for another reason, or for longer than ``retry_s``.
-        """
-        unpause = self.config.cli("dags", "unpause", dag_id)
-        if unpause.returncode != 0:
-            msg = f"airflow dags unpause {dag_id} failed: {(unpause.stdout + unpause.stderr)[-2000:]}"
-            raise StackError(msg)
-        args = ["backfill", "create", "--dag-id", dag_id, "--from-date", first.isoformat()]
-        args += ["--to-date", last.isoformat(), "--max-active-runs", str(max_active_runs), *extra]
-        deadline = time.monotonic() + retry_s
-        reasons: list[str] = []
-        while True:
-            proc = self.config.cli(*args)
-            if proc.returncode == 0:
-                return
-            out = proc.stdout + proc.stderr
-            # Retried: the refusal while the previous backfill is being completed, and a lock error of SQLite
-            # (SQLITE_BUSY on a lock upgrade does not wait for the busy timeout) — on that one Airflow deletes the
-            # half-created backfill and its runs itself (models.backfill._cleanup_partial_backfill). Anything
-            # else may have left runs behind: not retried.
-            transient = next((t for t in ("AlreadyRunningBackfill", "database is locked") if t in out), None)
-            if transient is None or time.monotonic() > deadline:
-                msg = f"airflow backfill create failed (earlier attempts: {reasons or 'none'}): {out[-2000:]}"
-                raise StackError(msg)
-            reasons.append(transient)
-            logger.warning("backfill of %s not created yet (%s); retrying", dag_id, transient)
-            time.sleep(5)

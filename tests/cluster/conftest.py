@@ -7,16 +7,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from infra import stack
-from infra.services.spark import SparkMaster
 from infra.settings import Settings
+from stack import control
+from stack.services.spark import SparkMaster
 
 
 @pytest.fixture(scope="session")
 def spark_cluster(stack_up: Settings) -> Iterator[str]:
     """Yield the master's URL (``spark://``); stop what this fixture started unless TRENDS_TEST_KEEP_STACK."""
-    results = stack.up(stack_up, stack.SPARK_CLUSTER)
+    results = control.up(stack_up, control.SPARK_CLUSTER)
     yield SparkMaster(stack_up).url
     started = [r.name for r in results if not r.already_running]
     if started and not os.environ.get("TRENDS_TEST_KEEP_STACK"):
-        stack.down(stack_up, started)
+        control.down(stack_up, started)

@@ -20,11 +20,12 @@ from typing import Any
 import pytest
 
 from batch_layer import job
-from infra import migrations, stack, topics
+from infra import migrations, topics
 from infra.airflow.client import AirflowClient
-from infra.airflow.config import AirflowConfig
 from infra.cassandra import session
 from infra.settings import Settings
+from stack import control
+from stack.airflow.config import AirflowConfig
 from tests.cluster import workload
 from tests.cluster.test_spark_cluster import same_answers
 from tests.cluster.workload import HOUR
@@ -60,7 +61,7 @@ def test_the_backfill_dag_submits_to_the_standalone_master_in_client_mode(
     assert spark_cluster in env[f"AIRFLOW_CONN_{on_cluster.batch.spark_conn_id.upper()}"]
     try:
         t0 = time.monotonic()
-        stack.up(on_cluster, ["airflow"])
+        control.up(on_cluster, ["airflow"])
         af = AirflowClient(on_cluster)
         af.wait_dag(af.token(), "trends_backfill")
         print(f"private Airflow up in {time.monotonic() - t0:.0f} s")
@@ -77,7 +78,7 @@ def test_the_backfill_dag_submits_to_the_standalone_master_in_client_mode(
         job.run(local, *window, spark=spark)
         same_answers(on_cluster, local, events, window, "batch")
     finally:
-        stack.down(on_cluster, ["airflow"])
+        control.down(on_cluster, ["airflow"])
         with session(stack_up) as sess:
             for s in (on_cluster, local):
                 sess.execute(f"DROP KEYSPACE IF EXISTS {s.cassandra.keyspace}")

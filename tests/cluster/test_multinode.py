@@ -19,12 +19,13 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from infra import migrations, stack, topics
+from infra import migrations, topics
 from infra.cassandra import session
-from infra.process import signal_group
-from infra.services.kafka import Kafka
 from infra.settings import Settings
 from serving import queries
+from stack import control
+from stack.process import signal_group
+from stack.services.kafka import Kafka
 from tests.cluster import workload
 from tests.cluster.workload import HOUR
 from views.event import Event
@@ -59,11 +60,11 @@ def cluster(settings: Settings) -> Iterator[Settings]:
     """Start (or reuse) the 3 brokers and 2 Cassandra nodes; stop them afterwards if this test started them."""
     multi = multinode(settings)
     t0 = time.monotonic()
-    results = stack.up(multi)
+    results = control.up(multi)
     print(f"local cluster up in {time.monotonic() - t0:.1f} s: {[r.name for r in results]}")
     yield multi
     if any(not r.already_running for r in results) and not os.environ.get("TRENDS_TEST_KEEP_STACK"):
-        stack.down(multi)
+        control.down(multi)
 
 
 def in_sync(settings: Settings, topic: str) -> list[int]:
@@ -128,7 +129,7 @@ def test_same_answers_on_3_brokers_and_2_cassandra_nodes(stack_up: Settings, clu
             assert prod.flush(180) == 0
             assert delivery.errors == [] and delivery.acked == len(events) + 4
         assert min(in_sync(multi, topic)) == 2  # written while a replica was down …
-        stack.up(multi, ["kafka-3"])
+        control.up(multi, ["kafka-3"])
         deadline = time.monotonic() + 120
         while in_sync(multi, topic) != [3, 3, 3, 3] and time.monotonic() < deadline:
             time.sleep(1)

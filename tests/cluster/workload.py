@@ -14,10 +14,11 @@ from pathlib import Path
 from confluent_kafka import KafkaError, Message, Producer
 
 from infra.cassandra import session
-from infra.services.spark import SparkMaster
 from infra.settings import Settings
+from infra.settings_env import to_env
 from serving import queries
 from serving.store import ViewReader
+from stack.services.spark import SparkMaster
 from views.event import Event
 
 TRENDS = str(Path(sys.executable).parent / "trends")
@@ -99,7 +100,7 @@ def wait_apps(settings: Settings, before: Counter[str], want: Counter[str], time
 
 def trends(settings: Settings, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 600) -> str:
     """Run a ``trends`` command with exactly these settings; return its output, failing with its tail."""
-    env = {**os.environ, **settings.to_env(), **(extra_env or {})}
+    env = {**os.environ, **to_env(settings), **(extra_env or {})}
     proc = subprocess.run([TRENDS, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return proc.stdout
@@ -113,7 +114,8 @@ def scoped(base: Settings, topic: str, keyspace: str, tmp: Path) -> Settings:
             "cassandra": base.cassandra.model_copy(update={"keyspace": keyspace}),
             "batch": base.batch.model_copy(update={"lateness_s": 300, "grace_s": 300}),
             "views": base.views.model_copy(update={"slice_dims": ["origin"]}),
-            "speed": base.speed.model_copy(update={"metrics_port": 0, "allowed_lateness_s": 3600}),
+            "speed": base.speed.model_copy(update={"allowed_lateness_s": 3600}),
+            "metrics": base.metrics.model_copy(update={"speed_port": 0}),
             "spark": base.spark.model_copy(update={"checkpoint_root": str(tmp / "checkpoints")}),
         }
     )

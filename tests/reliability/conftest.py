@@ -1,7 +1,7 @@
 """The reliability suite's harness: a private pipeline per case, a supervised speed layer, and the result table.
 
 Each case runs the real pipeline on a fresh topic and keyspace — ingestion through ``EventProducer``, the speed
-layer as the stack's ``speed`` service (``trends speed run`` under the shipped :mod:`infra.supervisor`, which restarts
+layer as the stack's ``speed`` service (``trends speed run`` under the shipped :mod:`stack.supervisor`, which restarts
 it with back-off whenever it exits non-zero and records the restarts), the batch layer over the closed hours —
 injects its fault, and ends by asking the serving layer for the window: the count must be exact and the distinct
 users within the HLL bounds. Every case adds a row (case, events in, events accounted for, result) to the table
@@ -27,11 +27,11 @@ import pytest
 
 from infra import migrations, topics
 from infra.cassandra import session
-from infra.process import family, process_alive, tail
-from infra.services.pipeline import SpeedService
 from infra.settings import Settings
-from infra.supervisor import SupervisorState
 from ingestion.producer import EventProducer
+from stack.process import family, process_alive, tail
+from stack.services.pipeline import SpeedService
+from stack.supervisor import SupervisorState
 from tests.helpers import free_port
 from views.event import Event
 
@@ -87,7 +87,7 @@ def read_topic(settings: Settings, topic: str, timeout_s: float = 60) -> list[An
 
 
 class SupervisedSpeed:
-    """The speed job exactly as the stack runs it: :class:`SpeedService`, ``infra.supervisor`` around ``trends speed
+    """The speed job exactly as the stack runs it: :class:`SpeedService`, ``stack.supervisor`` around ``trends speed
     run`` with the stack's back-off settings. Its pid and state files live under the case's own data dir, so a speed
     service of the stack itself is never touched.
     """
@@ -117,7 +117,7 @@ class SupervisedSpeed:
 
     def exported_restarts(self, timeout_s: float = 120) -> int | None:
         """Return ``trends_speed_restarts_total`` from the running job's /metrics (None if it never answers)."""
-        url = f"http://127.0.0.1:{self.service.settings.speed.metrics_port}/metrics"
+        url = f"http://127.0.0.1:{self.service.settings.metrics.speed_port}/metrics"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError):
@@ -275,10 +275,10 @@ def pipeline(stack_up: Settings, tmp_path: Path) -> Iterator[Pipeline]:
         update={
             "kafka": stack_up.kafka.model_copy(update={"events_topic": topic, "partitions": 4}),
             "cassandra": stack_up.cassandra.model_copy(update={"keyspace": keyspace}),
+            "metrics": stack_up.metrics.model_copy(update={"speed_port": free_port()}),
             "speed": stack_up.speed.model_copy(
                 update={
                     "query_name": query,
-                    "metrics_port": free_port(),
                     "trigger_seconds": 1.0,
                     "allowed_lateness_s": 600,
                     "max_offsets_per_trigger": 5000,

@@ -20,9 +20,11 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 from app.cli import cli
-from infra import stack, topics
+from infra import topics
+from infra.settings_env import to_env
 from ingestion.dlq import read_dead_letters
 from serving.api import create_app
+from stack import control
 from tests.reliability.conftest import HOUR, Pipeline, read_topic, record
 from tests.services.test_serving_api import BAD_REQUESTS
 from views.event import Event
@@ -42,10 +44,10 @@ def test_kafka_broker_restart_during_ingest_and_stream(pipeline: Pipeline, spark
         if sent >= N // 3 and not restarted:
             restarted.append(sent)
             try:
-                stack.down(pipeline.settings, ["kafka"])
+                control.down(pipeline.settings, ["kafka"])
                 time.sleep(5)
             finally:
-                stack.up(pipeline.settings, ["kafka"])
+                control.up(pipeline.settings, ["kafka"])
 
     pipeline.produce(events, rate=2_000, during=bounce)
     pipeline.close_window()
@@ -61,12 +63,12 @@ def test_cassandra_down_30s_during_the_stream(pipeline: Pipeline, spark: Any) ->
     events = pipeline.make_events(N, "c", rng)
     speed = pipeline.start_speed()
     pipeline.produce(events[: N // 2], rate=3_000)
-    stack.down(pipeline.settings, ["cassandra"])
+    control.down(pipeline.settings, ["cassandra"])
     try:
         pipeline.produce(events[N // 2 :], rate=3_000)  # the stream goes on while Cassandra is away
         time.sleep(max(0.0, 30 - N / 2 / 3_000))
     finally:
-        stack.up(pipeline.settings, ["cassandra"])
+        control.up(pipeline.settings, ["cassandra"])
     pipeline.close_window()
     speed_count = pipeline.wait_speed(N, timeout_s=420)
     note = f"speed {speed_count:,} before batch, job exits {speed.exits}, supervisor restarts {speed.restarts}"
@@ -182,7 +184,7 @@ def test_bad_input_corpus_through_ingestion_and_the_api(pipeline: Pipeline, tmp_
         result = CliRunner().invoke(
             cli,
             ["ingest", "file", str(path), "--topic", s.kafka.events_topic, "--dlq-topic", dlq],
-            env=s.to_env(),
+            env=to_env(s),
             catch_exceptions=False,
         )
         records = read_topic(s, s.kafka.events_topic)
@@ -236,9 +238,9 @@ def cassandra_tasks(af: Any, token: str) -> list[dict[str, Any]]:
 def test_airflow_task_failure_and_retry(pipeline: Pipeline, tmp_path: Path) -> None:
     """Cassandra is down when the DAG's runs start: the first task needing it (the sensor's indexing) fails, Airflow
     retries it, the retry succeeds and the hours are exact."""
-    from infra.airflow.client import AirflowClient
     from serving import queries
     from serving.store import ViewReader
+    from stack.airflow.config import AirflowConfig
     from tests.helpers import free_port
 
     rng = random.Random(6)
@@ -253,26 +255,26 @@ def test_airflow_task_failure_and_retry(pipeline: Pipeline, tmp_path: Path) -> N
             "airflow": s.airflow.model_copy(update={"api_port": free_port(), "dags_folder": dags}),
         }
     )
-    af = AirflowClient(af_settings)
+    af = AirflowConfig(af_settings).client()
     starts = [pipeline.window[0], pipeline.window[0] + HOUR]
-    stack.up(af_settings, ["airflow"])
+    control.up(af_settings, ["airflow"])
     try:
         token = af.token()
         af.wait_dag(token, "trends_batch")
-        stack.down(s, ["cassandra"])
+        control.down(s, ["cassandra"])
         try:
-            af.backfill("trends_batch", starts[0], starts[-1])
+            AirflowConfig(af_settings).backfill("trends_batch", starts[0], starts[-1])
             deadline, failed_tries = time.monotonic() + 300, False
             while not failed_tries and time.monotonic() < deadline:
                 failed_tries = any(ti["state"] == "up_for_retry" for ti in cassandra_tasks(af, token))
                 time.sleep(3)
             assert failed_tries, "no task failed while Cassandra was down"
         finally:
-            stack.up(s, ["cassandra"])
+            control.up(s, ["cassandra"])
         af.wait_runs(token, "trends_batch", starts, timeout_s=900)
         tries = [ti["try_number"] for ti in cassandra_tasks(af, token)]
     finally:
-        stack.down(af_settings, ["airflow"])
+        control.down(af_settings, ["airflow"])
     from infra.cassandra import session
 
     with session(s) as sess:

@@ -21,13 +21,13 @@ from typing import Any
 import psutil
 import pytest
 
-from infra import stack
 from infra.airflow.client import AirflowClient
-from infra.airflow.config import airflow_executable
-from infra.airflow.service import Airflow
 from infra.errors import StackError
-from infra.process import port_is_open, tail
 from infra.settings import Settings
+from stack import control
+from stack.airflow.config import airflow_executable
+from stack.airflow.service import Airflow
+from stack.process import port_is_open, tail
 from tests.helpers import free_port
 
 DAG_ID = "probe_hourly"
@@ -186,7 +186,7 @@ def recorded(out: Path, start: datetime) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Instance]:
-    """Start a private Airflow through `infra.stack.up`; always stop it afterwards."""
+    """Start a private Airflow through `stack.control.up`; always stop it afterwards."""
     root = tmp_path_factory.mktemp("airflow")
     dags, out = root / "dags", root / "out"
     dags.mkdir()
@@ -195,8 +195,8 @@ def instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Instance]:
     settings = Settings(data_dir=root / "data", airflow={"api_port": free_port(), "dags_folder": dags})
     try:
         started = time.monotonic()
-        (result,) = stack.up(settings, ["airflow"])
-        print(f"airflow ready in {time.monotonic() - started:.1f} s, {stack.status(settings, ['airflow'])[0]}")
+        (result,) = control.up(settings, ["airflow"])
+        print(f"airflow ready in {time.monotonic() - started:.1f} s, {control.status(settings, ['airflow'])[0]}")
         assert result.name == "airflow" and not result.already_running
         inst = Instance(settings, out)
         inst.token = AirflowClient(settings).token()
@@ -210,11 +210,11 @@ def instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Instance]:
             pytest.fail(f"{DAG_ID} was not parsed within 60 s\n{tail_logs(inst)}")
         yield inst
     finally:
-        stack.down(settings, ["airflow"])
+        control.down(settings, ["airflow"])
 
 
 def test_up_serves_health_and_a_login(instance: Instance) -> None:
-    st = stack.status(instance.settings, ["airflow"])[0]
+    st = control.status(instance.settings, ["airflow"])[0]
     assert (st.state, st.address) == ("running", instance.airflow.address)
     assert st.rss_mib is not None and st.rss_mib > 100
 
@@ -232,7 +232,7 @@ def test_up_serves_health_and_a_login(instance: Instance) -> None:
     assert status == 200
     assert [d["dag_id"] for d in body["dags"]] == [DAG_ID]
 
-    again = stack.up(instance.settings, ["airflow"])  # a second `up` is a no-op
+    again = control.up(instance.settings, ["airflow"])  # a second `up` is a no-op
     assert again[0].already_running and again[0].pid == st.pid
 
 
@@ -317,7 +317,7 @@ def test_port_taken_by_another_process_is_reported(tmp_path: Path) -> None:
         squatter.bind(("127.0.0.1", settings.airflow.api_port))
         squatter.listen()
         with pytest.raises(StackError, match=r"already taken by .*TRENDS_AIRFLOW__API_PORT"):
-            stack.up(settings, ["airflow"])
+            control.up(settings, ["airflow"])
     assert all(pid is None for pid in Airflow(settings).pids().values())
 
 
@@ -325,7 +325,7 @@ def test_component_that_dies_at_start_is_named_with_its_log(tmp_path: Path) -> N
     bad = {"api_port": free_port(), "config": {"AIRFLOW__CORE__EXECUTOR": "NoSuchExecutor"}}
     settings = Settings(data_dir=tmp_path, airflow=bad)
     with pytest.raises(StackError, match=r"airflow scheduler exited during start-up(.|\n)*NoSuchExecutor"):
-        stack.up(settings, ["airflow"])
+        control.up(settings, ["airflow"])
     assert all(pid is None for pid in Airflow(settings).pids().values())  # the others were stopped too
     assert not port_is_open("127.0.0.1", settings.airflow.api_port)
 
@@ -336,10 +336,10 @@ def test_down_stops_every_airflow_process(instance: Instance) -> None:
     family = [proc for pid in pids for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]]
     assert len(family) >= 3
     started = time.monotonic()
-    assert stack.down(instance.settings, ["airflow"]) == ["airflow"]
+    assert control.down(instance.settings, ["airflow"]) == ["airflow"]
     print(f"airflow stopped in {time.monotonic() - started:.1f} s")
     gone = [proc for proc in family if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE]
     assert len(gone) == len(family)
-    assert stack.status(instance.settings, ["airflow"])[0].state == "stopped"
+    assert control.status(instance.settings, ["airflow"])[0].state == "stopped"
     assert not port_is_open("127.0.0.1", instance.settings.airflow.api_port)
-    assert stack.down(instance.settings, ["airflow"]) == []
+    assert control.down(instance.settings, ["airflow"]) == []

@@ -28,8 +28,8 @@ from confluent_kafka import Producer
 from batch_layer import index
 from infra import migrations
 from infra.cassandra import session
-from infra.services.prometheus import RULES_FILE, BatchExporterService, PrometheusService
 from infra.settings import Settings
+from stack.services.prometheus import RULES_FILE, BatchExporterService, PrometheusService
 from tests.helpers import free_port
 from views.buckets import HOUR, closed_until
 from views.store.pointers import PointerStore
@@ -46,11 +46,11 @@ def monitored(keyspace_settings: Settings, new_topic: Callable[..., str], tmp_pa
         update={
             "data_dir": tmp_path / "data",
             "kafka": base.kafka.model_copy(update={"events_topic": new_topic(partitions=2)}),
-            "speed": base.speed.model_copy(update={"metrics_port": free_port()}),  # nothing listens: a down target
             "serving": base.serving.model_copy(update={"port": free_port()}),
             "metrics": base.metrics.model_copy(
                 update={
                     "host": "127.0.0.1",
+                    "speed_port": free_port(),  # nothing listens: a down target
                     "batch_exporter_port": free_port(),
                     "prometheus_port": free_port(),
                     "scrape_interval_s": 1.0,
@@ -232,9 +232,9 @@ probe_exporter()
 
 def test_the_exporter_reads_last_successes_and_failed_tasks_from_a_real_airflow(tmp_path: Path) -> None:
     from batch_layer.exporter import AirflowReader
-    from infra import stack
     from infra.airflow.client import AirflowClient
     from infra.errors import StackError
+    from stack import control
 
     dags = tmp_path / "dags"
     dags.mkdir()
@@ -245,7 +245,7 @@ def test_the_exporter_reads_last_successes_and_failed_tasks_from_a_real_airflow(
         metrics={"airflow_dags": [PROBE_DAG_ID, "no_such_dag"]},
     )
     try:
-        stack.up(settings, ["airflow"])
+        control.up(settings, ["airflow"])
         client = AirflowClient(settings)
         token = client.token()
         client.wait_dag(token, PROBE_DAG_ID)
@@ -263,4 +263,4 @@ def test_the_exporter_reads_last_successes_and_failed_tasks_from_a_real_airflow(
         assert after.last_success == {PROBE_DAG_ID: datetime.fromisoformat(ended)}  # the success, not the failure
         assert after.failed_task_instances == {PROBE_DAG_ID: 1}  # "no_such_dag" is skipped, not an error
     finally:
-        stack.down(settings, ["airflow"])
+        control.down(settings, ["airflow"])

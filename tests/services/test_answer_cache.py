@@ -29,6 +29,7 @@ from batch_layer.store import BatchStore
 from infra import migrations
 from infra.cassandra import session
 from infra.settings import Settings
+from infra.settings_env import to_env
 from serving import queries
 from serving.merge import SPEED_ROWS_GONE
 from serving.store import ViewReader
@@ -212,7 +213,7 @@ def _metric(text: str, name: str, labels: str = "") -> float:
 def test_several_workers_answer_alike_and_metrics_add_up(planted: Planted) -> None:
     p, h0 = planted, planted.h0
     port = random.choice(PORTS)
-    env = {**os.environ, **p.settings.to_env(), "TRENDS_LOG_LEVEL": "WARNING"}
+    env = {**os.environ, **to_env(p.settings), "TRENDS_LOG_LEVEL": "WARNING"}
     proc = subprocess.Popen(
         [TRENDS, "serve", "--workers", "2", "--port", str(port)],
         env=env,

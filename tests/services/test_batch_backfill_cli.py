@@ -25,10 +25,12 @@ from pathlib import Path
 import pytest
 
 from batch_layer.store import BatchStore
-from infra import migrations, stack, topics
+from infra import migrations, topics
 from infra.airflow.client import AirflowClient
 from infra.cassandra import session
 from infra.settings import Settings
+from infra.settings_env import to_env
+from stack import control
 from tests.helpers import free_port
 from tests.services.test_batch_history import Truth, history_config, produce_events, produce_history
 from views.buckets import month_key
@@ -57,7 +59,7 @@ class Backfill:
 
     def env(self, **extra: str) -> dict[str, str]:
         """Return the environment of a `trends` process that talks to this stack."""
-        return {**os.environ, **self.settings.to_env(), **extra}
+        return {**os.environ, **to_env(self.settings), **extra}
 
     def cli(self, *args: str, timeout: float = 900, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -94,7 +96,7 @@ def backfill_stack(stack_up: Settings, tmp_path_factory: pytest.TempPathFactory)
     topics.ensure_topics(stack_up.kafka, [spec])
     try:
         t0 = time.monotonic()
-        stack.up(settings, ["cassandra", "airflow"])
+        control.up(settings, ["cassandra", "airflow"])
         migrations.migrate(settings)
         print(f"private Cassandra + Airflow up in {time.monotonic() - t0:.1f} s")
         truth = Truth()
@@ -108,7 +110,7 @@ def backfill_stack(stack_up: Settings, tmp_path_factory: pytest.TempPathFactory)
         af.wait_dag(early[0], "trends_backfill")
         yield Backfill(settings, truth, produced, early)
     finally:
-        stack.down(settings, ["airflow", "cassandra"])
+        control.down(settings, ["airflow", "cassandra"])
         topics.delete_topics(stack_up.kafka, [topic])
 
 
@@ -170,7 +172,7 @@ def test_backfill_fails_and_names_the_task_when_cassandra_stops(backfill_stack: 
             assert time.monotonic() < deadline, f"no chunk started computing:\n{''.join(lines)}"
             time.sleep(0.5)
         stopped_at = time.monotonic() - t0
-        stack.down(bf.settings, ["cassandra"])
+        control.down(bf.settings, ["cassandra"])
         proc.wait(timeout=900)
         stdout = proc.stdout.read()  # type: ignore[union-attr]
     finally:

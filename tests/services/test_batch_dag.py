@@ -17,12 +17,14 @@ import pytest
 from confluent_kafka import Producer
 
 from batch_layer.store import BatchStore
-from infra import migrations, stack
+from infra import migrations
 from infra.airflow.client import AirflowClient
-from infra.airflow.service import Airflow
 from infra.cassandra import session, table
-from infra.process import tail
 from infra.settings import Settings
+from stack import control
+from stack.airflow.config import AirflowConfig
+from stack.airflow.service import Airflow
+from stack.process import tail
 from tests.helpers import free_port
 from tests.services.test_batch_history import Truth, history_config, produce_history
 from views.buckets import month_key
@@ -93,10 +95,10 @@ def dag_env(
     )
     migrations.migrate(settings)
     try:
-        stack.up(settings, ["airflow"])
-        yield settings, AirflowClient(settings)
+        control.up(settings, ["airflow"])
+        yield settings, AirflowConfig(settings).client()
     finally:
-        stack.down(settings, ["airflow"])
+        control.down(settings, ["airflow"])
         with session(stack_up) as sess:
             sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
 
@@ -122,7 +124,7 @@ def test_scheduler_driven_backfill_and_reprocess(dag_env: tuple[Settings, Airflo
         assert time.monotonic() < deadline, "trends_batch was not parsed"
         time.sleep(2)
     starts = [H0 + h * HOUR for h in range(3)]
-    af.backfill("trends_batch", starts[0], starts[-1])
+    AirflowConfig(settings).backfill("trends_batch", starts[0], starts[-1])
     wait_runs(af, token, starts, attempt=1)
 
     def check() -> list[Any]:
@@ -155,7 +157,7 @@ def test_scheduler_driven_backfill_and_reprocess(dag_env: tuple[Settings, Airflo
     assert all(json.loads(r.offsets) for r in runs)
 
     # Reprocess after a "code fix": the same hours again, replacing, never adding.
-    af.backfill("trends_batch", starts[0], starts[-1], "--reprocess-behavior", "completed")
+    AirflowConfig(settings).backfill("trends_batch", starts[0], starts[-1], "--reprocess-behavior", "completed")
     wait_runs(af, token, starts, attempt=2)
     runs = check()
     assert sorted(r.status for r in runs) == ["completed"] * 6

@@ -28,6 +28,7 @@ from batch_layer.store import BatchStore
 from infra import migrations
 from infra.cassandra import session, table
 from infra.settings import Settings
+from infra.settings_env import to_env
 from ingestion.generator import GeneratorConfig, SyntheticStream
 from serving.api import create_app
 from views import sketches
@@ -261,7 +262,7 @@ def test_indexer_killed_mid_run_resumes_to_the_same_index(
     produce_events(settings, [Event(id=f"b{i}", ts=START + timedelta(hours=10 + (i % 5) * 24, seconds=i), item="#b")
                               for i in range(500)])  # fmt: skip
 
-    env = {**os.environ, **settings.to_env(), "TRENDS_LOG_LEVEL": "INFO"}
+    env = {**os.environ, **to_env(settings), "TRENDS_LOG_LEVEL": "INFO"}
     trends = str(Path(sys.executable).parent / "trends")
     proc = subprocess.Popen([trends, "batch", "index"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120

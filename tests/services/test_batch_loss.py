@@ -25,9 +25,9 @@ from confluent_kafka.admin import AdminClient
 
 from batch_layer import index, job, offsets
 from infra import migrations
-from infra.airflow.service import Airflow
 from infra.cassandra import session, table
 from infra.settings import Settings
+from stack.airflow.service import Airflow
 from tests.helpers import chromium, free_port, speed_drain
 from views.event import Event
 from views.store.checks import Checks

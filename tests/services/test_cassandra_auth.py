@@ -15,9 +15,10 @@ from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import Cluster, NoHostAvailable
 from pydantic import SecretStr
 
-from infra import migrations, stack
+from infra import migrations
 from infra.cassandra import ping, session
 from infra.settings import Settings
+from stack import control
 from tests.helpers import free_port
 
 PASSWORD = "cas-" + uuid.uuid4().hex  # 36 characters
@@ -48,10 +49,10 @@ def auth_cassandra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setting
         }
     )
     try:
-        stack.up(settings, ["cassandra"])
+        control.up(settings, ["cassandra"])
         yield settings
     finally:
-        stack.down(settings, ["cassandra"])
+        control.down(settings, ["cassandra"])
 
 
 def _login(settings: Settings, user: str | None, password: str | None) -> None:
@@ -85,9 +86,9 @@ def test_everyone_else_is_refused(auth_cassandra: Settings, user: str | None, pa
 
 
 def test_a_restart_keeps_the_role(auth_cassandra: Settings) -> None:
-    stack.down(auth_cassandra, ["cassandra"])
+    control.down(auth_cassandra, ["cassandra"])
     assert not ping(auth_cassandra)
-    (result,) = stack.up(auth_cassandra, ["cassandra"])
+    (result,) = control.up(auth_cassandra, ["cassandra"])
     assert not result.already_running
     assert ping(auth_cassandra)
     with pytest.raises(NoHostAvailable):

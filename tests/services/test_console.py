@@ -103,7 +103,7 @@ def test_the_console_explains_each_hour_with_the_faults_visible(
         "TRENDS_KAFKA__EVENTS_TOPIC": topic,
         "TRENDS_CASSANDRA__KEYSPACE": settings.cassandra.keyspace,
         "TRENDS_SPEED__QUERY_NAME": settings.speed.query_name,
-        "TRENDS_SPEED__METRICS_PORT": "0",
+        "TRENDS_METRICS__SPEED_PORT": "0",
         "TRENDS_SPEED__TRIGGER_SECONDS": "1",
         "TRENDS_SPEED__ALLOWED_LATENESS_S": "3600",
         "TRENDS_SPARK__CHECKPOINT_ROOT": str(checkpoints),

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from confluent_kafka import Consumer, TopicPartition
 
 from app.cli import cli
-from infra import stack, topics
+from infra import topics
 from infra.security import CONTROL_CHARS
 from infra.settings import Settings
 from ingestion import files
@@ -28,6 +28,7 @@ from ingestion.dlq import DeadLetter, read_dead_letters
 from ingestion.mapping import ColumnMapping
 from ingestion.producer import EventProducer
 from ingestion.validate import MAX_RECORD_BYTES
+from stack import control
 from views.event import Event, ts_millis
 
 READ_TIMEOUT_S = 120
@@ -324,10 +325,10 @@ def test_a_broker_restart_mid_run_loses_and_duplicates_nothing(ingest_settings: 
             time.sleep(0.1)
         restarted_at_sent = producer.summary.sent
         assert 0 < restarted_at_sent < count, "the run should be under way when the broker stops"
-        assert stack.down(settings, ["kafka"]) == ["kafka"]
+        assert control.down(settings, ["kafka"]) == ["kafka"]
         time.sleep(3)  # the producer keeps queueing (and then waits for room) while the broker is away
     finally:
-        stack.up(settings, ["kafka"])  # always leave the shared broker running and ready
+        control.up(settings, ["kafka"])  # always leave the shared broker running and ready
     worker.join(timeout=400)
     assert not worker.is_alive(), "the producer did not finish"
     assert not failure, failure

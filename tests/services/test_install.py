@@ -23,6 +23,7 @@ import pytest
 from infra import topics
 from infra.cassandra import session
 from infra.settings import Settings
+from infra.settings_env import to_env
 from tests.helpers import wait_ready
 
 pytestmark = [pytest.mark.install, pytest.mark.spark]
@@ -60,13 +61,13 @@ def env(stack_up: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     work = tmp_path_factory.mktemp("install")
     out = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("TRENDS_", "VIRTUAL_ENV", "PYTHON"))},
-        **stack_up.to_env(),
+        **to_env(stack_up),
         "TRENDS_KAFKA__EVENTS_TOPIC": topic,
         "TRENDS_KAFKA__DLQ_TOPIC": f"{topic}.dlq",
         "TRENDS_KAFKA__PARTITIONS": "2",
         "TRENDS_CASSANDRA__KEYSPACE": keyspace,
         "TRENDS_SPARK__CHECKPOINT_ROOT": str(work / "checkpoints"),
-        "TRENDS_SPEED__METRICS_PORT": "0",
+        "TRENDS_METRICS__SPEED_PORT": "0",
         "TRENDS_SPEED__ALLOWED_LATENESS_S": "7200",
         "TRENDS_BATCH__LATENESS_S": "300",
         "TRENDS_BATCH__GRACE_S": "300",

@@ -16,9 +16,10 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from pydantic import SecretStr
 
-from infra import stack, topics
+from infra import topics
 from infra.settings import Settings
 from ingestion.producer import EventProducer
+from stack import control
 from tests.helpers import consume_all, free_port
 from views.event import Event
 
@@ -44,10 +45,10 @@ def sasl_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
         }
     )
     try:
-        stack.up(settings, ["kafka"])
+        control.up(settings, ["kafka"])
         yield settings
     finally:
-        stack.down(settings, ["kafka"])
+        control.down(settings, ["kafka"])
 
 
 def _admin(settings: Settings, **overrides: str) -> AdminClient:
@@ -66,7 +67,7 @@ def test_the_configured_user_produces_and_consumes(sasl_kafka: Settings) -> None
 
 
 def test_clients_without_the_password_are_refused(sasl_kafka: Settings) -> None:
-    config = (stack.nodes(sasl_kafka, "kafka")[0].conf_dir / "server.properties").read_text()
+    config = (control.nodes(sasl_kafka, "kafka")[0].conf_dir / "server.properties").read_text()
     assert "PLAINTEXT:PLAINTEXT" not in config  # no listener, controller included, without authentication
     anonymous = _admin(sasl_kafka, **{"socket.timeout.ms": "3000"})
     with pytest.raises(KafkaException):
@@ -88,5 +89,5 @@ def test_clients_without_the_password_are_refused(sasl_kafka: Settings) -> None:
 
 
 def test_the_status_says_ready(sasl_kafka: Settings) -> None:
-    (status,) = stack.status(sasl_kafka, ["kafka"])
+    (status,) = control.status(sasl_kafka, ["kafka"])
     assert status.ready and status.pid is not None

@@ -21,6 +21,7 @@ from infra import migrations, topics
 from infra.cassandra import session
 from infra.errors import MigrationError
 from infra.settings import Settings
+from infra.settings_env import to_env
 
 TRENDS = str(Path(sys.executable).parent / "trends")
 OPERATOR_RETENTION = str(14 * 24 * 3600 * 1000)
@@ -35,7 +36,7 @@ def test_an_operators_retention_survives_init_unless_applied(keyspace_settings: 
     topic = f"test.opinit.{uuid.uuid4().hex[:8]}"
     env = {
         **os.environ,
-        **keyspace_settings.to_env(),
+        **to_env(keyspace_settings),
         "TRENDS_KAFKA__EVENTS_TOPIC": topic,
         "TRENDS_KAFKA__DLQ_TOPIC": f"{topic}.dlq",
         "TRENDS_KAFKA__PARTITIONS": "1",
@@ -75,13 +76,14 @@ MIGRATE = """
 import json
 from infra import migrations
 from infra.settings import Settings
+from infra.settings_env import to_env
 print(json.dumps([m.version for m in migrations.migrate(Settings())]))
 """
 
 
 def test_two_concurrent_migration_runs_apply_each_migration_once(keyspace_settings: Settings) -> None:
     """Two processes migrate a fresh keyspace at the same moment: one applies everything, the other nothing."""
-    env = {**os.environ, **keyspace_settings.to_env()}
+    env = {**os.environ, **to_env(keyspace_settings)}
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", MIGRATE], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

@@ -32,6 +32,7 @@ from batch_layer import job
 from infra import migrations, topics
 from infra.cassandra import session
 from infra.settings import Settings
+from infra.settings_env import to_env
 from ingestion.generator import Burst, GeneratorConfig, SyntheticStream
 from serving.api import create_app
 from tests.helpers import chromium, free_port, speed_drain, wait_ready
@@ -105,7 +106,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, stack_up: Settings, spark: 
 def serve(settings: Settings, log: Path, ready_status: int = 200, **env: str) -> Iterator[str]:
     """Run ``trends serve`` in its own process, as an operator would; yield its URL once /ready answers."""
     port = free_port()
-    full_env = {**os.environ, **settings.to_env(), "TRENDS_SERVING__PORT": str(port), **env}
+    full_env = {**os.environ, **to_env(settings), "TRENDS_SERVING__PORT": str(port), **env}
     with log.open("w") as out:
         proc = subprocess.Popen(
             [str(Path(sys.executable).parent / "trends"), "serve"], env=full_env, stdout=out, stderr=subprocess.STDOUT

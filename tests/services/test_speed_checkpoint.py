@@ -37,7 +37,7 @@ def _speed(settings: Settings, root: Path, query: str, dims: list[str]) -> subpr
         "TRENDS_KAFKA__EVENTS_TOPIC": settings.kafka.events_topic,
         "TRENDS_CASSANDRA__KEYSPACE": settings.cassandra.keyspace,
         "TRENDS_SPEED__QUERY_NAME": query,
-        "TRENDS_SPEED__METRICS_PORT": "0",
+        "TRENDS_METRICS__SPEED_PORT": "0",
         "TRENDS_SPEED__ALLOWED_LATENESS_S": "3600",
         "TRENDS_SPARK__CHECKPOINT_ROOT": str(root),
         "TRENDS_VIEWS__SLICE_DIMS": json.dumps(dims),

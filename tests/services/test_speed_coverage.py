@@ -131,7 +131,7 @@ def cov_env(
         "TRENDS_KAFKA__EVENTS_TOPIC": topic,
         "TRENDS_CASSANDRA__KEYSPACE": keyspace_settings.cassandra.keyspace,
         "TRENDS_SPEED__QUERY_NAME": query,
-        "TRENDS_SPEED__METRICS_PORT": "0",
+        "TRENDS_METRICS__SPEED_PORT": "0",
         "TRENDS_SPEED__TRIGGER_SECONDS": "1",
         "TRENDS_SPEED__ALLOWED_LATENESS_S": "3600",
         "TRENDS_SPARK__CHECKPOINT_ROOT": str(tmp_path / "checkpoints"),

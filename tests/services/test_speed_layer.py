@@ -113,7 +113,7 @@ def speed_env(
         "TRENDS_KAFKA__EVENTS_TOPIC": topic,
         "TRENDS_CASSANDRA__KEYSPACE": keyspace_settings.cassandra.keyspace,
         "TRENDS_SPEED__QUERY_NAME": query,
-        "TRENDS_SPEED__METRICS_PORT": "0",
+        "TRENDS_METRICS__SPEED_PORT": "0",
         "TRENDS_SPEED__TRIGGER_SECONDS": "1",
         "TRENDS_SPEED__MAX_OFFSETS_PER_TRIGGER": "3000",
         "TRENDS_SPARK__CHECKPOINT_ROOT": str(tmp_path / "checkpoints"),
@@ -235,7 +235,7 @@ def test_sigterm_finishes_cleanly_with_metrics_and_freshness(speed_env: SpeedEnv
 
     env = speed_env
     port = free_port()
-    env.env["TRENDS_SPEED__METRICS_PORT"] = str(port)
+    env.env["TRENDS_METRICS__SPEED_PORT"] = str(port)
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=3)
     events = [
         Event(id=f"t{i}", ts=start + timedelta(milliseconds=i * 20), item="#t", user=f"u{i % 9}") for i in range(9000)

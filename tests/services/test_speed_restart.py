@@ -20,13 +20,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from infra import migrations, stack
+from infra import migrations
 from infra.cassandra import session
-from infra.process import process_alive, tail
-from infra.services.pipeline import SpeedService
 from infra.settings import Settings
-from infra.stack_cli import stack as stack_cli
 from ingestion.producer import EventProducer
+from stack import control
+from stack.cli import stack as stack_cli
+from stack.process import process_alive, tail
+from stack.services.pipeline import SpeedService
 from tests.helpers import free_port
 from views.event import Event
 
@@ -67,7 +68,8 @@ def test_a_failing_speed_service_is_restarted_with_backoff_and_counted(
             "data_dir": tmp_path / "data",
             "kafka": stack_up.kafka.model_copy(update={"events_topic": topic}),
             "cassandra": stack_up.cassandra.model_copy(update={"keyspace": keyspace}),
-            "speed": stack_up.speed.model_copy(update={"metrics_port": port, "trigger_seconds": 1.0}),
+            "speed": stack_up.speed.model_copy(update={"trigger_seconds": 1.0}),
+            "metrics": stack_up.metrics.model_copy(update={"speed_port": port}),
             "stack": stack_up.stack.model_copy(
                 update={
                     "speed_restart_backoff_s": 1.0,
@@ -92,7 +94,7 @@ def test_a_failing_speed_service_is_restarted_with_backoff_and_counted(
         state = svc.supervisor_state()
         assert state is not None and state.last_exit_code not in (None, 0)
         assert svc.pid() == supervisor  # the same supervisor: the service itself never went away
-        status = stack.status(settings, ["speed"])[0]
+        status = control.status(settings, ["speed"])[0]
         assert re.search(r"restarts [1-9]\d* \(last exit [1-9]", status.detail), status.detail
         shown = CliRunner().invoke(stack_cli, ["status"], obj=settings)
         assert shown.exit_code == 0, shown.output

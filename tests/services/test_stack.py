@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from infra import stack, topics
+from infra import topics
 from infra.errors import StackError
-from infra.services.kafka import Kafka
 from infra.settings import Settings
+from stack import control
+from stack.services.kafka import Kafka
 from tests.helpers import consume_all, free_port
 
 
@@ -26,11 +27,11 @@ def private_kafka(tmp_path: Path, **stack_overrides: object) -> Settings:
 
 
 def test_up_twice_is_a_noop(stack_up: Settings) -> None:
-    before = {s.name: s.pid for s in stack.status(stack_up)}
-    again = stack.up(stack_up)
+    before = {s.name: s.pid for s in control.status(stack_up)}
+    again = control.up(stack_up)
     assert all(r.already_running for r in again)
     assert {r.name: r.pid for r in again} == before
-    assert all(s.ready for s in stack.status(stack_up))
+    assert all(s.ready for s in control.status(stack_up))
 
 
 def test_port_taken_by_another_process(tmp_path: Path) -> None:
@@ -40,14 +41,14 @@ def test_port_taken_by_another_process(tmp_path: Path) -> None:
         squatter.bind((host, port))
         squatter.listen()
         with pytest.raises(StackError, match=rf"port {host}:{port} is already taken by .*TRENDS_KAFKA__BOOTSTRAP"):
-            stack.up(settings, ["kafka"])
+            control.up(settings, ["kafka"])
     assert Kafka(settings).pid() is None
 
 
 def test_server_that_dies_at_start_is_reported_with_its_log(tmp_path: Path) -> None:
     settings = private_kafka(tmp_path, kafka_heap="1k")  # the JVM refuses a 1 KB heap
     with pytest.raises(StackError, match=r"kafka exited during start-up(.|\n)*heap"):
-        stack.up(settings, ["kafka"])
+        control.up(settings, ["kafka"])
     assert Kafka(settings).pid() is None
 
 
@@ -55,24 +56,24 @@ def test_data_survives_down_up_and_reset_wipes_it(tmp_path: Path) -> None:
     settings = private_kafka(tmp_path)
     topic = f"survivor.{uuid.uuid4().hex[:6]}"
     try:
-        stack.up(settings, ["kafka"])
+        control.up(settings, ["kafka"])
         topics.ensure_topics(settings.kafka, [topics.TopicSpec(topic, 1, 1, {})])
         producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True, "acks": "all"})
         for i in range(10):
             producer.produce(topic, value=str(i).encode())
         assert producer.flush(30) == 0
 
-        assert stack.down(settings, ["kafka"]) == ["kafka"]
+        assert control.down(settings, ["kafka"]) == ["kafka"]
         assert Kafka(settings).pid() is None
-        assert stack.down(settings, ["kafka"]) == []
-        stack.up(settings, ["kafka"])
+        assert control.down(settings, ["kafka"]) == []
+        control.up(settings, ["kafka"])
         assert sorted(consume_all(settings, topic, expect=10)) == [str(i) for i in range(10)]
 
-        removed = stack.reset(settings, ["kafka"])
+        removed = control.reset(settings, ["kafka"])
         assert removed == [tmp_path / "kafka" / "data"]
-        stack.up(settings, ["kafka"])
+        control.up(settings, ["kafka"])
         from confluent_kafka.admin import AdminClient
 
         assert topic not in AdminClient(settings.kafka.client_config()).list_topics(timeout=10).topics
     finally:
-        stack.down(settings, ["kafka"])
+        control.down(settings, ["kafka"])

@@ -33,13 +33,16 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from infra import migrations, stack, topics
-from infra.airflow.config import airflow_executable
-from infra.airflow.service import Airflow
-from infra.cassandra import ping, session
-from infra.process import child_env
+from infra import migrations, topics
+from infra.cassandra import ping, session, ssl_context
 from infra.settings import Settings
-from infra.tls import ensure_stack_tls
+from infra.settings_env import to_env
+from infra.spark import kafka_options
+from stack import control
+from stack.airflow.config import airflow_executable
+from stack.airflow.service import Airflow
+from stack.certificates import ensure_stack_tls
+from stack.process import child_env
 from tests.helpers import wait_ready
 
 pytestmark = [pytest.mark.tls, pytest.mark.spark]
@@ -99,13 +102,13 @@ def tls_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     assert settings.kafka.sasl_password is not None  # read from the folder
     assert settings.cassandra.password is not None and settings.cassandra.password.get_secret_value() == CASSANDRA_PW
     try:
-        stack.up(settings, ["kafka", "cassandra"])
+        control.up(settings, ["kafka", "cassandra"])
         topics.ensure_topics(settings.kafka)
         migrations.migrate(settings)
         env = child_env(settings, ("kafka", "cassandra", "serving"), base / "child-secrets")
         yield Stack(settings, env, API_PORT)
     finally:
-        stack.down(settings, ["kafka", "cassandra"])
+        control.down(settings, ["kafka", "cassandra"])
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +124,7 @@ def plain_stack(stack_up: Settings) -> Iterator[Stack]:
     spec = topics.TopicSpec(topic, settings.kafka.partitions, 1, {"retention.ms": "-1"})
     topics.ensure_topics(settings.kafka, [spec])
     migrations.migrate(settings)
-    yield Stack(settings, {**os.environ, **settings.to_env()}, PLAIN_API_PORT)
+    yield Stack(settings, {**os.environ, **to_env(settings)}, PLAIN_API_PORT)
     with session(stack_up) as sess:
         sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
     topics.delete_topics(stack_up.kafka, [topic])
@@ -137,7 +140,7 @@ def run_pipeline(target: Stack, work: Path) -> dict[str, Any]:
     """Ingest the seeded stream, drain it through the speed layer, recompute two hours, ask the API."""
     env = {
         **target.env,
-        "TRENDS_SPEED__METRICS_PORT": "0",
+        "TRENDS_METRICS__SPEED_PORT": "0",
         "TRENDS_SPEED__ALLOWED_LATENESS_S": "3600",
         "TRENDS_SPARK__CHECKPOINT_ROOT": str(work / "checkpoints"),
         "TRENDS_SERVING__PORT": str(target.api_port),
@@ -260,7 +263,7 @@ def test_trends_config_and_process_environments_never_show_secrets(tls_stack: St
 
 def test_hostname_verification_is_on_by_default(tls_stack: Stack) -> None:
     """The nodes' certificate names 127.0.0.1 and localhost: another expected name fails the handshake."""
-    ctx = tls_stack.settings.cassandra.ssl_context()
+    ctx = ssl_context(tls_stack.settings.cassandra)
     assert ctx is not None and ctx.check_hostname
     with (
         socket.create_connection(("127.0.0.1", CQL_PORT), timeout=10) as raw,
@@ -284,11 +287,11 @@ def mtls_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     )
     assert settings.kafka.ssl_certificate_file == settings.tls_dir / "client.pem"
     try:
-        stack.up(settings, ["kafka"])
+        control.up(settings, ["kafka"])
         topics.ensure_topics(settings.kafka)
         yield settings
     finally:
-        stack.down(settings, ["kafka"])
+        control.down(settings, ["kafka"])
 
 
 def test_mutual_tls_with_librdkafka_and_spark(mtls_kafka: Settings, spark: Any) -> None:
@@ -307,7 +310,7 @@ def test_mutual_tls_with_librdkafka_and_spark(mtls_kafka: Settings, spark: Any) 
     with pytest.raises(KafkaException):
         AdminClient({**no_cert, "socket.timeout.ms": 5000, "log_level": 0}).list_topics(timeout=8)
     # Spark's Kafka source (the Java client) with the certificate, key and CA inline as PEM.
-    opts = settings.kafka.spark_options()
+    opts = kafka_options(settings.kafka)
     assert "kafka.ssl.keystore.key" in opts and "kafka.ssl.truststore.certificates" in opts
     frame = (
         spark.read.format("kafka")  # type: ignore[attr-defined]
@@ -382,7 +385,7 @@ def test_airflow_tasks_reach_the_tls_services_with_their_secrets_from_files(
     )
     airflow = Airflow(settings)
     try:
-        stack.up(settings, ["airflow"])
+        control.up(settings, ["airflow"])
         env = airflow.process_env()
         assert not [k for k, v in env.items() if any(s in v for s in SECRETS)]
         proc = subprocess.run(
@@ -395,7 +398,7 @@ def test_airflow_tasks_reach_the_tls_services_with_their_secrets_from_files(
         )
         assert (out / "probe.json").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     finally:
-        stack.down(settings, ["airflow"])
+        control.down(settings, ["airflow"])
     doc = json.loads((out / "probe.json").read_text())
     assert doc["kafka_protocol"] == "SASL_SSL" and settings.kafka.events_topic in doc["kafka_topics"]
     assert doc["cassandra_ssl"] and doc["cassandra_ok"]

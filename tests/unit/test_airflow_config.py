@@ -14,10 +14,11 @@ import pytest
 from click.testing import CliRunner
 from pydantic import ValidationError
 
-from infra.airflow.config import REPO_DAGS
-from infra.airflow.service import Airflow
 from infra.errors import StackError
 from infra.settings import Settings, get_settings
+from infra.settings_env import to_env
+from stack.airflow.config import REPO_DAGS
+from stack.airflow.service import Airflow
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +41,7 @@ def test_settings_survive_the_round_trip_through_env(monkeypatch: pytest.MonkeyP
         views={"slice_dims": ["origin"]},
         airflow={"api_port": 18080, "database_url": "postgresql://a:b%40c@127.0.0.1/airflow", "triggerer": True},
     )
-    env = original.to_env()
+    env = to_env(original)
     assert env["TRENDS_AIRFLOW__API_PORT"] == "18080"
     assert env["TRENDS_KAFKA__SASL_PASSWORD"] == "p@ss"  # noqa: S105 - tasks need the real secret
     for key, value in env.items():
@@ -131,12 +132,12 @@ def test_airflow_env_command_prints_exports(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_stack_up_keeps_airflow_opt_in() -> None:
-    from infra import stack
+    from stack import control
 
-    assert [svc.name for svc in stack.services(Settings())] == ["kafka", "cassandra"]
-    assert [svc.name for svc in stack.services(Settings(), ["airflow", "kafka"])] == ["kafka", "airflow"]
+    assert [svc.name for svc in control.services(Settings())] == ["kafka", "cassandra"]
+    assert [svc.name for svc in control.services(Settings(), ["airflow", "kafka"])] == ["kafka", "airflow"]
     with pytest.raises(StackError, match="unknown service"):
-        stack.services(Settings(), ["zookeeper"])
+        control.services(Settings(), ["zookeeper"])
 
 
 def test_airflow_env_never_prints_secrets_but_the_shell_still_gets_them(tmp_path: Path) -> None:

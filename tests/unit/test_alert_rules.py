@@ -1,6 +1,6 @@
 """The shipped alert rules: promtool checks them and runs their unit tests; every alert is tested both ways.
 
-promtool is the one built into the cache by ``make`` (``infra.gotools``; built here if it is missing). Besides
+promtool is the one built into the cache by ``make`` (``stack.gotools``; built here if it is missing). Besides
 promtool's own verdicts, these tests hold the rules to the house rules: each alert has a ``for:``, a severity and
 the three annotations, a runbook section, a firing and a quiet case in ``trends.rules.test.yml``, and only
 metrics that some process of the pipeline exports; and the promtool tests fail when an alert can no longer fire.
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from infra import gotools
-from infra.services.prometheus import RULES_FILE, RULES_TESTS, render_config
 from infra.settings import Settings
+from stack import gotools
+from stack.services.prometheus import RULES_FILE, RULES_TESTS, render_config
 
 RUNBOOK = Path(__file__).resolve().parents[2] / "docs" / "runbook.md"
 

@@ -37,10 +37,10 @@ def test_every_subcommand_has_help() -> None:
 
 
 def test_reset_without_yes_asks_and_aborts_on_no(monkeypatch: pytest.MonkeyPatch) -> None:
-    import infra.stack
+    import stack.control
 
     called: list[object] = []
-    monkeypatch.setattr(infra.stack, "reset", lambda *a, **k: called.append(a) or [])
+    monkeypatch.setattr(stack.control, "reset", lambda *a, **k: called.append(a) or [])
     result = CliRunner().invoke(cli, ["stack", "reset"], input="n\n")
     assert result.exit_code == 1
     assert "Delete all data" in result.output

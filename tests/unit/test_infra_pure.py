@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from infra import jars, migrations, stack
+from infra import jars, migrations
 from infra.errors import MigrationError, StackError
-from infra.process import PidFile, ensure_port_free
-from infra.services.base import find_java
-from infra.services.cassandra import Cassandra
-from infra.services.kafka import Kafka
 from infra.settings import Settings
+from stack import control
+from stack.process import PidFile, ensure_port_free
+from stack.services.base import find_java
+from stack.services.cassandra import Cassandra
+from stack.services.kafka import Kafka
 
 
 def test_artifact_names() -> None:
@@ -96,7 +97,7 @@ def test_missing_java_gives_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_status_of_a_never_started_stack(tmp_path: Path) -> None:
-    for st in stack.status(Settings(data_dir=tmp_path)):
+    for st in control.status(Settings(data_dir=tmp_path)):
         assert st.state == "stopped" and st.pid is None
 
 
@@ -112,7 +113,7 @@ def test_stale_pid_file_is_ignored(tmp_path: Path) -> None:
 def test_kafka_cluster_renders_one_node_per_bootstrap_address(tmp_path: Path) -> None:
     servers = "127.0.0.11:9092,127.0.0.12:9092,127.0.0.13:9092"
     settings = Settings(data_dir=tmp_path, kafka={"bootstrap_servers": servers}, stack={"kafka_controller_port": 9093})
-    nodes = stack.nodes(settings, "kafka")
+    nodes = control.nodes(settings, "kafka")
     assert [n.name for n in nodes] == ["kafka-1", "kafka-2", "kafka-3"]
     third = nodes[2]
     third.conf_dir.mkdir(parents=True)
@@ -130,7 +131,7 @@ def test_cassandra_cluster_nodes_share_ports_and_the_seed(tmp_path: Path) -> Non
         cassandra={"contact_points": ["127.0.0.21", "127.0.0.22"], "port": 9042},
         stack={"cassandra_jmx_port": 7299, "cassandra_storage_port": 7000},
     )
-    first, second = stack.nodes(settings, "cassandra")
+    first, second = control.nodes(settings, "cassandra")
     assert (first.name, second.name) == ("cassandra-1", "cassandra-2")
     second.conf_dir.mkdir(parents=True)
     text = second.render_config().read_text()
@@ -141,10 +142,10 @@ def test_cassandra_cluster_nodes_share_ports_and_the_seed(tmp_path: Path) -> Non
 
 def test_services_name_a_whole_cluster_or_one_node(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, kafka={"bootstrap_servers": "127.0.0.11:9092,127.0.0.12:9092"})
-    assert [s.name for s in stack.services(settings)] == ["kafka-1", "kafka-2", "cassandra"]
-    assert [s.name for s in stack.services(settings, ["kafka-2", "api"])] == ["kafka-2", "api"]
+    assert [s.name for s in control.services(settings)] == ["kafka-1", "kafka-2", "cassandra"]
+    assert [s.name for s in control.services(settings, ["kafka-2", "api"])] == ["kafka-2", "api"]
     with pytest.raises(StackError, match=r"unknown service.*kafka-3.*choose from kafka-1, kafka-2, cassandra"):
-        stack.services(settings, ["kafka-3"])
+        control.services(settings, ["kafka-3"])
 
 
 def test_pid_file_trusts_only_the_process_it_recorded(tmp_path: Path) -> None:

@@ -14,12 +14,12 @@ import pytest
 from click.testing import CliRunner
 from pydantic import SecretStr
 
-from infra import stack
-from infra.airflow.service import Airflow
 from infra.errors import StackError
 from infra.security import MIN_SECRET_CHARS, exposure_problem, is_loopback
-from infra.services.pipeline import ApiService
 from infra.settings import Settings
+from stack import control
+from stack.airflow.service import Airflow
+from stack.services.pipeline import ApiService
 
 LONG_SECRET = "x" * MIN_SECRET_CHARS
 ANY = "0.0.0.0"  # noqa: S104 - the wildcard these tests expect to be refused (nothing binds it)
@@ -60,13 +60,13 @@ def _nothing_launched(settings: Settings) -> None:
 def test_stack_refuses_kafka_off_loopback(tmp_path: Path, servers: str) -> None:
     settings = _settings(tmp_path, kafka={"bootstrap_servers": servers})
     with pytest.raises(StackError, match="not a loopback address") as err:
-        stack.up(settings, ["kafka"])
+        control.up(settings, ["kafka"])
     for setting in ("TRENDS_KAFKA__SECURITY_PROTOCOL", "TRENDS_KAFKA__SASL_USERNAME", "TRENDS_KAFKA__SASL_PASSWORD"):
         assert setting in str(err.value)
     assert "SASL" in str(err.value)
     _nothing_launched(settings)
     # start() checks too, for callers that skip up().
-    node = stack.nodes(settings, "kafka")[-1]
+    node = control.nodes(settings, "kafka")[-1]
     with pytest.raises(StackError, match="not a loopback address"):
         node.start("/nonexistent/java")
     _nothing_launched(settings)
@@ -76,7 +76,7 @@ def test_stack_refuses_kafka_off_loopback(tmp_path: Path, servers: str) -> None:
 def test_stack_refuses_cassandra_off_loopback(tmp_path: Path, points: list[str]) -> None:
     settings = _settings(tmp_path, cassandra={"contact_points": points})
     with pytest.raises(StackError, match="not a loopback address") as err:
-        stack.up(settings)  # the default servers: kafka (loopback, fine) is refused along with cassandra
+        control.up(settings)  # the default servers: kafka (loopback, fine) is refused along with cassandra
     for setting in ("PasswordAuthenticator", "TRENDS_CASSANDRA__USERNAME", "TRENDS_CASSANDRA__PASSWORD"):
         assert setting in str(err.value)
     _nothing_launched(settings)
@@ -88,14 +88,14 @@ def test_stack_accepts_loopback_clusters(tmp_path: Path) -> None:
         kafka={"bootstrap_servers": "127.0.0.11:9092,127.0.0.12:9092"},
         cassandra={"contact_points": ["127.0.0.21", "127.0.0.22"]},
     )
-    for node in [*stack.nodes(settings, "kafka"), *stack.nodes(settings, "cassandra")]:
+    for node in [*control.nodes(settings, "kafka"), *control.nodes(settings, "cassandra")]:
         node.check_safe()  # no exception
 
 
 def test_stack_refuses_open_api_off_loopback(tmp_path: Path) -> None:
     settings = _settings(tmp_path, serving={"host": ANY})
     with pytest.raises(StackError, match="TRENDS_SERVING__API_TOKEN"):
-        stack.up(settings, ["api"])
+        control.up(settings, ["api"])
     _nothing_launched(settings)
     secured = _settings(tmp_path, serving={"host": ANY, "api_token": SecretStr(LONG_SECRET)})
     ApiService(secured).check_safe()
@@ -259,7 +259,7 @@ def _sasl(tmp_path: Path, servers: str, password: str = LONG_SECRET, **extra: An
 def test_kafka_with_sasl_plain_renders_sasl_on_every_listener_in_a_private_file(tmp_path: Path) -> None:
     import stat
 
-    node = stack.nodes(_sasl(tmp_path, "127.0.0.1:19092"), "kafka")[0]
+    node = control.nodes(_sasl(tmp_path, "127.0.0.1:19092"), "kafka")[0]
     node.conf_dir.mkdir(parents=True)
     config = node.render_config()
     text = config.read_text()
@@ -271,7 +271,7 @@ def test_kafka_with_sasl_plain_renders_sasl_on_every_listener_in_a_private_file(
 
 
 def test_kafka_off_loopback_with_sasl_plain_is_allowed(tmp_path: Path) -> None:
-    node = stack.nodes(_sasl(tmp_path, "10.0.0.5:9092"), "kafka")[0]
+    node = control.nodes(_sasl(tmp_path, "10.0.0.5:9092"), "kafka")[0]
     node.check_safe()  # no exception: the stack runs it with SASL
 
 
@@ -292,7 +292,7 @@ def test_kafka_configurations_the_stack_cannot_run_are_refused(
 ) -> None:
     settings = _sasl(tmp_path, servers, password, **extra)
     with pytest.raises(StackError, match=needle):
-        stack.up(settings, ["kafka"])
+        control.up(settings, ["kafka"])
     _nothing_launched(settings)
 
 
@@ -304,12 +304,12 @@ def _cas_auth(
 
 
 def test_cassandra_with_credentials_renders_password_authentication(tmp_path: Path) -> None:
-    node = stack.nodes(_cas_auth(tmp_path, ["10.0.0.5"]), "cassandra")[0]
+    node = control.nodes(_cas_auth(tmp_path, ["10.0.0.5"]), "cassandra")[0]
     node.check_safe()  # off loopback, allowed: the stack runs it with PasswordAuthenticator
     node.conf_dir.mkdir(parents=True)
     text = node.render_config().read_text()
     assert "authenticator: PasswordAuthenticator" in text and "authorizer: CassandraAuthorizer" in text
-    plain = stack.nodes(_settings(tmp_path), "cassandra")[0]
+    plain = control.nodes(_settings(tmp_path), "cassandra")[0]
     assert "authenticator: AllowAllAuthenticator" in plain.render_config().read_text()
 
 
@@ -327,5 +327,5 @@ def test_cassandra_credentials_the_stack_cannot_use_are_refused(
 ) -> None:
     settings = _cas_auth(tmp_path, points, user, password)
     with pytest.raises(StackError, match=needle):
-        stack.up(settings, ["cassandra"])
+        control.up(settings, ["cassandra"])
     _nothing_launched(settings)

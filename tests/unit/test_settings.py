@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from infra.migrations import replication_map
 from infra.settings import Settings
+from infra.spark import kafka_options
 
 
 @pytest.fixture(autouse=True)
@@ -40,7 +42,7 @@ def test_nested_env_vars_configure_clusters(monkeypatch: pytest.MonkeyPatch) -> 
     assert s.kafka.first_broker == ("k1", 9092)
     assert s.kafka.client_config()["bootstrap.servers"] == "k1:9092,k2:9092,k3:9092"
     assert s.cassandra.contact_points == ["10.1.0.1", "10.1.0.2"]
-    assert s.cassandra.replication_map() == {"class": "NetworkTopologyStrategy", "dc1": 3, "dc2": 2}
+    assert replication_map(s.cassandra) == {"class": "NetworkTopologyStrategy", "dc1": 3, "dc2": 2}
     assert s.spark.master == "spark://master:7077"
     assert s.checkpoint_root == "s3a://bucket/checkpoints"
 
@@ -61,7 +63,7 @@ def test_secrets_are_masked_unless_revealed(monkeypatch: pytest.MonkeyPatch) -> 
     assert "hunter2" not in repr(s) and "s3cret" not in repr(s)
     assert s.kafka.client_config(reveal_secrets=False)["sasl.password"] == "**********"
     assert s.kafka.client_config()["sasl.password"] == "hunter2"
-    assert 'password="hunter2"' in s.kafka.spark_options()["kafka.sasl.jaas.config"]
+    assert 'password="hunter2"' in kafka_options(s.kafka)["kafka.sasl.jaas.config"]
 
 
 @pytest.mark.parametrize(
@@ -118,3 +120,15 @@ def test_invalid_settings_on_the_command_line_hide_the_secret(monkeypatch: pytes
     assert result.exit_code == 2
     assert "invalid settings" in result.output and "database_url" in result.output
     assert "hunter2" not in result.output
+
+
+def test_a_renamed_setting_keeps_its_old_name_with_a_deprecation_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRENDS_SPEED__METRICS_PORT", "9333")
+    with pytest.warns(DeprecationWarning, match=r"speed\.metrics_port is deprecated: use metrics\.speed_port"):
+        assert Settings().metrics.speed_port == 9333
+    monkeypatch.setenv("TRENDS_METRICS__SPEED_PORT", "9444")  # the new name wins over the old one
+    with pytest.warns(DeprecationWarning):
+        assert Settings().metrics.speed_port == 9444
+    monkeypatch.delenv("TRENDS_SPEED__METRICS_PORT")
+    monkeypatch.delenv("TRENDS_METRICS__SPEED_PORT")
+    assert Settings().metrics.speed_port == 9108

@@ -1,6 +1,6 @@
 """The supervisor restarts a command that exits non-zero, with back-off, and says so; it stops on SIGTERM.
 
-Real processes (`python -m infra.supervisor` around a small script), bounded in count and time; no services.
+Real processes (`python -m stack.supervisor` around a small script), bounded in count and time; no services.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from infra.errors import EXIT_CONFIG
-from infra.supervisor import RESTARTS_ENV, SupervisorState, backoff_delay
+from infra.settings import RESTARTS_ENV
+from stack.supervisor import SupervisorState, backoff_delay
 
 # Fails (exit 3) on its first FAILS runs, then runs until SIGTERM and exits 0. Every run appends
 # {"t": start time, "restarts": the count it was given} to runs.jsonl.
@@ -61,7 +62,7 @@ def _supervise(tmp_path: Path, fails: int, *extra: str) -> tuple[subprocess.Pope
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     log, state = tmp_path / "runs.jsonl", tmp_path / "state.json"
-    cmd = [sys.executable, "-m", "infra.supervisor", "--state", str(state), "--backoff", "0.3", "--backoff-max", "0.5"]
+    cmd = [sys.executable, "-m", "stack.supervisor", "--state", str(state), "--backoff", "0.3", "--backoff-max", "0.5"]
     cmd += [*extra, "--", sys.executable, str(script), str(log), str(fails)]
     proc = subprocess.Popen(cmd, start_new_session=True, stderr=subprocess.PIPE)
     return proc, log, state
@@ -140,7 +141,7 @@ def test_a_clean_exit_ends_the_supervisor_and_max_restarts_bounds_it(tmp_path: P
     done = tmp_path / "done"
     done.mkdir()
     ok = subprocess.run(
-        [sys.executable, "-m", "infra.supervisor", "--state", str(done / "s.json"), "--", sys.executable, "-c", "0"],
+        [sys.executable, "-m", "stack.supervisor", "--state", str(done / "s.json"), "--", sys.executable, "-c", "0"],
         timeout=30,
         check=False,
     )
@@ -180,7 +181,7 @@ def test_the_child_does_not_outlive_a_killed_supervisor(tmp_path: Path) -> None:
 def test_a_command_that_refuses_its_configuration_is_not_restarted(tmp_path: Path) -> None:
     """Exit status 78 (a speed checkpoint of another view definition): restarting cannot help, so none follows."""
     state_file = tmp_path / "state.json"
-    cmd = [sys.executable, "-m", "infra.supervisor", "--state", str(state_file), "--backoff", "0.1", "--"]
+    cmd = [sys.executable, "-m", "stack.supervisor", "--state", str(state_file), "--backoff", "0.1", "--"]
     proc = subprocess.run(
         [*cmd, sys.executable, "-c", f"import sys; sys.exit({EXIT_CONFIG})"],
         capture_output=True, text=True, timeout=30, check=False,

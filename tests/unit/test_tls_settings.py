@@ -1,6 +1,6 @@
 """TLS, SASL and secrets settings: what each client is given, where secrets come from, and who gets them.
 
-Pure: certificates are generated into tmp_path by the stack's own generator (infra/tls.py); no server runs.
+Pure: certificates are generated into tmp_path by the stack's own generator (stack/certificates.py); no server runs.
 """
 
 from __future__ import annotations
@@ -19,14 +19,18 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from pydantic import SecretStr, ValidationError
 from pydantic_settings import SettingsError
 
-from infra.airflow.service import Airflow
+from infra.cassandra import ssl_context
 from infra.errors import StackError
-from infra.process import child_env
-from infra.services.cassandra import Cassandra
-from infra.services.kafka import Kafka
-from infra.services.pipeline import ApiService, SpeedService
-from infra.settings import KafkaSettings, Settings, get_settings
-from infra.tls import StackTls, ensure_stack_tls, pkcs8_pem
+from infra.service_settings import KafkaSettings
+from infra.settings import Settings, get_settings
+from infra.settings_env import secret_vars
+from infra.spark import kafka_options, pkcs8_pem
+from stack.airflow.service import Airflow
+from stack.certificates import StackTls, ensure_stack_tls
+from stack.process import child_env
+from stack.services.cassandra import Cassandra
+from stack.services.kafka import Kafka
+from stack.services.pipeline import ApiService, SpeedService
 
 KAFKA_PW = "kafka-secret-0123456789"
 CASSANDRA_PW = "cassandra-secret-0123456789"
@@ -91,11 +95,11 @@ def test_mtls_client_config_and_hostname_check_off(certs: StackTls) -> None:
 def test_plaintext_client_config_has_no_tls_keys() -> None:
     conf = KafkaSettings().client_config()
     assert not [k for k in conf if k.startswith(("ssl.", "sasl."))]
-    assert not [k for k in KafkaSettings().spark_options() if "ssl" in k or "sasl" in k]
+    assert not [k for k in kafka_options(KafkaSettings()) if "ssl" in k or "sasl" in k]
 
 
 def test_spark_options_carry_pem_inline(certs: StackTls) -> None:
-    opts = sasl_ssl(certs, ssl_certificate_file=certs.client_cert, ssl_key_file=certs.client_key).spark_options()
+    opts = kafka_options(sasl_ssl(certs, ssl_certificate_file=certs.client_cert, ssl_key_file=certs.client_key))
     assert opts["kafka.security.protocol"] == "SASL_SSL"
     assert opts["kafka.sasl.mechanism"] == "SCRAM-SHA-512"
     assert opts["kafka.sasl.jaas.config"] == (
@@ -107,11 +111,9 @@ def test_spark_options_carry_pem_inline(certs: StackTls) -> None:
     assert opts["kafka.ssl.keystore.certificate.chain"] == certs.client_cert.read_text()
     assert opts["kafka.ssl.keystore.key"].startswith("-----BEGIN PRIVATE KEY-----")
     assert opts["kafka.ssl.endpoint.identification.algorithm"] == "https"
-    plain = sasl_ssl(certs, sasl_mechanism="PLAIN").spark_options()
+    plain = kafka_options(sasl_ssl(certs, sasl_mechanism="PLAIN"))
     assert plain["kafka.sasl.jaas.config"].startswith("org.apache.kafka.common.security.plain.PlainLoginModule ")
-    assert (
-        sasl_ssl(certs, ssl_check_hostname=False).spark_options()["kafka.ssl.endpoint.identification.algorithm"] == ""
-    )
+    assert kafka_options(sasl_ssl(certs, ssl_check_hostname=False))["kafka.ssl.endpoint.identification.algorithm"] == ""
 
 
 def test_pkcs1_key_is_converted_to_pkcs8_for_java(tmp_path: Path) -> None:
@@ -157,15 +159,15 @@ def test_inconsistent_kafka_security_is_refused(values: dict[str, str], message:
 
 # -- Cassandra ---------------------------------------------------------------------------------------------------
 def test_cassandra_ssl_context(certs: StackTls) -> None:
-    assert Settings().cassandra.ssl_context() is None
+    assert ssl_context(Settings().cassandra) is None
     cfg = Settings(cassandra={"ssl": True, "ssl_ca_file": str(certs.ca)}).cassandra
-    ctx = cfg.ssl_context()
+    ctx = ssl_context(cfg)
     assert ctx is not None
     assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
     assert ctx.minimum_version == ssl.TLSVersion.TLSv1_2
     assert ctx.cert_store_stats()["x509_ca"] == 1  # exactly the configured CA, not the system's
     off = Settings(cassandra={"ssl": True, "ssl_ca_file": str(certs.ca), "ssl_check_hostname": False}).cassandra
-    assert not off.ssl_context().check_hostname  # type: ignore[union-attr]
+    assert not ssl_context(off).check_hostname  # type: ignore[union-attr]
     mtls = Settings(
         cassandra={
             "ssl": True,
@@ -174,12 +176,12 @@ def test_cassandra_ssl_context(certs: StackTls) -> None:
             "ssl_key_file": str(certs.client_key),
         }
     ).cassandra
-    assert mtls.ssl_context() is not None
+    assert ssl_context(mtls) is not None
     wrong = Settings(
         cassandra={"ssl": True, "ssl_certificate_file": str(certs.ca), "ssl_key_file": str(certs.ca)}
     ).cassandra
     with pytest.raises(ssl.SSLError):
-        wrong.ssl_context()
+        ssl_context(wrong)
     with pytest.raises(ValidationError, match="SSL_KEY_FILE"):
         Settings(cassandra={"ssl": True, "ssl_certificate_file": str(certs.client_cert)})
 
@@ -400,7 +402,7 @@ def test_stack_children_get_their_services_secrets(tmp_path: Path, monkeypatch: 
     for svc, names in expected.items():
         env = svc.process_env()
         assert env is not None
-        assert not {k for k in env if k.upper() in settings.secret_vars()}, svc.name
+        assert not {k for k in env if k.upper() in secret_vars(settings)}, svc.name
         assert not [v for v in env.values() if v in (KAFKA_PW, CASSANDRA_PW, ADMIN_PW, TOKEN)], svc.name
         assert {p.name for p in Path(env["TRENDS_SECRETS_DIR"]).iterdir()} == names, svc.name
     speed = SpeedService(settings)

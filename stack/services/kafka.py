@@ -13,9 +13,9 @@ from typing_extensions import override
 from infra import jars
 from infra.errors import StackError
 from infra.security import MIN_SECRET_CHARS, is_loopback, too_short
-from infra.services.base import CONF_DIR, Service, render
 from infra.settings import Settings
-from infra.tls import ensure_stack_tls
+from stack.certificates import ensure_stack_tls
+from stack.services.base import CONF_DIR, Service, render
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ class Kafka(Service):
     def tls_listener_config(self) -> str:
         """Return the listener lines for ``stack.tls``: clients and brokers on SSL or SASL_SSL, the controller on SSL.
 
-        The PEM keystore (key and chain) and CA come from :func:`infra.tls.ensure_stack_tls`. With SASL_SSL the
+        The PEM keystore (key and chain) and CA come from :func:`stack.certificates.ensure_stack_tls`. With SASL_SSL the
         brokers log in to each other as the configured user with its mechanism; SCRAM users are created by
         ``kafka-storage format --add-scram`` (:meth:`prepare`), PLAIN users are listed in the JAAS config. With SSL
         every client must present a certificate of the CA (``ssl.client.auth=required``: mutual TLS).

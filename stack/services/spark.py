@@ -13,8 +13,8 @@ from typing import Any
 
 from typing_extensions import override
 
-from infra.services.base import LoopbackProcess
 from infra.settings import Settings
+from stack.services.base import LoopbackProcess
 
 
 class SparkDaemon(LoopbackProcess):

@@ -1,8 +1,8 @@
 """Monitoring in the local stack: the batch exporter and a Prometheus server that scrapes the pipeline.
 
 ``batch-exporter`` runs ``trends batch exporter`` in the background (as a command, never imported: infra stays below
-the layers). ``prometheus`` runs the server built from Go modules into the cache (:mod:`infra.gotools`) with a
-config rendered from ``infra/prometheus/prometheus.yml`` and the shipped rules (``trends.rules.yml``), on loopback,
+the layers). ``prometheus`` runs the server built from Go modules into the cache (:mod:`stack.gotools`) with a
+config rendered from ``stack/conf/prometheus.yml`` and the shipped rules (``trends.rules.yml``), on loopback,
 its data under ``<data_dir>/prometheus/data``.
 """
 
@@ -13,16 +13,16 @@ from string import Template
 
 from typing_extensions import override
 
-from infra import gotools
-from infra.process import http_ok, write_private
-from infra.services.base import LoopbackProcess
-from infra.services.pipeline import PipelineService
 from infra.settings import Settings
+from stack import gotools
+from stack.process import http_ok, write_private
+from stack.services.base import LoopbackProcess
+from stack.services.pipeline import PipelineService
 
-PROMETHEUS_DIR = Path(__file__).resolve().parent.parent / "prometheus"
+PROMETHEUS_DIR = Path(__file__).resolve().parents[2] / "infra" / "prometheus"  # the rules ship with what they watch
 RULES_FILE = PROMETHEUS_DIR / "trends.rules.yml"
 RULES_TESTS = PROMETHEUS_DIR / "trends.rules.test.yml"
-CONFIG_TEMPLATE = PROMETHEUS_DIR / "prometheus.yml"
+CONFIG_TEMPLATE = Path(__file__).resolve().parent.parent / "conf" / "prometheus.yml"
 
 
 def _reach(host: str) -> str:
@@ -56,7 +56,7 @@ def render_config(
         evaluation_interval=_duration(m.evaluation_interval_s),
         rules_file=str(rules_file),
         batch_exporter=f"{_reach(m.host)}:{m.batch_exporter_port}",
-        speed=f"{_reach(m.host)}:{settings.speed.metrics_port}",
+        speed=f"{_reach(m.host)}:{settings.metrics.speed_port}",
         api=f"{_reach(settings.serving.host)}:{settings.serving.port}",
         extra_scrape_configs="\n".join(blocks),
     )

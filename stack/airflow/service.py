@@ -9,7 +9,7 @@ is reported by name with its own log tail, ``status`` can say which one is missi
 Each component runs ``airflow <component>`` from the venv's ``bin`` (also put first on PATH, since Airflow starts
 ``airflow …`` subprocesses) in its own session. Its pid file holds the pid and the process start time, so a reused pid
 is never taken for ours; stopping signals the group, SIGKILLs it after the timeout, then ends the task processes that
-Airflow moved to groups of their own. The configuration is :mod:`infra.airflow.config`'s.
+Airflow moved to groups of their own. The configuration is :mod:`stack.airflow.config`'s.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from infra.airflow.client import AirflowClient
-from infra.airflow.config import API_SERVER, COMPONENTS, AirflowConfig, Component, airflow_executable
 from infra.errors import StackError
-from infra.process import PidFile, ensure_port_free, family_rss_mib, launch, stop_groups, tail
-from infra.services.base import ServiceStatus
+from stack.airflow.config import API_SERVER, COMPONENTS, AirflowConfig, Component, airflow_executable
+from stack.process import PidFile, ensure_port_free, family_rss_mib, launch, stop_groups, tail
+from stack.services.base import ServiceStatus
 
 logger = logging.getLogger(__name__)
 

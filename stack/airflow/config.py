@@ -11,24 +11,30 @@ import base64
 import configparser
 import importlib.util
 import json
+import logging
 import os
 import secrets
 import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
+from infra.airflow.client import AirflowClient
 from infra.errors import StackError
-from infra.process import child_env, write_private
 from infra.security import MIN_SECRET_CHARS, exposure_problem, has_userinfo, is_loopback, is_secret_key
-from infra.settings import LOCAL_ADMIN_PASSWORD, Settings
+from infra.service_settings import LOCAL_ADMIN_PASSWORD
+from infra.settings import Settings
+from stack.process import child_env, tail, write_private
+
+logger = logging.getLogger(__name__)
 
 REPO_DAGS = Path(__file__).resolve().parents[2] / "dags"
 SIMPLE_AUTH_MANAGER = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
-WILDCARD = frozenset({"0.0.0.0", "::", ""})  # noqa: S104 - recognised, to reach such a server on loopback
 
 
 @dataclass(frozen=True)
@@ -65,7 +71,7 @@ def airflow_executable() -> Path:
 
 
 class AirflowConfig:
-    """The local Airflow instance: its layout and configuration; :class:`~infra.airflow.service.Airflow` runs it."""
+    """The local Airflow instance: its layout and configuration; :class:`~stack.airflow.service.Airflow` runs it."""
 
     name = "airflow"
 
@@ -87,23 +93,22 @@ class AirflowConfig:
 
     @property
     def api_host(self) -> str:
-        """Return the address the API server really binds: ``airflow.config`` overrides ``airflow.host``."""
-        return self.conf.config.get("AIRFLOW__API__HOST", self.conf.host)
+        """Return the address the API server really binds."""
+        return self.conf.bind_host
 
     @property
     def api_port(self) -> int:
-        """Return the port the API server really binds: ``airflow.config`` overrides ``airflow.api_port``."""
-        value = self.conf.config.get("AIRFLOW__API__PORT", "")
-        return int(value) if value.strip().isdigit() else self.conf.api_port
+        """Return the port the API server really binds."""
+        return self.conf.bind_port
 
     @property
     def client_host(self) -> str:
         """Return the address to reach the API server at (loopback when it binds every interface)."""
-        return "127.0.0.1" if self.api_host in WILDCARD else self.api_host
+        return self.conf.client_host
 
     @property
     def url(self) -> str:
-        """Return the base URL of the UI and REST API."""
+        """Return the base URL of the local UI and REST API."""
         host = f"[{self.client_host}]" if ":" in self.client_host else self.client_host
         return f"http://{host}:{self.api_port}"
 
@@ -208,7 +213,7 @@ class AirflowConfig:
         """Return the whole environment of Airflow's processes: ours, every setting as TRENDS_*, Airflow's own.
 
         Of the pipeline's secrets they get Kafka's and Cassandra's (the tasks run the batch job), as files in
-        ``<airflow home>/secrets`` (:func:`infra.process.child_env`); Airflow's own live in ``airflow.cfg``.
+        ``<airflow home>/secrets`` (:func:`stack.process.child_env`); Airflow's own live in ``airflow.cfg``.
         """
         path = os.pathsep.join([str(self.bin_dir()), os.environ.get("PATH", os.defpath)])
         base = child_env(self.settings, ("kafka", "cassandra"), self.home / "secrets")
@@ -267,7 +272,7 @@ class AirflowConfig:
             folder.mkdir(parents=True, exist_ok=True)
         keys = self._keys()
         lines = [
-            "# Written by infra/airflow/config.py at every `trends stack up airflow`; edits are lost. The keys are",
+            "# Written by stack/airflow/config.py at every `trends stack up airflow`; edits are lost. The keys are",
             "# generated once and kept. Every other option is an AIRFLOW__* variable: see `trends stack airflow-env`.",
         ]
         for section in ("core", "api", "api_auth"):
@@ -359,6 +364,54 @@ class AirflowConfig:
             timeout=timeout,
             check=False,
         )
+
+    def client(self) -> AirflowClient:
+        """Return a REST client of this instance whose errors end with the tail of its logs."""
+        return AirflowClient(self.settings, diagnostics=lambda: tail(self.log_files()))
+
+    def backfill(
+        self,
+        dag_id: str,
+        first: datetime,
+        last: datetime,
+        *extra: str,
+        max_active_runs: int = 2,
+        retry_s: float = 600,
+    ) -> None:
+        """Unpause the DAG and create a scheduler-driven backfill (``airflow backfill create``).
+
+        The runs are those whose data intervals start in ``[first, last]``; ``extra`` e.g.
+        ``--reprocess-behavior completed``. A backfill's runs are bounded by its own ``--max-active-runs`` (Airflow
+        3 does not apply the DAG's to them), so it is passed explicitly. Airflow allows one unfinished backfill per
+        DAG: while the previous one is being marked complete (or SQLite reports a lock), the creation is retried for up
+        to ``retry_s``.
+
+        :raises StackError: the CLI refused for another reason, or for longer than ``retry_s``.
+        """
+        unpause = self.cli("dags", "unpause", dag_id)
+        if unpause.returncode != 0:
+            msg = f"airflow dags unpause {dag_id} failed: {(unpause.stdout + unpause.stderr)[-2000:]}"
+            raise StackError(msg)
+        args = ["backfill", "create", "--dag-id", dag_id, "--from-date", first.isoformat()]
+        args += ["--to-date", last.isoformat(), "--max-active-runs", str(max_active_runs), *extra]
+        deadline = time.monotonic() + retry_s
+        reasons: list[str] = []
+        while True:
+            proc = self.cli(*args)
+            if proc.returncode == 0:
+                return
+            out = proc.stdout + proc.stderr
+            # Retried: the refusal while the previous backfill is being completed, and a lock error of SQLite
+            # (SQLITE_BUSY on a lock upgrade does not wait for the busy timeout) — on that one Airflow deletes the
+            # half-created backfill and its runs itself (models.backfill._cleanup_partial_backfill). Anything
+            # else may have left runs behind: not retried.
+            transient = next((t for t in ("AlreadyRunningBackfill", "database is locked") if t in out), None)
+            if transient is None or time.monotonic() > deadline:
+                msg = f"airflow backfill create failed (earlier attempts: {reasons or 'none'}): {out[-2000:]}"
+                raise StackError(msg)
+            reasons.append(transient)
+            logger.warning("backfill of %s not created yet (%s); retrying", dag_id, transient)
+            time.sleep(5)
 
 
 def _why_unreadable(exc: Exception) -> str:

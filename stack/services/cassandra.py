@@ -12,12 +12,13 @@ from pathlib import Path
 from typing_extensions import override
 
 from infra import jars
+from infra.cassandra import ssl_context
 from infra.errors import StackError
-from infra.process import port_is_open, process_alive, tail
 from infra.security import MIN_SECRET_CHARS, is_loopback, too_short
-from infra.services.base import CONF_DIR, Service, render
 from infra.settings import Settings
-from infra.tls import ensure_stack_tls
+from stack.certificates import ensure_stack_tls
+from stack.process import port_is_open, process_alive, tail
+from stack.services.base import CONF_DIR, Service, render
 
 logger = logging.getLogger(__name__)
 
@@ -281,7 +282,7 @@ class Cassandra(Service):
             port=self.client_port,
             auth_provider=PlainTextAuthProvider("cassandra", "cassandra"),
             protocol_version=cfg.protocol_version,
-            ssl_context=cfg.ssl_context(),
+            ssl_context=ssl_context(cfg),
             connect_timeout=5,
         )
         try:
@@ -299,7 +300,7 @@ class Cassandra(Service):
             port=self.client_port,
             auth_provider=PlainTextAuthProvider(user, password),
             protocol_version=cfg.protocol_version,
-            ssl_context=cfg.ssl_context(),
+            ssl_context=ssl_context(cfg),
             connect_timeout=5,
         )
         try:

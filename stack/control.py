@@ -1,8 +1,8 @@
 """The local stack: which servers there are, and ``up``/``down``/``status``/``reset`` over them.
 
-Kafka and Cassandra run by default, one node each or a small cluster (:mod:`infra.services`); Airflow
-(:mod:`infra.airflow.service`), the pipeline's background commands and a Spark cluster join when named. They all keep
-the :class:`~infra.services.base.StackService` contract, so these functions treat them alike.
+Kafka and Cassandra run by default, one node each or a small cluster (:mod:`stack.services`); Airflow
+(:mod:`stack.airflow.service`), the pipeline's background commands and a Spark cluster join when named. They all keep
+the :class:`~stack.services.base.StackService` contract, so these functions treat them alike.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from infra.airflow.service import Airflow
 from infra.errors import StackError
-from infra.services.base import Service, ServiceStatus, StackService, find_java
-from infra.services.cassandra import Cassandra
-from infra.services.kafka import Kafka
-from infra.services.pipeline import ApiService, SpeedService
-from infra.services.prometheus import BatchExporterService, PrometheusService
-from infra.services.spark import SparkMaster, SparkWorker
 from infra.settings import Settings
+from stack.airflow.service import Airflow
+from stack.services.base import Service, ServiceStatus, StackService, find_java
+from stack.services.cassandra import Cassandra
+from stack.services.kafka import Kafka
+from stack.services.pipeline import ApiService, SpeedService
+from stack.services.prometheus import BatchExporterService, PrometheusService
+from stack.services.spark import SparkMaster, SparkWorker
 
 # What `up` starts when no server is named; tests and `make demo` rely on it being just these two.
 # The servers `up` starts by default: one node or a local cluster each, by the number of addresses configured.

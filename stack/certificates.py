@@ -17,13 +17,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from infra.process import write_private
+from stack.process import write_private
 
 if TYPE_CHECKING:
     from cryptography import x509
     from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey
     from cryptography.x509 import Certificate
-    from pydantic import SecretStr
 
 logger = logging.getLogger(__name__)
 
@@ -106,29 +105,6 @@ def ensure_stack_tls(folder: Path, hosts: Sequence[str]) -> StackTls:
         write_private(files.client_key, _key_pem(key))
         write_private(files.client_cert, _cert_pem(cert))
     return files
-
-
-def pkcs8_pem(path: Path, password: SecretStr | None) -> str:
-    """Return a PEM private key as PKCS#8 text (what Java's PEM keystores read), converting PKCS#1 or SEC1 keys.
-
-    An encrypted key stays encrypted with the same password.
-
-    :raises OSError: when the file cannot be read.
-    :raises ValueError: when it holds no private key the password opens.
-    """
-    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415
-
-    raw = path.read_bytes()
-    if b"-----BEGIN PRIVATE KEY-----" in raw or b"-----BEGIN ENCRYPTED PRIVATE KEY-----" in raw:
-        return raw.decode()
-    secret = password.get_secret_value().encode() if password is not None else None
-    try:
-        key = serialization.load_pem_private_key(raw, password=secret)
-    except (ValueError, TypeError) as exc:
-        msg = f"{path}: not a PEM private key that the configured password opens ({exc})"
-        raise ValueError(msg) from exc
-    encryption = serialization.BestAvailableEncryption(secret) if secret is not None else serialization.NoEncryption()
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption).decode()
 
 
 # -- generation ------------------------------------------------------------------------------------------------

@@ -8,19 +8,19 @@ import time
 import click
 
 from infra import jars
-from infra import stack as local_stack
-from infra.airflow.config import AirflowConfig
-from infra.airflow.service import Airflow
 from infra.errors import StackError
-from infra.process import follow as follow_log
 from infra.settings import Settings
+from stack import control
+from stack.airflow.config import AirflowConfig
+from stack.airflow.service import Airflow
+from stack.process import follow as follow_log
 
 
 def _known_services(ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
     """Reject unknown names as a usage error; node names such as kafka-2 depend on the settings."""
     if value:
         try:
-            local_stack.services(ctx.find_object(Settings) or Settings(), value)
+            control.services(ctx.find_object(Settings) or Settings(), value)
         except StackError as exc:
             raise click.BadParameter(str(exc)) from exc
     return value
@@ -35,7 +35,7 @@ WITH_AIRFLOW = click.option(
 def _names(services: tuple[str, ...], *, with_airflow: bool = False) -> list[str] | None:
     if services:
         return list(services)
-    return [*local_stack.SERVICES, "airflow"] if with_airflow else None
+    return [*control.SERVICES, "airflow"] if with_airflow else None
 
 
 @click.group()
@@ -65,7 +65,7 @@ def up(settings: Settings, services: tuple[str, ...], with_airflow: bool, no_ini
     """
     t0 = time.monotonic()
     names = _names(services, with_airflow=with_airflow)
-    for result in local_stack.up(settings, names):
+    for result in control.up(settings, names):
         how = "already running" if result.already_running else f"ready in {result.seconds:.1f} s"
         click.echo(f"{result.name:14} {result.address:22} pid {result.pid:<8} {how}")
     if not no_init:
@@ -78,7 +78,7 @@ def up(settings: Settings, services: tuple[str, ...], with_airflow: bool, no_ini
 
 
 def _init(settings: Settings, names: list[str] | None, *, apply_topic_config: bool = False) -> None:
-    from infra import migrations, topics  # noqa: PLC0415
+    from infra import migrations, topics
 
     if names is None or "kafka" in names:
         changes: list[topics.ConfigChange] = []
@@ -122,7 +122,7 @@ def init(settings: Settings, apply_topic_config: bool) -> None:
 @click.pass_obj
 def down(settings: Settings, services: tuple[str, ...]) -> None:
     """Stop the servers this stack started (found by pid file), Airflow included when it runs. Data is kept."""
-    stopped = local_stack.down(settings, _names(services))
+    stopped = control.down(settings, _names(services))
     click.echo(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
 
 
@@ -130,7 +130,7 @@ def down(settings: Settings, services: tuple[str, ...]) -> None:
 @click.pass_obj
 def status(settings: Settings) -> None:
     """Show each server's state, address, pid and memory (Airflow's: all its processes together)."""
-    for st in local_stack.status(settings, local_stack.ALL_SERVICES):
+    for st in control.status(settings, control.ALL_SERVICES):
         rss = f"{st.rss_mib:7.0f} MiB" if st.rss_mib is not None else "        -  "
         pid = str(st.pid) if st.pid else "-"
         detail = f"  {st.detail}" if st.detail else ""
@@ -151,7 +151,7 @@ def status(settings: Settings) -> None:
 @click.pass_obj
 def logs(settings: Settings, service: str, lines: int, follow: bool, raw: bool, component: str | None) -> None:
     """Show a server's log (Airflow: one component's output; task logs are in the UI)."""
-    svc = local_stack.services(settings, [service])[0]
+    svc = control.services(settings, [service])[0]
     path = svc.stdout_file if raw else svc.main_log
     if component:
         if not isinstance(svc, Airflow):
@@ -177,11 +177,11 @@ def reset(settings: Settings, services: tuple[str, ...], with_airflow: bool, yes
     """
     names = _names(services, with_airflow=with_airflow)
     what = ", ".join(names) if names else "kafka, cassandra"
-    if not names or set(local_stack.SERVICES) <= set(names):
+    if not names or set(control.SERVICES) <= set(names):
         what += " and the streaming checkpoints"
     if not yes:
         click.confirm(f"Delete all data of {what} under {settings.data_dir}?", abort=True)
-    for path in local_stack.reset(settings, names):
+    for path in control.reset(settings, names):
         click.echo(f"deleted {path}")
 
 

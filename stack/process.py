@@ -23,6 +23,7 @@ from typing import Any
 
 from infra.errors import StackError
 from infra.settings import SECRETS_DIR_ENV, Settings
+from infra.settings_env import secret_vars, to_env
 
 logger = logging.getLogger(__name__)
 
@@ -54,15 +55,15 @@ def child_env(
     one 0600 file per variable), which ``TRENDS_SECRETS_DIR`` names. So the speed job never holds the Airflow admin
     password or the API token, and no secret shows in ``/proc/<pid>/environ`` or a process listing.
     """
-    secret_vars = settings.secret_vars()
+    secrets = secret_vars(settings)
     env = {
         k: v
         for k, v in (os.environ if base is None else base).items()
-        if k.upper() not in secret_vars and k.upper() != SECRETS_DIR_ENV
+        if k.upper() not in secrets and k.upper() != SECRETS_DIR_ENV
     }
-    values = settings.to_env()
-    env.update({k: v for k, v in values.items() if k not in secret_vars})
-    wanted = {k: values[k] for k, section in secret_vars.items() if section in sections and k in values}
+    values = to_env(settings)
+    env.update({k: v for k, v in values.items() if k not in secrets})
+    wanted = {k: values[k] for k, section in secrets.items() if section in sections and k in values}
     write_secrets_dir(secrets_dir, wanted)
     env[SECRETS_DIR_ENV] = str(secrets_dir)
     return env

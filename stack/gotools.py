@@ -6,7 +6,7 @@ GOPROXY``; nothing here names a host) and compiles it; the binaries go to
 interrupted build never leaves half a tool behind, and a tool is rebuilt only when one of its binaries is missing.
 Building Prometheus's two commands takes about 5-7 minutes of two cores here; every later use is instant.
 
-``python -m infra.gotools [--force]`` builds them (``make`` runs it before the tests that need promtool).
+``python -m stack.gotools [--force]`` builds them (``make`` runs it before the tests that need promtool).
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def build(settings: Settings, tool: GoTool = PROMETHEUS, *, force: bool = False)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Build the Go tools into the cache (``python -m infra.gotools``)."""
+    """Build the Go tools into the cache (``python -m stack.gotools``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--force", action="store_true", help="build again even if the binaries are cached")
     args = parser.parse_args(argv)

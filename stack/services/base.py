@@ -1,7 +1,7 @@
 """What every server of the local stack is: the :class:`StackService` contract and the one-process :class:`Service`.
 
 Each server is one process started in its own session (process group) with its output in a log file and its pid in
-a pid file under ``<data_dir>/<service>/`` (:mod:`infra.process`). A pid file is trusted only while the process it
+a pid file under ``<data_dir>/<service>/`` (:mod:`stack.process`). A pid file is trusted only while the process it
 names still runs, started when the recorded one did, with our config on its command line, so a reused pid cannot make
 us kill a stranger. Every wait is bounded; a server that dies or hangs at start is reported with the tail of its log.
 """
@@ -24,7 +24,8 @@ from typing_extensions import override
 
 from infra import jars
 from infra.errors import StackError
-from infra.process import (
+from infra.settings import Settings
+from stack.process import (
     PidFile,
     cmdline,
     ensure_port_free,
@@ -37,7 +38,6 @@ from infra.process import (
     tail,
     write_private,
 )
-from infra.settings import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Keep a long-running command up: restart it with exponential back-off whenever it exits non-zero.
 
-``python -m infra.supervisor --state FILE [--backoff S --backoff-max S --healthy-after S] -- CMD…`` runs CMD,
+``python -m stack.supervisor --state FILE [--backoff S --backoff-max S --healthy-after S] -- CMD…`` runs CMD,
 and when it exits with a non-zero status (an exception, a signal, the OOM killer) starts it again after a delay
 that doubles with each quick failure (``backoff``, ``2 x backoff``, … up to ``backoff-max``) and falls back to
 ``backoff`` once a run lasted ``healthy-after`` seconds. Exit status 0 (a requested stop, ``--max-seconds``) ends
@@ -15,7 +15,7 @@ The state file (JSON, rewritten atomically) says how often the command was resta
 (``tests/reliability``) checks it. Each run gets the restart count so far in the environment variable
 :data:`RESTARTS_ENV`, so the command can export it (the speed layer's ``trends_speed_restarts_total`` metric).
 
-The stack runs the speed service under it (``infra.services.pipeline.SpeedService``): a streaming job that exits on
+The stack runs the speed service under it (``stack.services.pipeline.SpeedService``): a streaming job that exits on
 a write error (Cassandra down, a schema missing) comes back by itself, and the gaps it leaves stop growing once the
 cause is fixed.
 """
@@ -38,11 +38,11 @@ from types import FrameType
 from typing import Final
 
 from infra.errors import EXIT_CONFIG
-from infra.process import write_private
+from infra.settings import RESTARTS_ENV
+from stack.process import write_private
 
-logger = logging.getLogger("infra.supervisor")
+logger = logging.getLogger("stack.supervisor")
 
-RESTARTS_ENV: Final = "TRENDS_SUPERVISED_RESTARTS"
 EXITS_KEPT: Final = 20  # exit statuses the state file keeps, newest last
 
 
@@ -177,7 +177,7 @@ def supervise(
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line and supervise."""
-    parser = argparse.ArgumentParser(prog="python -m infra.supervisor", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m stack.supervisor", description=__doc__.split("\n\n")[0])
     parser.add_argument("--state", type=Path, required=True, help="JSON state file (restarts, last exit).")
     parser.add_argument("--backoff", type=float, default=2.0, help="First restart delay, seconds.")
     parser.add_argument("--backoff-max", type=float, default=60.0, help="Longest restart delay, seconds.")

@@ -12,11 +12,12 @@ from pathlib import Path
 from typing_extensions import override
 
 from infra.errors import StackError
-from infra.process import child_env, http_ok, write_private
 from infra.security import exposure_problem
-from infra.services.base import LoopbackProcess, ServiceStatus
 from infra.settings import SECRETS_DIR_ENV
-from infra.supervisor import SupervisorState
+from infra.settings_env import secret_vars, to_env
+from stack.process import child_env, http_ok, write_private
+from stack.services.base import LoopbackProcess, ServiceStatus
+from stack.supervisor import SupervisorState
 
 
 class PipelineService(LoopbackProcess):
@@ -45,8 +46,8 @@ class PipelineService(LoopbackProcess):
     @override
     def render_config(self) -> Path:
         env = self.home / "conf" / "settings.env"
-        secret = self.settings.secret_vars()
-        settings_env = {k: v for k, v in self.settings.to_env().items() if k not in secret}
+        secret = secret_vars(self.settings)
+        settings_env = {k: v for k, v in to_env(self.settings).items() if k not in secret}
         settings_env[SECRETS_DIR_ENV] = str(self.secrets_dir)
         write_private(env, "".join(f"{k}={v}\n" for k, v in sorted(settings_env.items())))
         return env
@@ -69,7 +70,7 @@ class PipelineService(LoopbackProcess):
 
 
 class SpeedService(PipelineService):
-    """``trends speed run`` in the background, under :mod:`infra.supervisor`: ready once its /metrics answers.
+    """``trends speed run`` in the background, under :mod:`stack.supervisor`: ready once its /metrics answers.
 
     A run that exits non-zero (a write error, Cassandra down, a crash) is restarted with exponential back-off
     (``stack.speed_restart_*``); ``status`` shows the restarts, and the job exports them as a metric.
@@ -88,7 +89,7 @@ class SpeedService(PipelineService):
     def command(self, java: str, config: Path) -> list[str]:
         st = self.settings.stack
         return [
-            sys.executable, "-m", "infra.supervisor", "--state", str(self.state_file),
+            sys.executable, "-m", "stack.supervisor", "--state", str(self.state_file),
             "--backoff", str(st.speed_restart_backoff_s), "--backoff-max", str(st.speed_restart_backoff_max_s),
             "--healthy-after", str(st.speed_restart_healthy_s),
             "--", *super().command(java, config),
@@ -96,7 +97,7 @@ class SpeedService(PipelineService):
 
     @override
     def is_ours(self, argv: list[str]) -> bool:
-        return "infra.supervisor" in argv and str(self.state_file) in argv and all(a in argv for a in self.args)
+        return "stack.supervisor" in argv and str(self.state_file) in argv and all(a in argv for a in self.args)
 
     def supervisor_state(self) -> SupervisorState | None:
         """Return what the supervisor last recorded (None before the first start)."""
@@ -113,12 +114,12 @@ class SpeedService(PipelineService):
     @property
     @override
     def client_port(self) -> int:
-        return self.settings.speed.metrics_port
+        return self.settings.metrics.speed_port
 
     @override
     def ports(self) -> list[tuple[int, str, str]]:
-        port = self.settings.speed.metrics_port
-        return [(port, "metrics", "TRENDS_SPEED__METRICS_PORT")] if port else []
+        port = self.settings.metrics.speed_port
+        return [(port, "metrics", "TRENDS_METRICS__SPEED_PORT")] if port else []
 
     @override
     def is_ready(self) -> bool:

@@ -1,0 +1,1 @@
+"""The local Airflow: its configuration and its processes."""
