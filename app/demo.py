@@ -33,7 +33,7 @@ from infra.errors import StackError
 from infra.process import child_env
 from infra.services.pipeline import ApiService
 from infra.settings import Settings
-from serving.store import ViewReader
+from serving.reader import ViewReader
 from views.buckets import HOUR, MINUTE, closed_until, floor, utc
 from views.store.batch import BatchRows
 from views.store.pointers import PointerStore

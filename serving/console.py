@@ -4,7 +4,7 @@ One strip per hour says which batch run holds the hour (completed with its run i
 the records indexed since, incomplete, missing), what the speed layer counted minute by minute (which epoch covers
 which minutes, minutes whose rows expired or are missing, minutes before an epoch started, minutes not yet seen),
 and the gaps of the merged answer with their reasons — the same plan and the same punching of lost speed rows that
-every query uses (:func:`serving.queries.load`), so the console and the answers cannot disagree. Around the strips:
+every query uses (:func:`serving.window.load`), so the console and the answers cannot disagree. Around the strips:
 the batch watermark and the pin (what the pin moves to the speed view, and whether the speed view still holds
 those minutes), the event-time index's horizon and the partition holding it, the ``trends_backfill`` runs in
 Airflow with their progress, and the dead letters by reason.
@@ -32,9 +32,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
 from infra.settings import Settings
-from serving import params, queries
-from serving.merge import NOT_YET_SEEN, SPEED_ROWS_GONE, STARTED_AFTER, Span, SpeedCoverage
-from serving.store import ViewReader
+from serving import params
+from serving.plan import NOT_YET_SEEN, SPEED_ROWS_GONE, STARTED_AFTER, Span, SpeedCoverage
+from serving.reader import ViewReader
+from serving.window import load
 from views.aggregation import GLOBAL_SLICE
 from views.buckets import HOUR, MINUTE, floor
 from views.store.checks import Checks
@@ -360,7 +361,7 @@ def build(reader: ViewReader, start: datetime, end: datetime, now: datetime | No
     cov = reader.coverage(start, end, GLOBAL_SLICE)
     mark = reader.pointer_store.watermark()
     pointers = reader.pointer_store.pointers_indexed(sorted({h.date() for h in hours}))
-    window = queries.load(reader, start, end, GLOBAL_SLICE, coarsest="hour", fields=(), keep_rows=False)
+    window = load(reader, start, end, GLOBAL_SLICE, coarsest="hour", fields=(), keep_rows=False)
     completed = [h for h in hours if h in pointers]
     batch_events = {b.start: b.events for b in reader.stream([Span(h, h + HOUR, "batch", "hour") for h in completed],
                                                               GLOBAL_SLICE, ())}  # fmt: skip

@@ -13,9 +13,10 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from infra.settings import Settings
-from serving import api, queries
-from serving.merge import Span
-from serving.store import Bucket, Coverage
+from serving import api, queries, window
+from serving.bucket import Bucket
+from serving.merge import Merged
+from serving.plan import Coverage, Span
 from views import sketches
 
 QUERY_ROUTES = ["count", "users", "quantiles", "top", "summary", "trending", "series"]
@@ -116,15 +117,15 @@ def test_queries_beyond_the_concurrency_limit_get_a_429_with_retry_after() -> No
         assert client.get("/api/v1/count?last=1h").status_code == 503  # the slot was given back
 
 
-def _items_window(start: datetime, counts: dict[str, int], lg_max: int = 3) -> queries.Window:
+def _items_window(start: datetime, counts: dict[str, int], lg_max: int = 3) -> window.Window:
     fi = ds.frequent_strings_sketch(lg_max)
     for item, n in counts.items():
         fi.update(item, n)
     b = Bucket(start, "minute", "speed", sum(counts.values()), b"", b"", bytes(fi.serialize()))
     cov = Coverage(None, False, None, set(), set(), None, None)
     end = start + timedelta(minutes=1)
-    w = queries.Window(start, end, "*", queries.Provenance.of([Span(start, end, "speed", "minute")], cov),
-                       queries.Merged(timedelta(days=1)))  # fmt: skip
+    w = window.Window(start, end, "*", window.Provenance.of([Span(start, end, "speed", "minute")], cov),
+                       Merged(timedelta(days=1)))  # fmt: skip
     w.merged.add(b)
     return w
 

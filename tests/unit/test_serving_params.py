@@ -84,8 +84,9 @@ def test_limits_and_ranks(settings: Settings) -> None:
 def test_row_cache_is_a_bounded_lru_that_keeps_empty_reads() -> None:
     from datetime import UTC, datetime
 
-    from serving.cache import ROW_OVERHEAD_BYTES as O
-    from serving.cache import Bucket, RowCache
+    from serving.bucket import Bucket
+    from serving.lru import ROW_OVERHEAD_BYTES as O
+    from serving.lru import RowCache
 
     row = Bucket(datetime(2026, 1, 1, tzinfo=UTC), "hour", "batch", 1, b"h" * 100, b"", b"f" * 100)
     one = O + (O + 200)  # an entry of one row: entry overhead + row overhead + its sketch bytes
@@ -102,7 +103,7 @@ def test_row_cache_is_a_bounded_lru_that_keeps_empty_reads() -> None:
 
 def test_row_cache_only_with_read_your_writes() -> None:
     from infra.settings import Settings
-    from serving.store import rows_cacheable
+    from serving.reader import rows_cacheable
 
     assert rows_cacheable(Settings())  # LOCAL_QUORUM reads and writes
     one = {"read_consistency": "ONE", "replication_factor": 3}
