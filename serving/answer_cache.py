@@ -305,7 +305,7 @@ def _speed_rows(
             kept.append(hit[0])
             if budget is not None:
                 budget.charge(hit[0])
-    spans = [Span(a, b, "speed", "minute") for a, b, _ in runs(((m, None) for m in sorted(todo)), MINUTE)]
+    spans = [Span(a, b, "speed", "minute") for a, b, _ in runs([(m, None) for m in sorted(todo)], MINUTE)]
     read = reader.stream(spans, slice_, fields, budget) if todo else iter(())
     seen: set[datetime] = set()
     yield from heapq.merge(kept, _checked(read, todo, holes, seen, cache, question), key=lambda b: b.start)

@@ -36,9 +36,8 @@ def error_response(description: str, retry: bool = False, auth: bool = False) ->
 
 BAD_REQUEST: dict[int | str, dict[str, Any]] = {
     400: error_response(
-        "A parameter (named in the message) out of its range, or a rule spanning parameters broken: `last` and "
-        "`start`/`end` together, only one of `start`/`end`, an empty, reversed or too long window, too many "
-        "points, or more sketch bytes than `serving.max_read_mb`."
+        "A parameter (named in the message) its schema refuses, or an answer that would read more sketch bytes "
+        "than `serving.max_read_mb`."
     )
 }
 UNAVAILABLE_503: dict[int | str, dict[str, Any]] = {

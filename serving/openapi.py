@@ -13,10 +13,15 @@ from serving import params
 API_PREFIX = "/api/v1"
 
 WINDOW_RULES = (
-    "The window is `last` (ending at the end of the current minute) or `start` and `end` together, never both; "
-    f"neither means `last={params.DEFAULT_LAST}`. Times are floored to whole minutes; the window must not be "
-    "empty and at most `serving.max_window_days` long. These rules span parameters, which OpenAPI cannot express: "
-    "breaking one is a 400 naming the parameter."
+    "Every combination of `last`, `start` and `end` has one meaning. The window is `last` long "
+    f"(`{params.DEFAULT_LAST}` when only `start` or only `end` is given) and ends at `end`, or at the end of the "
+    "current minute when neither `start` nor `end` is given: `last` with `end` is the last N ending at `end` (as "
+    "Prometheus' range queries and Grafana read it), `start` alone is N from `start`, `start` and `end` are "
+    "`[start, end)` and `last` with both keeps its last N. Nothing given means "
+    f"`last={params.DEFAULT_LAST}`. Times are floored to whole minutes; `start` and `end` given the wrong way round "
+    "bound the same window, a window within one minute is that minute, and one longer than "
+    "`serving.max_window_days` keeps its last `serving.max_window_days` (the answer's `start` and `end` say which "
+    "window was answered)."
 )
 
 

@@ -33,6 +33,7 @@ from views.buckets import MINUTE, floor
 logger = logging.getLogger(__name__)
 
 MAX_POINTS = 10_000  # of one series answer
+RESOLUTION_ORDER: tuple[Resolution, ...] = ("minute", "hour", "day")  # finest first
 
 
 @dataclass
@@ -115,16 +116,17 @@ def _window(
     last: Annotated[
         str | None,
         Query(
-            description="Window ending at the end of the current minute: 15m, 1h, 24h, 7d (at most "
-            "`serving.max_window_days`). Not with `start`/`end`; neither given means 1h."
+            description="Window length: 15m, 1h, 24h, 7d (at most `serving.max_window_days`), ending at `end` or at "
+            "the end of the current minute; with `start` alone, from `start`; with both, the last part of "
+            "`[start, end)`. Nothing given means 1h."
         ),
     ] = None,
     start: Annotated[
         str | None,
-        Query(description="Window start, ISO-8601 with an offset (2026-05-01T10:00Z), years 1970-2999; with `end`."),
+        Query(description="Window start, ISO-8601 with an offset (2026-05-01T10:00Z), years 1970-2999."),
     ] = None,
     end: Annotated[
-        str | None, Query(description="Window end (exclusive), ISO-8601 with an offset; with `start`.")
+        str | None, Query(description="Window end (exclusive), ISO-8601 with an offset, years 1970-2999.")
     ] = None,
     slice_: Annotated[
         str, Query(alias="slice", description="`*` or a slice of a dimension in `views.slice_dims`, e.g. origin=JFK.")
@@ -212,7 +214,12 @@ def trending(
     return queries.trending(recent, base, n, min_support)
 
 
-@_query("/series", queries.Series, f" A series has at most {MAX_POINTS:,} points: ask a coarser `resolution`.")
+@_query(
+    "/series",
+    queries.Series,
+    f" A series has at most {MAX_POINTS:,} points: a `resolution` too fine for the window is answered at the next "
+    "coarser one that fits (the answer's `resolution` says which).",
+)
 def series(
     w: Win,
     ctx: Context,
@@ -220,11 +227,20 @@ def series(
     item: Annotated[str | None, Query(max_length=256, description="Count only this item.")] = None,
 ) -> queries.Series:
     """Count events per minute, hour or day, of all items or of one."""
-    points = (w.end - w.start) / RESOLUTIONS[resolution]
-    if points > MAX_POINTS:
-        raise HTTPException(400, f"resolution: {points:.0f} points; ask for a coarser resolution")
+    resolution = series_resolution(w, resolution)
     answer = "series_item" if item else "series"
     return queries.series(ctx.load(w, answer, coarsest=resolution, item=item or None)[0], resolution, item or None)
+
+
+def series_resolution(w: WindowQuery, asked: Resolution) -> Resolution:
+    """Return the resolution asked, or the finest coarser one whose series fits in ``MAX_POINTS`` points.
+
+    :raises HTTPException: 400 when not even daily points fit (a ``serving.max_window_days`` beyond 27 years).
+    """
+    for resolution in RESOLUTION_ORDER[RESOLUTION_ORDER.index(asked) :]:
+        if (w.end - w.start) / RESOLUTIONS[resolution] <= MAX_POINTS:
+            return resolution
+    raise HTTPException(400, f"resolution: more than {MAX_POINTS:,} daily points; ask for a shorter window")
 
 
 @router.get("/status")

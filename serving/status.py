@@ -39,7 +39,7 @@ def losses(reader: ViewReader, now: datetime) -> tuple[list[dict[str, Any]], lis
     low = reader.pointer_store.watermark().low or floor(now, HOUR) - 7 * DAY
     start = min(low, min(loss.hours_end for loss in found) - HOUR)
     incomplete = reader.loss_store.incomplete(topic, start, floor(now, HOUR) + HOUR, found)
-    keys = ((h, tuple(f"{x.partition}:{x.first_offset}..{x.last_offset}" for x in xs)) for h, xs in incomplete.items())
+    keys = [(h, tuple(f"{x.partition}:{x.first_offset}..{x.last_offset}" for x in xs)) for h, xs in incomplete.items()]
     ranges = [{"start": a, "end": b, "losses": list(v)} for a, b, v in runs(keys, HOUR)]
     return [loss.to_json() for loss in found], ranges
 

@@ -56,11 +56,11 @@ class Provenance:
         def served(hour: datetime, layers: Collection[str]) -> bool:
             return any(s.layer in layers and s.start < hour + HOUR and hour < s.end for s in spans)
 
-        incomplete = (
+        incomplete = [
             (hour, tuple(loss.describe() for loss in losses))
             for hour, losses in sorted(cov.incomplete.items())
             if served(hour, ("batch", "speed"))
-        )
+        ]
         return cls(
             spans=[d(s) for s in spans if s.layer != "gap"],
             gaps=[d(s) for s in spans if s.layer == "gap"],
