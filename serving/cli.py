@@ -68,7 +68,7 @@ def window_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Add --last/--start/--end/--slice/--json to a query command."""
     for opt in reversed(
         [
-            click.option("--last", help="Window ending now: 15m, 1h, 24h, 7d."),
+            click.option("--last", help="Window length: 15m, 1h, 24h, 7d, ending at --end (default: now)."),
             click.option(
                 "--start",
                 type=UTC_TIME,
