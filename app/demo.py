@@ -29,7 +29,7 @@ from infra import migrations, topics
 from infra.cassandra import session
 from infra.errors import StackError
 from infra.settings import Settings
-from serving.store import ViewReader
+from serving.reader import ViewReader
 from stack import control
 from stack.airflow.config import AirflowConfig
 from stack.process import child_env

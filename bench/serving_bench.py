@@ -56,8 +56,9 @@ from infra.cassandra import session
 from infra.settings import Settings
 from infra.settings_env import to_env
 from serving import queries
-from serving.merge import plan
-from serving.store import ViewReader
+from serving.merge import Merged
+from serving.reader import ViewReader
+from serving.window import load_many
 from speed_layer.sink import SpeedViewSink
 from views.buckets import DAY, HOUR, MINUTE, floor
 from views.sketches import merge_all
@@ -163,7 +164,7 @@ def state_per_answer(settings: Settings) -> Settings:
 def trending_once(reader: ViewReader, end: datetime, window: timedelta) -> int:
     """Answer trending over [end - window, end) against the window before it, as the API does; return rows merged."""
     windows = [(end - window, end), (end - 2 * window, end - window)]
-    recent, base = queries.load_many(reader, windows, "*", fields=queries.NEEDS["trending"], keep_rows=False)
+    recent, base = load_many(reader, windows, "*", fields=queries.NEEDS["trending"], keep_rows=False)
     queries.trending(recent, base, limit=10, min_support=5)
     return recent.merged.rows + base.merged.rows
 
@@ -171,11 +172,7 @@ def trending_once(reader: ViewReader, end: datetime, window: timedelta) -> int:
 def bare_reads(reader: ViewReader, end: datetime, window: timedelta) -> None:
     """The same reads as an uncached answer (the coverage, the rows of its plan), without planning or merging."""
     cov = reader.coverage(end - 2 * window, end, "*")
-    spans = [
-        s
-        for a, b in ((end - window, end), (end - 2 * window, end - window))
-        for s in plan(a, b, cov.boundary, cov.batch_hours, cov.current_days, cov.speed)
-    ]
+    spans = [s for a, b in ((end - window, end), (end - 2 * window, end - window)) for s in cov.plan(a, b)]
     for _ in reader.stream(spans, "*", queries.NEEDS["trending"], runs=cov.runs):
         pass
 
@@ -186,7 +183,7 @@ def merge_alone(reader: ViewReader, end: datetime, window: timedelta) -> Callabl
     windows = [(end - window, end), (end - 2 * window, end - window)]
     rows = [
         reader.read(
-            plan(a, b, cov.boundary, cov.batch_hours, cov.current_days, cov.speed),
+            cov.plan(a, b),
             "*",
             queries.NEEDS["trending"],
             runs=cov.runs,
@@ -195,7 +192,7 @@ def merge_alone(reader: ViewReader, end: datetime, window: timedelta) -> Callabl
     ]
 
     def merge() -> None:
-        merged = [queries.Merged(MINUTE) for _ in windows]
+        merged = [Merged(MINUTE) for _ in windows]
         for m, buckets in zip(merged, rows, strict=True):
             for b in buckets:
                 m.add(b)  # SketchUnion merges as rows are added

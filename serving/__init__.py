@@ -1,1 +1,17 @@
-"""Serving: merge the batch and speed views and answer queries over HTTP, the CLI and the dashboard."""
+"""Serving: merge the batch and speed views and answer queries over HTTP, the CLI and the dashboard.
+
+A query goes one way through one module per job (the loader, :mod:`serving.window`, drives it):
+
+* planning — :mod:`serving.plan` (the merge rule: which layer serves which minute, and the ``Coverage`` it plans with);
+* reading — :mod:`serving.reader` (the layers' state and the rows), :mod:`serving.read_schedule` (the reads of one
+  request, in time order), :mod:`serving.lru` (the row caches), :mod:`serving.budget` (what a request may read),
+  :mod:`serving.bucket` (a row as a query sees it);
+* merging — :mod:`serving.merge` (the one per-row merge), :mod:`serving.answer_cache` (merged answers kept by question,
+  and reading and merging only what moved);
+* answering — :mod:`serving.queries` (counts, users, quantiles, top, trending, series), :mod:`serving.status` (gap
+  minutes, losses, a pin's effect), :mod:`serving.console` (the operator console).
+
+Around them: :mod:`serving.params` (what a query may ask, shared by the CLI and the API), :mod:`serving.cli`
+(``trends query``, ``trends serve``), and the HTTP API — :mod:`serving.api` (the app), :mod:`serving.routes`,
+:mod:`serving.errors`, :mod:`serving.backend` (the Cassandra session), :mod:`serving.metrics`, :mod:`serving.openapi`.
+"""

@@ -18,7 +18,7 @@ from infra.settings import Settings
 from infra.settings_env import to_env
 
 if TYPE_CHECKING:
-    from serving.merge import Resolution
+    from serving.plan import Resolution
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def _jsonable(value: Any) -> Any:
 @contextmanager
 def _reader(settings: Settings) -> Iterator[Any]:
     from infra.cassandra import session
-    from serving.store import ViewReader
+    from serving.reader import ViewReader
 
     with session(settings) as sess:
         yield ViewReader(settings, sess)
@@ -69,7 +69,7 @@ def window_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Add --last/--start/--end/--slice/--json to a query command."""
     for opt in reversed(
         [
-            click.option("--last", help="Window ending now: 15m, 1h, 24h, 7d."),
+            click.option("--last", help="Window length: 15m, 1h, 24h, 7d, ending at --end (default: now)."),
             click.option(
                 "--start",
                 type=UTC_TIME,
@@ -171,7 +171,7 @@ def _serve_workers(settings: Settings, host: str, port: int, workers: int) -> No
 
     import uvicorn
 
-    from serving.api import MULTIPROC_ENV
+    from serving.metrics import MULTIPROC_ENV
 
     metrics_dir = tempfile.mkdtemp(prefix="trends-serve-metrics-")
     os.environ.update(to_env(settings))
@@ -206,13 +206,13 @@ def summary(
     top: int,
 ) -> None:
     """Show the count, distinct users, value quantiles and top items of a window."""
-    from serving import params, queries
+    from serving import params, queries, window
 
     start, end = _window(settings, last, start, end, slice_)
     with _bad_query():
         params.limit(settings, "top", top)
     with _reader(settings) as reader:
-        ans = queries.summary(queries.load(reader, start, end, slice_), ranks or (0.5, 0.9, 0.99), top)
+        ans = queries.summary(window.load(reader, start, end, slice_), ranks or (0.5, 0.9, 0.99), top)
     if as_json:
         click.echo(json.dumps(_jsonable(ans), indent=2))  # ensure_ascii: control characters come out as \u escapes
         return
@@ -248,7 +248,7 @@ def trending(
     min_support: int,
 ) -> None:
     """Rank the items rising in the window against the baseline window just before it."""
-    from serving import params, queries
+    from serving import params, queries, window
 
     start, end = _window(settings, last, start, end, slice_)
 
@@ -257,7 +257,7 @@ def trending(
         params.limit(settings, "limit", limit)
     with _reader(settings) as reader:
         windows = [(start, end), (start - base_len, start)]
-        recent, base = queries.load_many(reader, windows, slice_, fields=queries.NEEDS["trending"])
+        recent, base = window.load_many(reader, windows, slice_, fields=queries.NEEDS["trending"])
         ans = queries.trending(recent, base, limit, min_support)
     if as_json:
         click.echo(json.dumps(_jsonable(ans), indent=2))
@@ -289,12 +289,12 @@ def series(
     item: str | None,
 ) -> None:
     """Show counts per minute, hour or day (of all events or of one item)."""
-    from serving import queries
+    from serving import queries, window
 
     start, end = _window(settings, last, start, end, slice_)
     with _reader(settings) as reader:
         need = queries.NEEDS["series_item" if item else "series"]
-        ans = queries.series(queries.load(reader, start, end, slice_, resolution, need), resolution, item)
+        ans = queries.series(window.load(reader, start, end, slice_, resolution, need), resolution, item)
     if as_json:
         click.echo(json.dumps(_jsonable(ans), indent=2))
         return

@@ -4,7 +4,7 @@ One strip per hour says which batch run holds the hour (completed with its run i
 the records indexed since, incomplete, missing), what the speed layer counted minute by minute (which epoch covers
 which minutes, minutes whose rows expired or are missing, minutes before an epoch started, minutes not yet seen),
 and the gaps of the merged answer with their reasons — the same plan and the same punching of lost speed rows that
-every query uses (:func:`serving.queries.load`), so the console and the answers cannot disagree. Around the strips:
+every query uses (:func:`serving.window.load`), so the console and the answers cannot disagree. Around the strips:
 the batch watermark and the pin (what the pin moves to the speed view, and whether the speed view still holds
 those minutes), the event-time index's horizon and the partition holding it, the ``trends_backfill`` runs in
 Airflow with their progress, and the dead letters by reason.
@@ -32,9 +32,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
 from infra.settings import Settings
-from serving import params, queries
-from serving.merge import NOT_YET_SEEN, SPEED_ROWS_GONE, STARTED_AFTER, Span, SpeedCoverage
-from serving.store import ViewReader
+from serving import params
+from serving.plan import NOT_YET_SEEN, SPEED_ROWS_GONE, STARTED_AFTER, Span, SpeedCoverage
+from serving.reader import ViewReader
+from serving.window import load
 from views.aggregation import GLOBAL_SLICE
 from views.buckets import HOUR, MINUTE, floor
 from views.store.checks import Checks
@@ -56,9 +57,11 @@ BACKFILL_TASK: Final = "recompute"  # the mapped task: one instance per chunk
 UNKNOWN: Final = "unknown"  # an input the console cannot read yet
 
 RANGE_RULES = (
-    f"The range is `start` and `end` together (ISO-8601 with an offset; `start` is floored and `end` rounded up to "
-    f"whole hours), at most {MAX_HOURS} hours; neither means the {DEFAULT_HOURS} hours up to the end of the current "
-    "hour. Breaking a rule is a 400 naming the parameter."
+    "Every combination of `start` and `end` (ISO-8601 with an offset) has one meaning: the range runs from `start` "
+    f"floored to `end` rounded up to whole hours; `start` alone means {DEFAULT_HOURS} hours from it, `end` alone the "
+    f"{DEFAULT_HOURS} hours up to it, neither the {DEFAULT_HOURS} hours up to the end of the current hour. Bounds "
+    f"given the wrong way round make the same range, a range within one hour is that hour, and one longer than "
+    f"{MAX_HOURS} hours keeps its last {MAX_HOURS}."
 )
 
 SpeedState = Literal["covered", "expired", "started_after", "not_yet_seen"]
@@ -72,26 +75,27 @@ REASON_OF_STATE: dict[SpeedState, str] = {v: k for k, v in STATE_OF_REASON.items
 
 # -- the range ------------------------------------------------------------------------------------------------------
 def hour_range(start: str | None, end: str | None, now: datetime) -> tuple[datetime, datetime]:
-    """Return the whole hours ``[start, end)`` a console request asks for.
+    """Return the whole hours ``[start, end)`` a console request asks for (:data:`RANGE_RULES`).
 
-    :raises params.BadQueryError: only one bound, a bad time, an empty or reversed range, more than MAX_HOURS.
+    :raises params.BadQueryError: a bad time.
     """
-    if (start is None) != (end is None):
-        raise params.BadQueryError("start" if start is None else "end", "give start and end together, or neither")
-    if start is None or end is None:
-        hi = floor(now, HOUR) + HOUR
-        return hi - DEFAULT_HOURS * HOUR, hi
-    lo = floor(params.parse_time("start", start), HOUR)
-    t1 = params.parse_time("end", end)
-    hi = floor(t1, HOUR) + (HOUR if floor(t1, HOUR) != t1 else timedelta())
-    hours, param = int((hi - lo) / HOUR), "end"
-    if hours <= 0:
-        msg = f"{end} is not after start {start}: the range holds no hour"
-        raise params.BadQueryError(param, msg)
-    if hours > MAX_HOURS:
-        msg = f"the range holds {hours} hours; the console shows at most {MAX_HOURS}: ask a shorter range"
-        raise params.BadQueryError(param, msg)
-    return lo, hi
+    a = params.parse_time("start", start) if start is not None else None
+    b = params.parse_time("end", end) if end is not None else None
+    if a is not None and b is not None:
+        t0, t1 = floor(min(a, b), HOUR), _ceil_hour(max(a, b))
+        t1 = max(t1, t0 + HOUR)
+    elif a is not None:
+        t0 = floor(a, HOUR)
+        t1 = t0 + DEFAULT_HOURS * HOUR
+    else:
+        t1 = _ceil_hour(b) if b is not None else floor(now, HOUR) + HOUR
+        t0 = t1 - DEFAULT_HOURS * HOUR
+    return max(t0, t1 - MAX_HOURS * HOUR), t1
+
+
+def _ceil_hour(t: datetime) -> datetime:
+    hour = floor(t, HOUR)
+    return hour if hour == t else hour + HOUR
 
 
 # -- the batch layer's records ----------------------------------------------------------------------------------------
@@ -360,7 +364,7 @@ def build(reader: ViewReader, start: datetime, end: datetime, now: datetime | No
     cov = reader.coverage(start, end, GLOBAL_SLICE)
     mark = reader.pointer_store.watermark()
     pointers = reader.pointer_store.pointers_indexed(sorted({h.date() for h in hours}))
-    window = queries.load(reader, start, end, GLOBAL_SLICE, coarsest="hour", fields=(), keep_rows=False)
+    window = load(reader, start, end, GLOBAL_SLICE, coarsest="hour", fields=(), keep_rows=False)
     completed = [h for h in hours if h in pointers]
     batch_events = {b.start: b.events for b in reader.stream([Span(h, h + HOUR, "batch", "hour") for h in completed],
                                                               GLOBAL_SLICE, ())}  # fmt: skip

@@ -1,213 +1,101 @@
-"""Which layer answers which part of a query window: the merge rule, as a pure function.
+"""The per-row merge: a window's rows folded, as they stream in, into its count, sketches and counts per step.
 
-The boundary ``B`` is the batch watermark (or an operator's pin). Every minute of the window is served by exactly
-one source:
-
-* below ``B`` by the **batch view** — a whole UTC day from its daily rollup when that rollup is current, a whole
-  hour from its hourly rollup, the minutes of a partial hour from the minute rows — and by nothing else: an hour
-  below ``B`` without a completed batch run is a **gap**;
-* at or above ``B`` by the **speed view**, but only where the speed layer's coverage says it counted the minute
-  and its rows are still kept: every other minute is a **gap** with its reason (not yet seen, the speed layer
-  started after it, its rows expired or are missing). After the rows are read, a minute the speed layer counted
-  events in whose row the view no longer holds (or holds with fewer events) becomes a gap too (:func:`punch`).
-
-So no minute is counted twice (the two ranges do not overlap, and a coarser rollup replaces its finer rows) and
-none is silently skipped or answered as zero unless a layer counted zero there (every minute not served is
-reported as a gap). Cost grows with the number of rollup
-rows read, not with events: a week below the watermark is at most 7 daily rows plus the edge hours and minutes.
+Every path that merges rows goes through :meth:`Merged.add` (the reader's rows of an uncached answer, the answer
+cache's batch part and settled speed part, the speed tail merged on top of them), and a part kept by the answer cache
+is merged back with :meth:`Merged.add_part`, so there is one definition of what merging a row means.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
-from typing import Literal
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
 
-from views.buckets import DAY, HOUR, MINUTE, floor
-from views.store.speed import Epoch
+import datasketches as ds
 
-Layer = Literal["batch", "speed", "gap"]
-Resolution = Literal["day", "hour", "minute"]
-
-NO_BATCH_RUN = "no completed batch run for this hour"
-NOT_YET_SEEN = "not yet seen by the speed layer"
-STARTED_AFTER = "the speed layer started after this minute"
-SPEED_ROWS_GONE = "speed rows expired or missing"
-GAP_REASONS = (NO_BATCH_RUN, NOT_YET_SEEN, STARTED_AFTER, SPEED_ROWS_GONE)
+from serving.bucket import Bucket
+from serving.lru import ROW_OVERHEAD_BYTES
+from views import sketches
+from views.buckets import floor
 
 
-@dataclass(frozen=True)
-class SpeedCoverage:
-    """What the speed layer says it counted: its epochs, the hours whose rows are surely kept, minutes counted.
+@dataclass
+class MergedPart:
+    """Rows merged once and kept (by the answer cache): the counts and the union's sketches, serialized.
 
-    A minute belongs to the newest epoch that counts it completely (``counts_from`` at or before it); it is served
-    when that epoch has read past it and its hour's rows are surely kept at ``now``.
-
-    :arg epochs: the query's epochs (checkpoint lifetimes).
-    :arg kept: ``(hour, epoch) -> until when all the hour's rows are surely kept`` (None: unknown any more).
-    :arg counted: ``(epoch, minute) -> events counted`` for the slice asked.
+    :arg sketches: the union's (users_hll, values_kll, items_fi), serialized (empty where not read).
     """
 
-    epochs: tuple[Epoch, ...]
-    kept: Mapping[tuple[datetime, str], datetime | None] = field(default_factory=dict)
-    counted: Mapping[tuple[str, datetime], int] = field(default_factory=dict)
-    now: datetime | None = None
+    events: int
+    rows: int
+    counts: dict[datetime, int]
+    sketches: tuple[bytes, bytes, bytes]
+    sketch_bytes: int  # what reading these rows costs a request's budget
 
     @property
-    def fresh_until(self) -> datetime | None:
-        """Return the end of the newest minute any epoch has read (None: nothing yet)."""
-        return max((e.seen_until for e in self.epochs if e.seen_until is not None), default=None)
-
-    def owner(self, minute: datetime) -> Epoch | None:
-        """Return the newest epoch that counts ``minute`` completely (it alone writes that minute's rows)."""
-        owners = [e for e in self.epochs if e.counts_from is not None and e.counts_from <= minute]
-        return max(owners, key=lambda e: e.started_at, default=None)
-
-    def status(self, minute: datetime) -> str:
-        """Return ``""`` when the speed view answers ``minute``, else the reason it is a gap."""
-        fresh = self.fresh_until
-        if fresh is None or minute >= fresh:
-            return NOT_YET_SEEN
-        epoch = self.owner(minute)
-        if epoch is None:  # every epoch began counting after it
-            return STARTED_AFTER
-        if epoch.seen_until is None or minute >= epoch.seen_until:  # a newer epoch started after it: nobody's
-            newest = max(self.epochs, key=lambda e: e.started_at)
-            return NOT_YET_SEEN if epoch is newest else STARTED_AFTER
-        kept = self.kept.get((floor(minute, HOUR), epoch.id))
-        if kept is None or (self.now is not None and kept <= self.now):
-            return SPEED_ROWS_GONE
-        return ""
-
-    def expected(self, minute: datetime) -> int:
-        """Return the events the owning epoch counted in ``minute`` (0: it counted none there)."""
-        epoch = self.owner(minute)
-        return 0 if epoch is None else self.counted.get((epoch.id, minute), 0)
+    def size(self) -> int:
+        """Return the bytes it holds (approximately)."""
+        return ROW_OVERHEAD_BYTES * (1 + len(self.counts)) + sum(map(len, self.sketches))
 
 
-@dataclass(frozen=True)
-class Span:
-    """A contiguous part of the window and who serves it."""
+class Merged:
+    """A window's rows merged as they stream in: the count, the sketches' union and the counts per bucket.
 
-    start: datetime
-    end: datetime
-    layer: Layer
-    resolution: Resolution
-    reason: str = ""
+    Rows are not kept: an answer over a long window holds the merged sketches, never the window's rows.
 
-    def minutes(self) -> Iterator[datetime]:
-        """Yield the minute buckets the span covers."""
-        m = self.start
-        while m < self.end:
-            yield m
-            m += MINUTE
-
-
-def plan(
-    start: datetime,
-    end: datetime,
-    boundary: datetime | None,
-    batch_hours: set[datetime],
-    current_days: set[date],
-    speed: SpeedCoverage,
-    coarsest: Resolution = "day",
-) -> list[Span]:
-    """Split ``[start, end)`` (whole minutes) into spans served by the batch view, the speed view, or gaps.
-
-    :arg boundary: the batch watermark or pin; None when the batch layer has completed nothing yet.
-    :arg batch_hours: hours (below the boundary) with a completed batch run.
-    :arg current_days: days whose daily rollup matches the current hour runs.
-    :arg speed: what the speed layer counted (its epochs, kept hours and counted minutes).
-    :arg coarsest: the coarsest rollup allowed (a time series at hourly resolution must not use daily rows).
+    :arg item: merge only this item's estimate per bucket (a per-item series: no union needed).
     """
-    if start.tzinfo is None or end.tzinfo is None:
-        msg = "window bounds must be timezone-aware"
-        raise ValueError(msg)
-    start, end = start.astimezone(UTC), end.astimezone(UTC)
-    if floor(start, MINUTE) != start or floor(end, MINUTE) != end or end <= start:
-        msg = f"window [{start}, {end}) must be non-empty and on whole minutes"
-        raise ValueError(msg)
-    split = start if boundary is None else min(max(boundary.astimezone(UTC), start), end)
-    spans = _batch_spans(start, split, batch_hours, current_days, coarsest) + _speed_spans(split, end, speed)
-    return _coalesce(spans)
 
+    def __init__(self, step: timedelta, item: str | None = None) -> None:
+        self.step = step
+        self.item = item
+        self.events = 0
+        self.rows = 0
+        self.sketch_bytes = 0
+        self.sketches = sketches.SketchUnion()
+        self.counts: dict[datetime, int] = defaultdict(int)  # events per step (or the item's estimate)
+        # answers derived from these merged sketches (a cached window is asked the same questions again)
+        self.derived: dict[tuple[Any, ...], Any] = {}
 
-def _batch_spans(
-    start: datetime, end: datetime, hours: set[datetime], days: set[date], coarsest: Resolution
-) -> list[Span]:
-    spans: list[Span] = []
-    t = start
-    while t < end:
-        day_start = floor(t, DAY)
-        if (
-            coarsest == "day"
-            and t == day_start
-            and t + DAY <= end
-            and day_start.date() in days
-            and all(day_start + i * HOUR in hours for i in range(24))
-        ):
-            spans.append(Span(t, t + DAY, "batch", "day"))
-            t += DAY
-            continue
-        hour = floor(t, HOUR)
-        stop = min(hour + HOUR, end)
-        if hour not in hours:
-            spans.append(Span(t, stop, "gap", "minute", NO_BATCH_RUN))
-        elif coarsest != "minute" and t == hour and stop == hour + HOUR:
-            spans.append(Span(t, stop, "batch", "hour"))
-        else:
-            spans.append(Span(t, stop, "batch", "minute"))
-        t = stop
-    return spans
+    def add(self, b: Bucket) -> None:
+        """Merge one row."""
+        self.events += b.events
+        self.rows += 1
+        self.sketch_bytes += b.sketch_bytes
+        key = floor(b.start, self.step)
+        if self.item is None:
+            self.counts[key] += b.events
+            self.sketches.add(b.users_hll, b.values_kll, b.items_fi)
+        elif b.items_fi:
+            self.counts[key] += int(ds.frequent_strings_sketch.deserialize(b.items_fi).get_estimate(self.item))
 
+    def add_all(self, rows: Iterable[Bucket]) -> Merged:
+        """Merge rows as they stream in; return self."""
+        for b in rows:
+            self.add(b)
+        return self
 
-def _speed_spans(start: datetime, end: datetime, speed: SpeedCoverage) -> list[Span]:
-    """Walk the window from one change of coverage to the next (an hour, an epoch's start or end)."""
-    spans: list[Span] = []
-    fresh = speed.fresh_until
-    cuts = sorted({t for e in speed.epochs for t in (e.counts_from, e.seen_until) if t is not None})
-    t = start
-    while t < end:
-        if fresh is None or t >= fresh:  # nothing read here yet: one gap to the end
-            spans.append(Span(t, end, "gap", "minute", NOT_YET_SEEN))
-            break
-        stop = min(floor(t, HOUR) + HOUR, end, *(c for c in cuts if c > t))
-        reason = speed.status(t)
-        spans.append(Span(t, stop, "gap" if reason else "speed", "minute", reason))
-        t = stop
-    return _coalesce(spans)
+    def add_part(self, part: MergedPart) -> None:
+        """Merge rows merged before (a kept part), as if its rows were merged here again."""
+        self.events += part.events
+        self.rows += part.rows
+        self.sketch_bytes += part.sketch_bytes
+        for t, n in part.counts.items():
+            self.counts[t] += n
+        if self.item is None:
+            self.sketches.add(*part.sketches)
 
+    def part(self) -> MergedPart:
+        """Return what was merged as a part to keep (its sketches serialized)."""
+        return MergedPart(self.events, self.rows, dict(self.counts), self.sketches.serialized(), self.sketch_bytes)
 
-def punch(spans: list[Span], minutes: Iterable[datetime], reason: str = SPEED_ROWS_GONE) -> list[Span]:
-    """Turn ``minutes`` of the speed spans into gaps (rows the speed layer counted that the view no longer holds)."""
-    holes = set(minutes)
-    if not holes:
-        return spans
-    out: list[Span] = []
-    for s in spans:
-        if s.layer != "speed" or not any(s.start <= m < s.end for m in holes):
-            out.append(s)
-            continue
-        for m in s.minutes():
-            layer: Layer = "gap" if m in holes else "speed"
-            why = reason if m in holes else ""
-            prev = out[-1] if out else None
-            if prev and prev.layer == layer and prev.reason == why and prev.end == m and prev.resolution == "minute":
-                out[-1] = Span(prev.start, m + MINUTE, layer, "minute", why)
-            else:
-                out.append(Span(m, m + MINUTE, layer, "minute", why))
-    return _coalesce(out)
-
-
-def _coalesce(spans: list[Span]) -> list[Span]:
-    """Merge adjacent gaps with the same reason, and adjacent speed minutes, so answers list few spans."""
-    out: list[Span] = []
-    for s in spans:
-        prev = out[-1] if out else None
-        same = prev is not None and prev.layer == s.layer and prev.reason == s.reason and prev.end == s.start
-        if prev and same and (s.layer == "gap" or (s.layer == "speed" and prev.resolution == s.resolution)):
-            out[-1] = Span(prev.start, s.end, s.layer, "minute", s.reason)
-        else:
-            out.append(s)
-    return out
+    @property
+    def size(self) -> int:
+        """Return roughly what it holds: its counts and its sketches serialized."""
+        size = 200 * (1 + len(self.counts))
+        items = self.sketches.items
+        if items is not None:
+            size += int(items.get_serialized_size_bytes())
+        return size + 8 * 1024  # the HLL union (lg_k 12) and a merged KLL sketch

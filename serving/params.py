@@ -119,13 +119,21 @@ def window(
     end: datetime | None,
     now: datetime | None = None,
 ) -> tuple[datetime, datetime]:
-    """Resolve ``last`` (ending at the end of the current minute) or ``start``/``end`` to whole minutes.
+    """Resolve ``last``, ``start`` and ``end`` to a window of whole minutes: every combination has one meaning.
 
-    :raises BadQueryError: both or neither given, a malformed duration, an empty, reversed or too long window.
+    The window is ``last`` long (:data:`DEFAULT_LAST` when only ``start`` or only ``end`` is given) and ends at
+    ``end``, or at the end of the current minute when neither ``start`` nor ``end`` is given — so ``last`` with
+    ``end`` is the last N ending at ``end``, as Prometheus' range queries and Grafana read it. With ``start`` alone
+    it is N from ``start``; with ``start`` and ``end`` it is ``[start, end)``, and ``last`` then keeps its last N.
+    Times are floored to whole minutes; ``start`` and ``end`` given the wrong way round bound the same window; a
+    window within one minute is that minute; one longer than ``serving.max_window_days`` keeps its last days.
+
+    :raises BadQueryError: none of the three given, a malformed duration or one longer than the longest window.
     """
-    if last is not None and (start or end):
-        raise BadQueryError("last", "give either last or start/end, not both")
+    if last is None and start is None and end is None:
+        raise BadQueryError("last", "give last (e.g. 1h), start or end")
     longest = timedelta(days=settings.serving.max_window_days)
+    length = None
     if last is not None:
         try:
             length = parse_last(last)
@@ -133,16 +141,19 @@ def window(
             raise BadQueryError("last", str(exc)) from None
         if length > longest:
             raise BadQueryError("last", f"longer than {longest.days} days (serving.max_window_days)")
-        stop = floor(now or datetime.now(UTC), MINUTE) + MINUTE
-        start, end = stop - length, stop
-    if start is None or end is None:
-        raise BadQueryError("start" if start is None else "end", "give last (e.g. 1h) or both start and end")
-    start, end = floor(start, MINUTE), floor(end, MINUTE)
-    if end <= start:
-        raise BadQueryError("end", f"the window is empty or reversed: {start.isoformat()} .. {end.isoformat()}")
-    if end - start > longest:
-        raise BadQueryError("end", f"the window is longer than {longest.days} days (serving.max_window_days)")
-    return start, end
+    t0 = floor(start, MINUTE) if start is not None else None
+    t1 = floor(end, MINUTE) if end is not None else None
+    if t0 is not None and t1 is not None:
+        t0, t1 = min(t0, t1), max(t0, t1)
+        t1 = max(t1, t0 + MINUTE)
+        if length is not None:
+            t0 = max(t0, t1 - length)
+    elif t0 is not None:
+        t1 = t0 + (length or parse_last(DEFAULT_LAST))
+    else:
+        t1 = t1 if t1 is not None else floor(now or datetime.now(UTC), MINUTE) + MINUTE
+        t0 = t1 - (length or parse_last(DEFAULT_LAST))
+    return max(t0, t1 - longest), t1
 
 
 def duration(settings: Settings, param: str, text: str) -> timedelta:

@@ -16,8 +16,8 @@ from confluent_kafka import KafkaError, Message, Producer
 from infra.cassandra import session
 from infra.settings import Settings
 from infra.settings_env import to_env
-from serving import queries
-from serving.store import ViewReader
+from serving import queries, window
+from serving.reader import ViewReader
 from stack.services.spark import SparkMaster
 from views.event import Event
 
@@ -124,13 +124,13 @@ def scoped(base: Settings, topic: str, keyspace: str, tmp: Path) -> Settings:
 def answer(settings: Settings, start: datetime, end: datetime, slice_: str = "*") -> queries.Summary:
     """Return the merged summary of a window, as ``trends query summary`` computes it."""
     with session(settings) as sess:
-        return queries.summary(queries.load(ViewReader(settings, sess), start, end, slice_), top_n=5)
+        return queries.summary(window.load(ViewReader(settings, sess), start, end, slice_), top_n=5)
 
 
 def per_minute(settings: Settings, start: datetime, end: datetime, slice_: str = "*") -> list[int]:
     """Return the merged event count of every minute of a window (zeros included), as ``trends query series``."""
     with session(settings) as sess:
-        w = queries.load(ViewReader(settings, sess), start, end, slice_, coarsest="minute", fields=())
+        w = window.load(ViewReader(settings, sess), start, end, slice_, coarsest="minute", fields=())
     return [int(p["count"]) for p in queries.series(w, "minute").points]
 
 
@@ -138,7 +138,7 @@ def users_per_minute(settings: Settings, start: datetime, end: datetime) -> list
     """Return the distinct-users estimate of every minute of a window (one read of all the minutes)."""
     minutes = [(start + i * MINUTE, start + (i + 1) * MINUTE) for i in range(int((end - start) / MINUTE))]
     with session(settings) as sess:
-        windows = queries.load_many(ViewReader(settings, sess), minutes, "*", "minute", queries.NEEDS["users"])
+        windows = window.load_many(ViewReader(settings, sess), minutes, "*", "minute", queries.NEEDS["users"])
     return [queries.users(w).users for w in windows]
 
 

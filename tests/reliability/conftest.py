@@ -226,11 +226,11 @@ class Pipeline:
         return self.speed
 
     def served_count(self) -> int:
-        from serving import queries
-        from serving.store import ViewReader
+        from serving import queries, window
+        from serving.reader import ViewReader
 
         with session(self.settings) as sess:
-            w = queries.load(ViewReader(self.settings, sess), *self.window, "*", fields=())
+            w = window.load(ViewReader(self.settings, sess), *self.window, "*", fields=())
         return queries.count(w).events
 
     def wait_speed(self, expected: int, timeout_s: float = 300) -> int:
@@ -250,12 +250,12 @@ class Pipeline:
 
     def final(self, spark: Any, case: str, expected: list[Event], note: str = "") -> None:
         """Run the batch layer over the window and check the merged answer against the exact one; record it."""
-        from serving import queries
-        from serving.store import ViewReader
+        from serving import queries, window
+        from serving.reader import ViewReader
 
         self.batch(spark)
         with session(self.settings) as sess:
-            w = queries.load(ViewReader(self.settings, sess), *self.window, "*")
+            w = window.load(ViewReader(self.settings, sess), *self.window, "*")
         s = queries.summary(w)
         users = {e.user for e in expected}
         batch_only = all(p["layer"] == "batch" for p in s.provenance.spans) and not s.provenance.gaps

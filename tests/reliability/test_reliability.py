@@ -238,8 +238,8 @@ def cassandra_tasks(af: Any, token: str) -> list[dict[str, Any]]:
 def test_airflow_task_failure_and_retry(pipeline: Pipeline, tmp_path: Path) -> None:
     """Cassandra is down when the DAG's runs start: the first task needing it (the sensor's indexing) fails, Airflow
     retries it, the retry succeeds and the hours are exact."""
-    from serving import queries
-    from serving.store import ViewReader
+    from serving import queries, window
+    from serving.reader import ViewReader
     from stack.airflow.config import AirflowConfig
     from tests.helpers import free_port
 
@@ -278,7 +278,7 @@ def test_airflow_task_failure_and_retry(pipeline: Pipeline, tmp_path: Path) -> N
     from infra.cassandra import session
 
     with session(s) as sess:
-        w = queries.load(ViewReader(s, sess), *pipeline.window, "*")
+        w = window.load(ViewReader(s, sess), *pipeline.window, "*")
     got = queries.summary(w)
     batch_only = all(p["layer"] == "batch" for p in got.provenance.spans) and not got.provenance.gaps
     ok = got.events == len(events) and batch_only and max(tries) >= 2

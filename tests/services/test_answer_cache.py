@@ -30,9 +30,9 @@ from infra import migrations
 from infra.cassandra import session
 from infra.settings import Settings
 from infra.settings_env import to_env
-from serving import queries
-from serving.merge import SPEED_ROWS_GONE
-from serving.store import ViewReader
+from serving import queries, window
+from serving.plan import SPEED_ROWS_GONE
+from serving.reader import ViewReader
 from speed_layer.sink import SpeedViewSink
 from views.buckets import HOUR, MINUTE, floor
 from views.sketches import merge_all
@@ -125,7 +125,7 @@ def test_each_layer_moving_invalidates_the_answer_and_a_speed_move_reads_only_it
         assert answers is not None and speed_cache is not None
 
         def ask() -> queries.Summary:
-            return queries.summary(queries.load(reader, start, end, "*", keep_rows=False))
+            return queries.summary(window.load(reader, start, end, "*", keep_rows=False))
 
         first = ask()
         assert first.events == p.truth(start, end, h0 + 2 * HOUR) == 30 * 2 + 60 * 2 + 30 * 3
@@ -194,12 +194,12 @@ def test_speed_rows_expiring_turn_a_cached_answer_into_a_gap(keyspace_settings: 
     with session(settings) as sess:
         reader = ViewReader(settings, sess)
         assert reader.answers is not None
-        w = queries.load(reader, start, end, "*", fields=(), keep_rows=False)
+        w = window.load(reader, start, end, "*", fields=(), keep_rows=False)
         assert queries.count(w).events == 30 and w.provenance.gaps == []
-        assert queries.load(reader, start, end, "*", fields=(), keep_rows=False).merged.events == 30
+        assert window.load(reader, start, end, "*", fields=(), keep_rows=False).merged.events == 30
         assert reader.answers.hits == 1
         time.sleep(max(0.0, written + ttl + 1 - time.monotonic()))
-        expired = queries.load(reader, start, end, "*", fields=(), keep_rows=False)
+        expired = window.load(reader, start, end, "*", fields=(), keep_rows=False)
         assert expired.merged.events == 0
         assert [(g["start"], g["end"], g["reason"]) for g in expired.provenance.gaps] == [(start, end, SPEED_ROWS_GONE)]
         assert reader.answers.hits == 1  # the gap was not hidden behind the cached answer
@@ -268,7 +268,7 @@ def test_a_move_of_the_newest_minute_keeps_the_settled_speed_part(planted: Plant
     with session(p.settings) as sess:
         reader = ViewReader(p.settings, sess)
         assert reader.answers is not None and reader.speed_cache is not None
-        first = queries.load(reader, start, end, "*", fields=queries.NEEDS["top"], keep_rows=False)
+        first = window.load(reader, start, end, "*", fields=queries.NEEDS["top"], keep_rows=False)
         before = reader.answers.peek(question)
         assert before is not None and first.merged.events == 180
         settled = before.speed_parts[0]
@@ -280,7 +280,7 @@ def test_a_move_of_the_newest_minute_keeps_the_settled_speed_part(planted: Plant
             p.speed_rows(sink, {end - MINUTE: 5}, 1)
         finally:
             sink.close()
-        moved = queries.load(reader, start, end, "*", fields=queries.NEEDS["top"], keep_rows=False)
+        moved = window.load(reader, start, end, "*", fields=queries.NEEDS["top"], keep_rows=False)
         after = reader.answers.peek(question)
         assert moved.merged.events == 182 and reader.answers.partial == 1
         assert after is not None and after.speed_parts[0] is settled  # kept as it was, not merged again

@@ -33,9 +33,9 @@ from infra.cassandra import session, table
 from infra.settings import Settings
 from ingestion.dlq import encode_reject
 from ingestion.validate import Reason, Reject
-from serving import queries
-from serving.merge import NO_BATCH_RUN, SPEED_ROWS_GONE, STARTED_AFTER
-from serving.store import ViewReader
+from serving import window
+from serving.plan import NO_BATCH_RUN, SPEED_ROWS_GONE, STARTED_AFTER
+from serving.reader import ViewReader
 from tests.helpers import chromium, free_port, speed_drain
 from tests.services.test_serving_api import serve
 from views.buckets import HOUR, MINUTE, floor
@@ -149,7 +149,7 @@ def test_the_console_explains_each_hour_with_the_faults_visible(
         produce(settings, events(c0, 2, 50, "c"))
         with session(settings) as sess:
             reader = ViewReader(settings, sess)
-            while queries.load(reader, c0, c0 + 2 * MINUTE, "*").merged.events < 100:
+            while window.load(reader, c0, c0 + 2 * MINUTE, "*").merged.events < 100:
                 assert time.monotonic() < deadline, (tmp_path / "speed.log").read_text()[-3000:]
                 time.sleep(2)
     finally:

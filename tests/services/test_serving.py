@@ -18,8 +18,8 @@ from batch_layer.store import BatchStore
 from infra import migrations
 from infra.cassandra import session
 from infra.settings import Settings
-from serving import params, queries
-from serving.store import ViewReader
+from serving import params, queries, status, window
+from serving.reader import ViewReader
 from tests.helpers import speed_drain
 from views.event import Event
 from views.sketches import merge_all
@@ -82,9 +82,9 @@ def exact(events: list[Event], start: datetime, end: datetime, origin: str | Non
     return [e for e in events if start <= e.ts < end and (origin is None or e.dims.get("origin") == origin)]
 
 
-def answer(settings: Settings, start: datetime, end: datetime, slice_: str = "*", **kw: Any) -> queries.Window:
+def answer(settings: Settings, start: datetime, end: datetime, slice_: str = "*", **kw: Any) -> window.Window:
     with session(settings) as sess:
-        return queries.load(ViewReader(settings, sess), start, end, slice_, **kw)
+        return window.load(ViewReader(settings, sess), start, end, slice_, **kw)
 
 
 def test_window_across_the_boundary_is_exact_and_says_who_served_what(served: tuple[Settings, list[Event]]) -> None:
@@ -127,7 +127,7 @@ def test_a_pinned_boundary_moves_the_split(served: tuple[Settings, list[Event]])
         assert [p["layer"] for p in w.provenance.spans] == ["batch", "speed"]
         assert queries.summary(w).events == len(exact(events, H0, H0 + 3 * HOUR))
         with session(settings) as sess:
-            moved = queries.pin_effect(ViewReader(settings, sess))
+            moved = status.pin_effect(ViewReader(settings, sess))
         # the hour the pin hands to the speed view is still covered there (the speed layer read it all)
         assert moved is not None and moved["moved_to_speed_minutes"] == 60 == moved["covered_minutes"]
         assert moved["gaps"] == []
@@ -163,11 +163,11 @@ def test_cached_batch_rows_follow_the_pointer(served: tuple[Settings, list[Event
     with session(settings) as sess:
         reader = ViewReader(settings, sess)
         assert reader.cache is not None
-        cold = queries.summary(queries.load(reader, start, end, "*"))
+        cold = queries.summary(window.load(reader, start, end, "*"))
         misses = reader.cache.misses
-        warm = queries.summary(queries.load(reader, start, end, "*"))
+        warm = queries.summary(window.load(reader, start, end, "*"))
         assert reader.answers is not None and reader.answers.hits == 1  # the same question again: a lookup
-        shorter = queries.load(reader, start, end - MIN, "*")  # another question over the same batch rows
+        shorter = window.load(reader, start, end - MIN, "*")  # another question over the same batch rows
         assert queries.summary(shorter).events == len(exact(events, start, end - MIN))
         assert reader.cache.misses == misses and reader.cache.hits > 0  # every batch row came from the cache
         assert (warm.events, warm.users, warm.top_items) == (cold.events, cold.users, cold.top_items)
@@ -180,7 +180,7 @@ def test_cached_batch_rows_follow_the_pointer(served: tuple[Settings, list[Event
                 assert lo - answer.quantile_rank_error <= float(rank) <= hi + answer.quantile_rank_error
 
         # A new version of H0 with every minute counted twice becomes current: the warm reader serves it at once.
-        minutes = queries.load(reader, H0, H0 + HOUR, "*", coarsest="minute").buckets
+        minutes = window.load(reader, H0, H0 + HOUR, "*", coarsest="minute").buckets
         doubled = [ViewRow("*", b.start, 2 * b.events, b.users_hll, b.values_kll, b.items_fi, b.start, b.start)
                    for b in minutes]  # fmt: skip
         merged = merge_all((b.users_hll, b.values_kll, b.items_fi) for b in minutes)
@@ -189,11 +189,11 @@ def test_cached_batch_rows_follow_the_pointer(served: tuple[Settings, list[Event
         run = uuid.uuid1()
         store.rows.write_versions({H0: run}, {H0: doubled}, {H0: [hour_row]})
         store.pointers.swap([(H0, run, None)])
-        after = queries.summary(queries.load(reader, start, end, "*"))
+        after = queries.summary(window.load(reader, start, end, "*"))
         assert after.events == cold.events + len(exact(events, start, H0 + HOUR))
 
         job.run(settings, H0, H0 + HOUR, spark=spark)  # the batch layer's rerun restores the hour: served at once
-        restored = queries.summary(queries.load(reader, start, end, "*"))
+        restored = queries.summary(window.load(reader, start, end, "*"))
         assert restored.events == cold.events == len(exact(events, start, end))
 
 
@@ -205,7 +205,7 @@ def test_no_row_cache_without_read_your_writes(served: tuple[Settings, list[Even
     with session(weak) as sess:
         reader = ViewReader(weak, sess)
         assert reader.cache is None
-        w = queries.load(reader, H0 + 30 * MIN, H0 + 2 * HOUR + 30 * MIN, "*")
+        w = window.load(reader, H0 + 30 * MIN, H0 + 2 * HOUR + 30 * MIN, "*")
         assert queries.summary(w).events == len(exact(events, H0 + 30 * MIN, H0 + 2 * HOUR + 30 * MIN))
 
 

@@ -20,8 +20,9 @@ import pytest
 from infra import migrations
 from infra.cassandra import session
 from infra.settings import Settings
-from serving import queries
-from serving.store import ReadBudget, ReadBudgetExceededError, ViewReader
+from serving import queries, window
+from serving.budget import ReadBudget, ReadBudgetExceededError
+from serving.reader import ViewReader
 from speed_layer.sink import SpeedViewSink
 from views.store.rows import ViewRow
 
@@ -72,16 +73,16 @@ def test_a_long_window_is_merged_as_it_streams_in(long_speed_window: tuple[Setti
     with session(settings) as sess:
         reader = ViewReader(settings, sess)
         # prepare, warm the driver
-        queries.load(reader, END - 60 * MIN, END, "*", fields=("items_fi",))
+        window.load(reader, END - 60 * MIN, END, "*", fields=("items_fi",))
 
         def top() -> queries.Top:
-            w = queries.load(reader, END - ROWS * MIN, END, "*", fields=("items_fi",), keep_rows=False)
+            w = window.load(reader, END - ROWS * MIN, END, "*", fields=("items_fi",), keep_rows=False)
             assert w.provenance.spans[0]["layer"] == "speed" and not w.buckets
             return queries.top(w, 10)
 
         answer, streamed = traced_peak(top)
         held, holding = traced_peak(
-            lambda: queries.load(reader, END - ROWS * MIN, END, "*", fields=("items_fi",), keep_rows=True)
+            lambda: window.load(reader, END - ROWS * MIN, END, "*", fields=("items_fi",), keep_rows=True)
         )
     assert sum(b.events for b in held.buckets) == events == held.merged.events  # the same rows, all of them
     assert answer.items and answer.items_max_error > 0
@@ -95,8 +96,8 @@ def test_the_read_budget_stops_a_request_that_reads_too_much(long_speed_window: 
         reader = ViewReader(settings, sess)
         budget = ReadBudget(sketch_bytes // 4)
         with pytest.raises(ReadBudgetExceededError, match=r"serving\.max_read_mb") as exc:
-            queries.load(reader, END - ROWS * MIN, END, "*", fields=("items_fi",), budget=budget)
+            window.load(reader, END - ROWS * MIN, END, "*", fields=("items_fi",), budget=budget)
         assert budget.bytes > sketch_bytes // 4 and budget.rows < ROWS // 3, (budget.rows, exc.value)
         enough = ReadBudget(sketch_bytes)
-        queries.load(reader, END - ROWS * MIN, END, "*", fields=("items_fi",), budget=enough)
+        window.load(reader, END - ROWS * MIN, END, "*", fields=("items_fi",), budget=enough)
         assert (enough.rows, enough.bytes) == (ROWS, sketch_bytes)

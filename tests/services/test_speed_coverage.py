@@ -32,10 +32,10 @@ from fastapi.testclient import TestClient
 from infra import migrations
 from infra.cassandra import session, table
 from infra.settings import Settings
-from serving import queries
+from serving import queries, window
 from serving.api import create_app
-from serving.merge import NOT_YET_SEEN, SPEED_ROWS_GONE, STARTED_AFTER
-from serving.store import ViewReader
+from serving.plan import NOT_YET_SEEN, SPEED_ROWS_GONE, STARTED_AFTER
+from serving.reader import ViewReader
 from tests.helpers import speed_drain
 from views.buckets import MINUTE, floor
 from views.event import Event
@@ -74,9 +74,9 @@ class Env:
             [TRENDS, "speed", "run"], env={**self.env, **extra}, stdout=log, stderr=subprocess.STDOUT
         )
 
-    def window(self, start: datetime, end: datetime) -> queries.Window:
+    def window(self, start: datetime, end: datetime) -> window.Window:
         with session(self.settings) as sess:
-            return queries.load(ViewReader(self.settings, sess), start, end, "*", coarsest="minute")
+            return window.load(ViewReader(self.settings, sess), start, end, "*", coarsest="minute")
 
     def cli(self, start: datetime, end: datetime) -> str:
         proc = subprocess.run(
@@ -154,7 +154,7 @@ def events(start: datetime, minutes: int, per_minute: int, prefix: str) -> list[
     ]  # fmt: skip
 
 
-def answered(w: queries.Window) -> dict[datetime, str]:
+def answered(w: window.Window) -> dict[datetime, str]:
     """Each minute of the window: the layer that served it, or the gap's reason."""
     out = {}
     for s in w.provenance.spans:

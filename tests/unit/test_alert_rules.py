@@ -86,7 +86,7 @@ def test_every_alert_has_a_firing_and_a_quiet_promtool_case() -> None:
 def _exported() -> set[str]:
     from batch_layer.exporter import METRICS as BATCH
     from ingestion.metrics import COUNTERS as INGEST
-    from serving.api import Metrics
+    from serving.metrics import Metrics
     from speed_layer.metrics import COUNTERS as SPEED_COUNTERS
     from speed_layer.metrics import GAUGES as SPEED_GAUGES
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from batch_layer.index import PartitionState, dt_to_ms, horizon_of
 from serving import params
 from serving.console import MAX_HOURS, SpeedMinute, backfill_progress, hour_range, segments_of
-from views.buckets import MINUTE
+from views.buckets import HOUR, MINUTE
 from views.store.index_state import IndexedPartition, index_horizon
 
 NOW = datetime(2026, 5, 1, 10, 17, tzinfo=UTC)
@@ -24,16 +24,17 @@ def test_the_range_is_whole_hours_and_bounded() -> None:
         datetime(2026, 5, 1, 10, tzinfo=UTC),
     )
     assert hour_range("2026-05-01T08:00Z", "2026-05-03T08:00Z", NOW)[1] == datetime(2026, 5, 3, 8, tzinfo=UTC)
-    for start, end, fragment in [
-        ("2026-05-01T08:00Z", None, "end: give start and end together"),
-        (None, "2026-05-01T08:00Z", "start: give start and end together"),
-        ("2026-05-01T08:00Z", "2026-05-01T08:00Z", "holds no hour"),
-        ("2026-05-01T09:00Z", "2026-05-01T08:00Z", "holds no hour"),
-        ("2026-05-01T08:00Z", "2026-05-03T08:01Z", f"the console shows at most {MAX_HOURS}"),
-        ("2026-05-01T08:00", "2026-05-01T09:00Z", "no time zone"),
+    h = datetime(2026, 5, 1, 8, tzinfo=UTC)
+    for start, end, hours in [
+        ("2026-05-01T08:00Z", None, (h, h + 6 * HOUR)),  # start alone: the default hours from it
+        (None, "2026-05-01T08:00Z", (h - 6 * HOUR, h)),  # end alone: the default hours up to it
+        ("2026-05-01T08:00Z", "2026-05-01T08:00Z", (h, h + HOUR)),  # within one hour: that hour
+        ("2026-05-01T09:30Z", "2026-05-01T08:10Z", (h, h + 2 * HOUR)),  # backwards: the same range
+        ("2026-05-01T08:00Z", "2026-05-03T08:01Z", (h + 49 * HOUR - MAX_HOURS * HOUR, h + 49 * HOUR)),  # its last
     ]:
-        with pytest.raises(params.BadQueryError, match=fragment):
-            hour_range(start, end, NOW)
+        assert hour_range(start, end, NOW) == hours, (start, end)
+    with pytest.raises(params.BadQueryError, match="no time zone"):
+        hour_range("2026-05-01T08:00", "2026-05-01T09:00Z", NOW)
 
 
 times = st.none() | st.integers(0, 4 * 3600).map(lambda s: NOW - timedelta(seconds=s))

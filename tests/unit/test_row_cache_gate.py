@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from infra.settings import Settings
-from serving.store import reads_see_acknowledged_writes, rows_cacheable
+from serving.reader import reads_see_acknowledged_writes, rows_cacheable
 
 TWO_DCS: dict[str, Any] = {
     "replication_strategy": "NetworkTopologyStrategy",

@@ -7,7 +7,8 @@ from datetime import UTC, datetime
 
 import datasketches as ds
 
-from serving.cache import Answer, AnswerCache, BatchPart, speed_key
+from serving.answer_cache import Answer, AnswerCache, speed_key
+from serving.merge import MergedPart
 from views import sketches
 from views.sketches import SketchUnion
 
@@ -64,7 +65,7 @@ def test_a_speed_minute_key_changes_with_its_count_and_epoch() -> None:
 
 def test_the_answer_cache_counts_outcomes_and_stays_within_its_bytes() -> None:
     cache = AnswerCache(max_bytes=1000)
-    part = BatchPart(1, 1, {}, (b"", b"", b""), 0)
+    part = MergedPart(1, 1, {}, (b"", b"", b""), 0)
     for i in range(5):
         cache.put(("q", i), Answer((), (i,), [part], [], frozenset(), 0, 400, []))
     assert cache.bytes <= 1000 and len(cache) == 2  # the least recently used questions went
@@ -78,7 +79,8 @@ def test_the_answer_cache_counts_outcomes_and_stays_within_its_bytes() -> None:
 
 
 def test_a_reused_state_is_as_old_as_its_read_and_never_replaced_by_an_older_one() -> None:
-    from serving.store import Coverage, RecentStates
+    from serving.plan import Coverage
+    from serving.reader import RecentStates
 
     def state(hour: int) -> Coverage:
         return Coverage(datetime(2026, 1, 1, hour, tzinfo=UTC), False, None, set(), set(), None, None)

@@ -13,9 +13,11 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from infra.settings import Settings
-from serving import api, queries
-from serving.merge import Span
-from serving.store import Bucket, Coverage
+from serving import api, queries, window
+from serving.bucket import Bucket
+from serving.errors import CassandraUnavailableError
+from serving.merge import Merged
+from serving.plan import Coverage, Span
 from views import sketches
 
 QUERY_ROUTES = ["count", "users", "quantiles", "top", "summary", "trending", "series"]
@@ -46,7 +48,7 @@ def test_every_query_documents_its_refusals_with_the_error_model() -> None:
             body = responses[code]["content"]["application/json"]["schema"]
             assert body == {"$ref": "#/components/schemas/ErrorBody"}, (name, code)
         assert "Retry-After" in responses["429"]["headers"] and "Retry-After" in responses["503"]["headers"]
-        assert "never both" in spec["paths"][f"/api/v1/{name}"]["get"]["description"]
+        assert "last N ending at `end`" in spec["paths"][f"/api/v1/{name}"]["get"]["description"]
     status = spec["paths"]["/api/v1/status"]["get"]["responses"]
     assert {"401", "429", "503"} <= set(status) and "400" not in status  # it takes no parameter to refuse
     ready = spec["paths"]["/ready"]["get"]["responses"]
@@ -89,7 +91,7 @@ class _BlockingBackend:
         self.entered.set()
         self.release.wait(10)
         msg = "released"
-        raise api.CassandraUnavailableError(msg)
+        raise CassandraUnavailableError(msg)
 
 
 def test_queries_beyond_the_concurrency_limit_get_a_429_with_retry_after() -> None:
@@ -116,15 +118,15 @@ def test_queries_beyond_the_concurrency_limit_get_a_429_with_retry_after() -> No
         assert client.get("/api/v1/count?last=1h").status_code == 503  # the slot was given back
 
 
-def _items_window(start: datetime, counts: dict[str, int], lg_max: int = 3) -> queries.Window:
+def _items_window(start: datetime, counts: dict[str, int], lg_max: int = 3) -> window.Window:
     fi = ds.frequent_strings_sketch(lg_max)
     for item, n in counts.items():
         fi.update(item, n)
     b = Bucket(start, "minute", "speed", sum(counts.values()), b"", b"", bytes(fi.serialize()))
     cov = Coverage(None, False, None, set(), set(), None, None)
     end = start + timedelta(minutes=1)
-    w = queries.Window(start, end, "*", queries.Provenance.of([Span(start, end, "speed", "minute")], cov),
-                       queries.Merged(timedelta(days=1)))  # fmt: skip
+    w = window.Window(start, end, "*", window.Provenance.of([Span(start, end, "speed", "minute")], cov),
+                       Merged(timedelta(days=1)))  # fmt: skip
     w.merged.add(b)
     return w
 
@@ -141,3 +143,24 @@ def test_top_and_trending_state_one_error_bound() -> None:
     assert queries.top(recent, 5).items_max_error == bound
     assert queries.trending(recent, base, 5, 1).items_max_error == bound
     assert queries.summary(recent).items_max_error == bound
+
+
+def test_last_with_end_is_answered_for_the_last_n_ending_at_end(monkeypatch: Any) -> None:
+    """Schema-valid, so answered (issue 29): `last` with `end` is the last N ending at `end`, as in Prometheus."""
+    app = api.create_app(_settings())
+    asked: list[tuple[datetime, datetime, str]] = []
+
+    def load(w: Any, answer: str, coarsest: str = "day", **_: Any) -> list[window.Window]:
+        asked.append((w.start, w.end, coarsest))
+        raise CassandraUnavailableError(answer)
+
+    monkeypatch.setattr(app.state.context, "load", load)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        r = client.get("/api/v1/count?last=2h&end=2026-05-01T10:00:30Z")
+        assert r.status_code == 503, r.text  # past the parameters: the views are what is missing here
+        r = client.get("/api/v1/series?last=30d&end=2026-05-01T10:00Z&resolution=minute")
+        assert r.status_code == 503, r.text  # 43,200 minutes: answered at the next coarser resolution
+    assert asked == [
+        (datetime(2026, 5, 1, 8, tzinfo=UTC), datetime(2026, 5, 1, 10, tzinfo=UTC), "day"),
+        (datetime(2026, 4, 1, 10, tzinfo=UTC), datetime(2026, 5, 1, 10, tzinfo=UTC), "hour"),
+    ]

@@ -33,14 +33,10 @@ def test_absolute_windows_are_floored_to_minutes(settings: Settings) -> None:
 @pytest.mark.parametrize(
     ("last", "start", "end", "param", "fragment"),
     [
-        ("1h", NOW, None, "last", "not both"),
         ("15x", None, None, "last", "15m"),
         ("0h", None, None, "last", "not a duration"),
-        (None, NOW, None, "end", "both start and end"),
-        (None, None, None, "start", "both start and end"),
-        (None, NOW, NOW - timedelta(hours=1), "end", "reversed"),
-        (None, NOW, NOW + timedelta(seconds=10), "end", "empty"),
-        (None, NOW, NOW + timedelta(days=32), "end", "longer than 31 days"),
+        ("32d", None, None, "last", "longer than 31 days"),
+        (None, None, None, "last", "give last"),
     ],
 )
 def test_bad_windows(
@@ -49,6 +45,42 @@ def test_bad_windows(
     with pytest.raises(params.BadQueryError, match=fragment) as exc:
         params.window(settings, last, start, end, now=NOW)
     assert exc.value.param == param
+
+
+def test_last_with_end_is_the_last_n_ending_at_end(settings: Settings) -> None:
+    """As Prometheus' range queries and Grafana read it (issue 29: a schema-valid request is answered)."""
+    end = datetime(2026, 5, 1, 8, 0, 30, tzinfo=UTC)
+    assert params.window(settings, "2h", None, end, now=NOW) == (
+        datetime(2026, 5, 1, 6, tzinfo=UTC),
+        datetime(2026, 5, 1, 8, tzinfo=UTC),
+    )
+
+
+M = timedelta(minutes=1)
+T = datetime(2026, 5, 1, 8, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("last", "start", "end", "window"),
+    [
+        (None, T, None, (T, T + timedelta(hours=1))),  # start alone: the default length from it
+        (None, None, T, (T - timedelta(hours=1), T)),  # end alone: the default length up to it
+        ("30m", T, None, (T, T + 30 * M)),  # last from start
+        ("30m", T - timedelta(hours=2), T, (T - 30 * M, T)),  # last keeps the end of [start, end)
+        ("3h", T - timedelta(hours=2), T, (T - timedelta(hours=2), T)),  # ... never more than [start, end)
+        (None, T, T - timedelta(hours=1), (T - timedelta(hours=1), T)),  # backwards: the same window
+        (None, T, T + timedelta(seconds=10), (T, T + M)),  # within one minute: that minute
+        (None, T - timedelta(days=40), T, (T - timedelta(days=31), T)),  # too long: its last 31 days
+    ],
+)
+def test_every_combination_has_a_meaning(
+    settings: Settings,
+    last: str | None,
+    start: datetime | None,
+    end: datetime | None,
+    window: tuple[datetime, datetime],
+) -> None:
+    assert params.window(settings, last, start, end, now=NOW) == window
 
 
 def test_times_need_an_offset() -> None:
@@ -84,8 +116,9 @@ def test_limits_and_ranks(settings: Settings) -> None:
 def test_row_cache_is_a_bounded_lru_that_keeps_empty_reads() -> None:
     from datetime import UTC, datetime
 
-    from serving.cache import ROW_OVERHEAD_BYTES as O
-    from serving.cache import Bucket, RowCache
+    from serving.bucket import Bucket
+    from serving.lru import ROW_OVERHEAD_BYTES as O
+    from serving.lru import RowCache
 
     row = Bucket(datetime(2026, 1, 1, tzinfo=UTC), "hour", "batch", 1, b"h" * 100, b"", b"f" * 100)
     one = O + (O + 200)  # an entry of one row: entry overhead + row overhead + its sketch bytes
@@ -102,7 +135,7 @@ def test_row_cache_is_a_bounded_lru_that_keeps_empty_reads() -> None:
 
 def test_row_cache_only_with_read_your_writes() -> None:
     from infra.settings import Settings
-    from serving.store import rows_cacheable
+    from serving.reader import rows_cacheable
 
     assert rows_cacheable(Settings())  # LOCAL_QUORUM reads and writes
     one = {"read_consistency": "ONE", "replication_factor": 3}

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.merge import (
+from serving.plan import (
     NO_BATCH_RUN,
     NOT_YET_SEEN,
     SPEED_ROWS_GONE,

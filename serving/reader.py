@@ -1,17 +1,18 @@
-"""Read both views from Cassandra for a merge plan: the boundary, coverage, freshness and the rows of each span.
+"""Read both views from Cassandra for a merge plan: the state of both layers (its :class:`Coverage`) and the rows.
 
 All statements are prepared once per reader and bound; every read uses the read consistency profile. A reader
 holds one session, its statements and its caches, and no state of a request: the API keeps one for its lifetime and
-every request uses it. The read path goes one way: :meth:`ViewReader.coverage` reads the state of both layers (with
-the current run of every hour of the window), :func:`serving.merge.plan` splits the window, :meth:`ViewReader.stream`
-reads the rows of the plan's spans under the runs of that same coverage, and :mod:`serving.queries` merges them
-(through the answer cache of :mod:`serving.cache`).
+every request uses it. The read path goes one way (:func:`serving.window.load_many` drives it):
+:meth:`ViewReader.coverage` reads the state of both layers (with the current run of every hour of the window),
+:func:`serving.plan.plan` splits the window, :meth:`ViewReader.stream` reads the rows of the plan's spans under the
+runs of that same coverage (scheduled by :mod:`serving.read_schedule`), and :mod:`serving.merge` merges them.
 
 Batch rows are immutable once their run is current (a rerun writes a new version under a new run id and swaps the
-pointer), so a reader keeps the batch rows it has read in a bounded LRU (:class:`RowCache`) keyed by the run they
-belong to: a rerun changes the key, never the entry, and a cached row cannot be stale. Daily rollups are keyed by
-the fingerprint of their day's pointers and cached only when the row read carries that fingerprint. Speed rows
-change with every micro-batch: :mod:`serving.cache` keeps them by the events the speed layer counted in their minute.
+pointer), so a reader keeps the batch rows it has read in a bounded LRU (:class:`~serving.lru.RowCache`) keyed by
+the run they belong to: a rerun changes the key, never the entry, and a cached row cannot be stale. Daily rollups are
+keyed by the fingerprint of their day's pointers and cached only when the row read carries that fingerprint. Speed
+rows change with every micro-batch: :mod:`serving.answer_cache` keeps them by the events the speed layer counted in
+their minute. Whether rows may be kept at all depends on the consistency levels (:func:`rows_cacheable`).
 """
 
 from __future__ import annotations
@@ -19,21 +20,24 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, time, timedelta
+from collections.abc import Hashable, Iterable, Iterator, Mapping
+from datetime import UTC, date, datetime
 from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 from infra.cassandra import READ_PROFILE
 from infra.service_settings import CassandraSettings
 from infra.settings import Settings
-from serving.cache import AnswerCache, Bucket, RowCache
-from serving.merge import Layer, Resolution, Span, SpeedCoverage
-from views.buckets import DAY, HOUR, MINUTE, as_date, days_between, floor, month_key, utc
+from serving.answer_cache import AnswerCache
+from serving.bucket import Bucket
+from serving.budget import ReadBudget
+from serving.lru import RowCache
+from serving.plan import Coverage, Span, SpeedCoverage
+from serving.read_schedule import ReadSchedule
+from views.buckets import HOUR, as_date, days_between, floor, month_key, utc
 from views.store import cql
 from views.store.batch import BatchRows
-from views.store.losses import Loss, LossStore, decode_loss
+from views.store.losses import LossStore, decode_loss
 from views.store.pointers import PointerStore, decode_pointers, decode_stale, decode_watermark, fingerprint_of
 from views.store.rows import Request
 from views.store.speed import Epoch, SpeedRows, decode_counts, decode_epochs, decode_hours
@@ -44,28 +48,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 SKETCH_FIELDS = cql.SKETCH_FIELDS
-
-
-@dataclass(frozen=True)
-class Coverage:
-    """What the merge rule needs to know about both layers for a window."""
-
-    boundary: datetime | None
-    pinned: bool
-    batch_low: datetime | None
-    batch_hours: set[datetime]
-    current_days: set[date]
-    speed_newest_event: datetime | None
-    speed_updated_at: datetime | None
-    speed: SpeedCoverage = field(default_factory=lambda: SpeedCoverage(()))
-    stale: dict[datetime, int] = field(default_factory=dict)  # batch hours -> records indexed since their run
-    incomplete: dict[datetime, list[Loss]] = field(default_factory=dict)  # hours lost records may belong to
-    runs: Mapping[date, Mapping[datetime, uuid.UUID]] = field(default_factory=dict)  # current run per hour, per day
-
-    @property
-    def speed_fresh_until(self) -> datetime | None:
-        """Return the end of the newest minute the speed layer has read (its current epoch)."""
-        return self.speed.fresh_until
 
 
 RECENT_WINDOWS = 256  # coverages kept for serving.state_max_age_ms (a handful of windows are asked at any time)
@@ -350,7 +332,7 @@ class ViewReader:
             batch_days = {s.start.date() for s in spans if s.layer == "batch"}
             runs = self.read_pointers(batch_days)[0] if batch_days else {}
         wanted = frozenset(fields)
-        reads = _ReadSchedule(self.sess, self.statements(wanted), self.cache, slice_, wanted, runs)
+        reads = ReadSchedule(self.sess, self.statements(wanted), self.cache, slice_, wanted, runs)
         hour_spans: dict[date, list[Span]] = {}
         for span in spans:
             if span.layer == "gap":
@@ -369,230 +351,3 @@ class ViewReader:
             if budget is not None:
                 budget.charge(bucket)
             yield bucket
-
-    @staticmethod
-    def bucket(start: datetime | None, resolution: Resolution, layer: Layer, r: Any) -> Bucket:
-        """Turn a row read into a :class:`Bucket` (sketches not selected are empty)."""
-        if start is None:
-            msg = "a view row without a bucket start"
-            raise ValueError(msg)
-        return Bucket(
-            start.astimezone(UTC),
-            resolution,
-            layer,
-            int(r.events),
-            bytes(getattr(r, "users_hll", b"")),
-            bytes(getattr(r, "values_kll", b"")),
-            bytes(getattr(r, "items_fi", b"")),
-        )
-
-
-class ReadBudget:
-    """What one request may read: sketch bytes up to ``serving.max_read_mb``; rows and bytes are counted."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.rows = 0
-        self.bytes = 0
-
-    def charge(self, bucket: Bucket) -> None:
-        """Count a row read.
-
-        :raises ReadBudgetExceededError: the request has read more sketch bytes than allowed.
-        """
-        self.charge_bytes(bucket.sketch_bytes)
-
-    def charge_bytes(self, sketch_bytes: int, rows: int = 1) -> None:
-        """Count rows served from the answer cache as if read (the same question costs the same budget).
-
-        :raises ReadBudgetExceededError: the request has read more sketch bytes than allowed.
-        """
-        self.rows += rows
-        self.bytes += sketch_bytes
-        if self.bytes > self.max_bytes:
-            raise ReadBudgetExceededError(self.max_bytes, self.rows)
-
-
-class ReadBudgetExceededError(ValueError):
-    """A request reads more sketch bytes than ``serving.max_read_mb`` allows (the API answers 400)."""
-
-    def __init__(self, max_bytes: int, rows: int) -> None:
-        mib = max_bytes / (1024 * 1024)
-        super().__init__(
-            f"this answer reads more than {mib:g} MiB of sketches (serving.max_read_mb; {rows} rows read): ask for "
-            "a shorter window or a narrower answer (count and series read no sketches); long windows are cheap "
-            "where the batch layer's hourly and daily rollups serve them"
-        )
-
-
-PAGE_ROWS = 1000  # rows per page of a read that carries no sketch
-PAGE_ROWS_SKETCHES = 25  # rows per page of a long read with sketches (a frequent-items sketch is 8-100 KB)
-SHORT_READ_ROWS = 200  # a read of at most this many rows comes in one page (the speed tail of an ordinary window)
-IN_FLIGHT_ROWS = 150  # reads run ahead of the one being consumed while their first pages hold at most this many rows
-
-
-@dataclass
-class _Unit:
-    """One read of a request (or rows from the cache), placed in time, and what turns its result into buckets."""
-
-    start: datetime
-    request: Any  # a bound statement, paged; None when the cache serves the unit
-    emit: Callable[[Iterable[Any]], Iterable[Bucket]]
-    rows: int  # most rows its first page holds
-
-
-class _ReadSchedule:
-    """The reads of one :meth:`ViewReader.stream`, scheduled: a unit per read (or cache hit), run in time order.
-
-    It is given all it reads with (the session, the prepared reads, the batch-row cache, the runs of the plan's
-    coverage) and reaches back into nothing.
-    """
-
-    def __init__(
-        self,
-        sess: Session,
-        statements: Mapping[str, Any],
-        cache: RowCache | None,
-        slice_: str,
-        fields: frozenset[str],
-        runs: Mapping[date, Mapping[datetime, uuid.UUID]],
-    ) -> None:
-        self.sess = sess
-        self.stmt = statements
-        self.cache = cache
-        self.slice = slice_
-        self.fields = fields
-        self.runs = runs
-        self.units: list[_Unit] = []
-
-    def pointers(self, day: date) -> Mapping[datetime, uuid.UUID]:
-        """Return the current runs of a day's hours as the plan's coverage read them."""
-        return self.runs.get(day, {})
-
-    def _add(
-        self,
-        start: datetime,
-        statement: str | None,
-        params: tuple[Any, ...],
-        emit: Callable[[Iterable[Any]], Iterable[Bucket]],
-        rows: int = 0,
-    ) -> None:
-        if statement is None:
-            self.units.append(_Unit(start, None, emit, 0))
-            return
-        short = rows <= SHORT_READ_ROWS
-        page = PAGE_ROWS if not self.fields else (rows if short else PAGE_ROWS_SKETCHES)
-        bound = self.stmt[statement].bind(params)
-        bound.fetch_size = max(page, 1)
-        self.units.append(_Unit(start, bound, emit, min(rows, page)))
-
-    def _cached(self, key: Hashable) -> tuple[Bucket, ...] | None:
-        return self.cache.get(key) if self.cache is not None else None
-
-    def _remember(self, key: Hashable, rows: Iterable[Bucket]) -> None:
-        if self.cache is not None:
-            self.cache.put(key, tuple(rows))
-
-    def speed(self, span: Span) -> None:
-        """Read a speed span a day at a time, streamed in pages (never cached: it changes every micro-batch)."""
-        bucket = ViewReader.bucket
-
-        def emit(rows: Iterable[Any]) -> Iterator[Bucket]:
-            return (bucket(utc(r.bucket_start), "minute", "speed", r) for r in rows)
-
-        for day in days_between(span.start, span.end):
-            first = max(span.start, datetime.combine(day, time(), UTC))
-            last = min(span.end, datetime.combine(day, time(), UTC) + DAY)
-            minutes = int((last - first) / MINUTE)
-            self._add(first, "speed", (self.slice, day, span.start, span.end), emit, minutes)
-
-    def day(self, span: Span) -> None:
-        """Serve a daily rollup, cached under the fingerprint of the day's pointers."""
-        day = span.start.date()
-        fingerprint = fingerprint_of(self.pointers(day))
-        key = ("day", self.slice, day, fingerprint, self.fields)
-        hit = self._cached(key)
-        if hit is not None:
-            self._add(span.start, None, (), lambda _rows: hit)
-            return
-
-        def emit(result: Iterable[Any]) -> list[Bucket]:
-            rows = list(result)
-            got = [ViewReader.bucket(span.start, "day", "batch", r) for r in rows]
-            if all(r.hour_runs == fingerprint for r in rows):  # re-merged since the coverage read: don't keep it
-                self._remember(key, got)
-            return got
-
-        self._add(span.start, "days", (self.slice, month_key(day), day, day + timedelta(days=1)), emit, 1)
-
-    def minutes(self, span: Span) -> None:
-        """Serve batch minutes from the current run's whole hour (cached under that run)."""
-        hour = floor(span.start, HOUR)
-        run = self.pointers(hour.date()).get(hour)
-        key = ("minutes", self.slice, hour, run, self.fields)
-        hit = self._cached(key)
-        if hit is not None:
-            self._add(span.start, None, (), lambda _rows: [b for b in hit if span.start <= b.start < span.end])
-            return
-
-        def emit(rows: Iterable[Any]) -> list[Bucket]:
-            got = [ViewReader.bucket(utc(r.bucket_start), "minute", "batch", r) for r in rows]
-            self._remember(key, got)
-            return [b for b in got if span.start <= b.start < span.end]
-
-        whole = self.cache is not None  # without a cache, read only the span
-        lo, hi = (hour, hour + HOUR) if whole else (span.start, span.end)
-        self._add(span.start, "minutes", (self.slice, hour, run, lo, hi), emit, int((hi - lo) / MINUTE))
-
-    def hours(self, day: date, spans: list[Span]) -> None:
-        """Serve whole hours of a day: cached ones from the cache, the others with one range read (<= 24 rows)."""
-        pointers = self.pointers(day)
-        cached: dict[datetime, tuple[Bucket, ...]] = {}
-        missing: dict[datetime, Hashable] = {}
-        for span in spans:
-            key = ("hour", self.slice, span.start, pointers.get(span.start), self.fields)
-            hit = self._cached(key)
-            if hit is None:
-                missing[span.start] = key
-            else:
-                cached[span.start] = hit
-
-        def emit(rows: Iterable[Any]) -> list[Bucket]:
-            found: dict[datetime, tuple[Bucket, ...]] = dict(cached)
-            for r in rows:
-                hour = utc(r.hour)
-                if hour is not None and hour in missing and pointers.get(hour) == r.run_id:
-                    found[hour] = (ViewReader.bucket(hour, "hour", "batch", r),)
-            for hour, key in missing.items():  # an hour without a row for this slice is cached as empty
-                found.setdefault(hour, ())
-                self._remember(key, found[hour])
-            return [b for hour in sorted(found) for b in found[hour]]
-
-        first = min(s.start for s in spans)
-        if missing:
-            self._add(first, "hours", (self.slice, day, min(missing), max(missing) + HOUR), emit, len(missing))
-        else:
-            self._add(first, None, (), emit)
-
-    def run(self) -> Iterator[Bucket]:
-        """Yield every unit's rows in time order, reads running ahead while their first pages stay small.
-
-        Reads are issued ahead of the one being consumed as long as the rows their first pages may hold stay within
-        :data:`IN_FLIGHT_ROWS` (a short window's reads all run at once; a long one's a few at a time). Units never
-        overlap in time (the spans of a plan are disjoint), so this order is the order of the rows' bucket starts,
-        whether they come from the cache or from Cassandra: warm and cold answers merge alike.
-        """
-        units = sorted(self.units, key=lambda u: u.start)
-        sess = self.sess
-        pending: dict[int, Any] = {}
-        issued, ahead_rows = 0, 0
-        for i, unit in enumerate(units):
-            while issued < len(units) and (issued <= i or ahead_rows + units[issued].rows <= IN_FLIGHT_ROWS):
-                req = units[issued].request
-                if req is not None:
-                    pending[issued] = sess.execute_async(req, execution_profile=READ_PROFILE)
-                    ahead_rows += units[issued].rows
-                issued += 1
-            future = pending.pop(i, None)
-            ahead_rows -= unit.rows if future is not None else 0
-            yield from unit.emit(future.result() if future is not None else ())

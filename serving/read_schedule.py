@@ -1,0 +1,195 @@
+"""The reads of one request's rows, scheduled: one unit per read (or rows from the cache), run in time order.
+
+Few rows are held at once: a long read with sketches comes in pages, and reads run ahead of the one being consumed
+only while their first pages stay small. Batch rows are served from the reader's row cache under the run (or the
+day's pointers' fingerprint) they belong to, so a cached row cannot be stale.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from typing import TYPE_CHECKING, Any
+
+from infra.cassandra import READ_PROFILE
+from serving.bucket import Bucket
+from serving.lru import RowCache
+from serving.plan import Span
+from views.buckets import DAY, HOUR, MINUTE, days_between, floor, month_key, utc
+from views.store.pointers import fingerprint_of
+
+if TYPE_CHECKING:
+    from cassandra.cluster import Session
+
+PAGE_ROWS = 1000  # rows per page of a read that carries no sketch
+PAGE_ROWS_SKETCHES = 25  # rows per page of a long read with sketches (a frequent-items sketch is 8-100 KB)
+SHORT_READ_ROWS = 200  # a read of at most this many rows comes in one page (the speed tail of an ordinary window)
+IN_FLIGHT_ROWS = 150  # reads run ahead of the one being consumed while their first pages hold at most this many rows
+
+
+@dataclass
+class _Unit:
+    """One read of a request (or rows from the cache), placed in time, and what turns its result into buckets."""
+
+    start: datetime
+    request: Any  # a bound statement, paged; None when the cache serves the unit
+    emit: Callable[[Iterable[Any]], Iterable[Bucket]]
+    rows: int  # most rows its first page holds
+
+
+class ReadSchedule:
+    """The reads of one :meth:`~serving.reader.ViewReader.stream`: a unit per read (or cache hit), run in time order.
+
+    It is given all it reads with (the session, the prepared reads, the batch-row cache, the runs of the plan's
+    coverage) and reaches back into nothing.
+    """
+
+    def __init__(
+        self,
+        sess: Session,
+        statements: Mapping[str, Any],
+        cache: RowCache | None,
+        slice_: str,
+        fields: frozenset[str],
+        runs: Mapping[date, Mapping[datetime, uuid.UUID]],
+    ) -> None:
+        self.sess = sess
+        self.stmt = statements
+        self.cache = cache
+        self.slice = slice_
+        self.fields = fields
+        self.runs = runs
+        self.units: list[_Unit] = []
+
+    def pointers(self, day: date) -> Mapping[datetime, uuid.UUID]:
+        """Return the current runs of a day's hours as the plan's coverage read them."""
+        return self.runs.get(day, {})
+
+    def _add(
+        self,
+        start: datetime,
+        statement: str | None,
+        params: tuple[Any, ...],
+        emit: Callable[[Iterable[Any]], Iterable[Bucket]],
+        rows: int = 0,
+    ) -> None:
+        if statement is None:
+            self.units.append(_Unit(start, None, emit, 0))
+            return
+        short = rows <= SHORT_READ_ROWS
+        page = PAGE_ROWS if not self.fields else (rows if short else PAGE_ROWS_SKETCHES)
+        bound = self.stmt[statement].bind(params)
+        bound.fetch_size = max(page, 1)
+        self.units.append(_Unit(start, bound, emit, min(rows, page)))
+
+    def _cached(self, key: Hashable) -> tuple[Bucket, ...] | None:
+        return self.cache.get(key) if self.cache is not None else None
+
+    def _remember(self, key: Hashable, rows: Iterable[Bucket]) -> None:
+        if self.cache is not None:
+            self.cache.put(key, tuple(rows))
+
+    def speed(self, span: Span) -> None:
+        """Read a speed span a day at a time, streamed in pages (never cached: it changes every micro-batch)."""
+
+        def emit(rows: Iterable[Any]) -> Iterator[Bucket]:
+            return (Bucket.of_row(utc(r.bucket_start), "minute", "speed", r) for r in rows)
+
+        for day in days_between(span.start, span.end):
+            first = max(span.start, datetime.combine(day, time(), UTC))
+            last = min(span.end, datetime.combine(day, time(), UTC) + DAY)
+            minutes = int((last - first) / MINUTE)
+            self._add(first, "speed", (self.slice, day, span.start, span.end), emit, minutes)
+
+    def day(self, span: Span) -> None:
+        """Serve a daily rollup, cached under the fingerprint of the day's pointers."""
+        day = span.start.date()
+        fingerprint = fingerprint_of(self.pointers(day))
+        key = ("day", self.slice, day, fingerprint, self.fields)
+        hit = self._cached(key)
+        if hit is not None:
+            self._add(span.start, None, (), lambda _rows: hit)
+            return
+
+        def emit(result: Iterable[Any]) -> list[Bucket]:
+            rows = list(result)
+            got = [Bucket.of_row(span.start, "day", "batch", r) for r in rows]
+            if all(r.hour_runs == fingerprint for r in rows):  # re-merged since the coverage read: don't keep it
+                self._remember(key, got)
+            return got
+
+        self._add(span.start, "days", (self.slice, month_key(day), day, day + timedelta(days=1)), emit, 1)
+
+    def minutes(self, span: Span) -> None:
+        """Serve batch minutes from the current run's whole hour (cached under that run)."""
+        hour = floor(span.start, HOUR)
+        run = self.pointers(hour.date()).get(hour)
+        key = ("minutes", self.slice, hour, run, self.fields)
+        hit = self._cached(key)
+        if hit is not None:
+            self._add(span.start, None, (), lambda _rows: [b for b in hit if span.start <= b.start < span.end])
+            return
+
+        def emit(rows: Iterable[Any]) -> list[Bucket]:
+            got = [Bucket.of_row(utc(r.bucket_start), "minute", "batch", r) for r in rows]
+            self._remember(key, got)
+            return [b for b in got if span.start <= b.start < span.end]
+
+        whole = self.cache is not None  # without a cache, read only the span
+        lo, hi = (hour, hour + HOUR) if whole else (span.start, span.end)
+        self._add(span.start, "minutes", (self.slice, hour, run, lo, hi), emit, int((hi - lo) / MINUTE))
+
+    def hours(self, day: date, spans: list[Span]) -> None:
+        """Serve whole hours of a day: cached ones from the cache, the others with one range read (<= 24 rows)."""
+        pointers = self.pointers(day)
+        cached: dict[datetime, tuple[Bucket, ...]] = {}
+        missing: dict[datetime, Hashable] = {}
+        for span in spans:
+            key = ("hour", self.slice, span.start, pointers.get(span.start), self.fields)
+            hit = self._cached(key)
+            if hit is None:
+                missing[span.start] = key
+            else:
+                cached[span.start] = hit
+
+        def emit(rows: Iterable[Any]) -> list[Bucket]:
+            found: dict[datetime, tuple[Bucket, ...]] = dict(cached)
+            for r in rows:
+                hour = utc(r.hour)
+                if hour is not None and hour in missing and pointers.get(hour) == r.run_id:
+                    found[hour] = (Bucket.of_row(hour, "hour", "batch", r),)
+            for hour, key in missing.items():  # an hour without a row for this slice is cached as empty
+                found.setdefault(hour, ())
+                self._remember(key, found[hour])
+            return [b for hour in sorted(found) for b in found[hour]]
+
+        first = min(s.start for s in spans)
+        if missing:
+            self._add(first, "hours", (self.slice, day, min(missing), max(missing) + HOUR), emit, len(missing))
+        else:
+            self._add(first, None, (), emit)
+
+    def run(self) -> Iterator[Bucket]:
+        """Yield every unit's rows in time order, reads running ahead while their first pages stay small.
+
+        Reads are issued ahead of the one being consumed as long as the rows their first pages may hold stay within
+        :data:`IN_FLIGHT_ROWS` (a short window's reads all run at once; a long one's a few at a time). Units never
+        overlap in time (the spans of a plan are disjoint), so this order is the order of the rows' bucket starts,
+        whether they come from the cache or from Cassandra: warm and cold answers merge alike.
+        """
+        units = sorted(self.units, key=lambda u: u.start)
+        sess = self.sess
+        pending: dict[int, Any] = {}
+        issued, ahead_rows = 0, 0
+        for i, unit in enumerate(units):
+            while issued < len(units) and (issued <= i or ahead_rows + units[issued].rows <= IN_FLIGHT_ROWS):
+                req = units[issued].request
+                if req is not None:
+                    pending[issued] = sess.execute_async(req, execution_profile=READ_PROFILE)
+                    ahead_rows += units[issued].rows
+                issued += 1
+            future = pending.pop(i, None)
+            ahead_rows -= unit.rows if future is not None else 0
+            yield from unit.emit(future.result() if future is not None else ())
