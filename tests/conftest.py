@@ -12,12 +12,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from infra import migrations, topics
 from infra.settings import Settings
 from stack import control
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+
+# Hypothesis fails an example that takes longer than 200 ms of wall time by default: on a busy machine a test that
+# takes a millisecond is sometimes paused for longer than that, and fails as "Unreliable test timings". Our
+# property tests check results, not speed: no deadline for any of them.
+hypothesis_settings.register_profile("trends", deadline=None)
+hypothesis_settings.load_profile("trends")
 
 
 @pytest.fixture(scope="session")

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
+from cassandra import AuthenticationFailed
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import Cluster, NoHostAvailable
 from pydantic import SecretStr
 
 from infra import migrations
-from infra.cassandra import ping, session
+from infra.cassandra import ping, session, table
 from infra.settings import Settings
 from stack import control
 from tests.helpers import free_port
@@ -66,12 +68,18 @@ def _login(settings: Settings, user: str | None, password: str | None) -> None:
 
 def test_the_configured_role_reads_and_writes(auth_cassandra: Settings) -> None:
     migrations.migrate(auth_cassandra)
+    speed_view = table(auth_cassandra, "speed_view")
+    minute = datetime(2026, 5, 1, 10, 17, tzinfo=UTC)
+    row = ("auth-test", minute.date(), minute, 42, b"\x01\x02", 7)
+    columns = "slice, day, bucket_start, events, items_fi, batch_id"
     with session(auth_cassandra) as sess:
-        names = {
-            r.table_name
-            for r in sess.execute("SELECT table_name FROM system_schema.tables WHERE keyspace_name = 'authed'")
-        }
-    assert "speed_view" in names
+        sess.execute(f"INSERT INTO {speed_view} ({columns}) VALUES (%s, %s, %s, %s, %s, %s)", row)
+    with session(auth_cassandra) as sess:  # a new connection reads back what the first one wrote
+        got = sess.execute(
+            f"SELECT events, items_fi, batch_id FROM {speed_view} WHERE slice = %s AND day = %s AND bucket_start = %s",
+            row[:3],
+        ).one()
+    assert got is not None and (got.events, got.items_fi, got.batch_id) == (42, b"\x01\x02", 7)
 
 
 @pytest.mark.parametrize(
@@ -80,8 +88,10 @@ def test_the_configured_role_reads_and_writes(auth_cassandra: Settings) -> None:
     ids=["anonymous", "default-superuser", "wrong-password", "empty-password"],
 )
 def test_everyone_else_is_refused(auth_cassandra: Settings, user: str | None, password: str | None) -> None:
-    with pytest.raises(NoHostAvailable):
+    with pytest.raises(NoHostAvailable) as refused:
         _login(auth_cassandra, user, password)
+    reasons = list(refused.value.errors.values())
+    assert reasons and all(isinstance(r, AuthenticationFailed) for r in reasons), reasons  # not a connection error
     _login(auth_cassandra, "trends", PASSWORD)  # the node is up: the refusal above was authentication
 
 

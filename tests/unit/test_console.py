@@ -37,19 +37,68 @@ def test_the_range_is_whole_hours_and_bounded() -> None:
         hour_range("2026-05-01T08:00", "2026-05-01T09:00Z", NOW)
 
 
+IDLE = timedelta(minutes=10)
+
+
+def at(hour: int, minute: int, second: int = 0) -> datetime:
+    return datetime(2026, 5, 1, hour, minute, second, tzinfo=UTC)
+
+
+Part = tuple[int, datetime | None, datetime | None]  # partition, newest record time, when the index last saw one
+
+
+def both_horizons(parts: list[Part], idle: timedelta) -> list[tuple[datetime | None, int | None, tuple[int, ...]]]:
+    """Return the console's horizon (views.store.index_state) and the indexer's (batch_layer.index) of ``parts``."""
+    ours = index_horizon([IndexedPartition(p, 0, max_ts, seen, None) for p, max_ts, seen in parts], NOW, idle)
+    states = [PartitionState(p, 0, None if max_ts is None else dt_to_ms(max_ts), seen) for p, max_ts, seen in parts]
+    theirs = horizon_of(states, NOW, idle)
+    assert theirs.newest == {p: max_ts for p, max_ts, _ in parts}
+    return [(h.closed_at, h.held_by, h.idle) for h in (ours, theirs)]
+
+
+@pytest.mark.parametrize(
+    ("parts", "want"),
+    [
+        ([], (None, None, ())),
+        ([(0, None, None), (1, None, at(10, 16))], (None, None, ())),  # nothing indexed yet
+        ([(0, at(10, 0), at(10, 15)), (1, at(10, 5), at(10, 16))], (at(10, 0), 0, ())),  # the oldest active one
+        ([(0, at(10, 5), at(10, 16)), (1, at(10, 0), at(10, 15))], (at(10, 0), 1, ())),
+        ([(3, at(10, 0), at(10, 16)), (1, at(10, 0), at(10, 16))], (at(10, 0), 1, ())),  # a tie: the lower partition
+        ([(0, at(10, 0), at(9, 50)), (1, at(10, 5), at(10, 16))], (at(10, 5), 1, (0,))),  # idle: not holding back
+        ([(0, at(10, 0), at(10, 7)), (1, at(10, 5), at(10, 16))], (at(10, 0), 0, ())),  # idle_after ago: active
+        ([(0, at(10, 0), at(10, 6, 59)), (1, at(10, 5), at(10, 16))], (at(10, 5), 1, (0,))),  # a second more: idle
+        ([(0, at(10, 0), None), (1, at(10, 5), at(10, 16))], (at(10, 5), 1, (0,))),  # never seen growing: idle
+        ([(0, at(9, 0), at(9, 30)), (1, at(9, 10), at(9, 40))], (at(10, 7), None, (0, 1))),  # all idle: now - idle
+        ([(0, at(10, 12), at(10, 0)), (1, at(9, 0), at(9, 0))], (at(10, 12), None, (0, 1))),  # or the newest record
+        ([(0, at(10, 30), at(10, 16))], (NOW, 0, ())),  # a record from the future: never ahead of now
+        ([(0, at(10, 30), at(9, 0))], (NOW, None, (0,))),
+    ],
+)
+def test_the_horizon_follows_the_active_partitions(
+    parts: list[Part], want: tuple[datetime | None, int | None, tuple[int, ...]]
+) -> None:
+    """serving may not import the batch layer: views.store.index_state holds the rule, batch_layer.index uses it."""
+    assert both_horizons(parts, IDLE) == [want, want]
+
+
 times = st.none() | st.integers(0, 4 * 3600).map(lambda s: NOW - timedelta(seconds=s))
 
 
 @given(st.lists(st.tuples(times, times), max_size=6), st.integers(1, 3600))
-def test_the_console_horizon_is_the_indexers(parts: list[tuple[datetime | None, datetime | None]], idle: int) -> None:
-    """serving may not import the batch layer: views.store.index_state repeats its rule, and must agree with it."""
-    ours = [IndexedPartition(p, 0, max_ts, seen, None) for p, (max_ts, seen) in enumerate(parts)]
-    theirs = [
-        PartitionState(p, 0, None if max_ts is None else dt_to_ms(max_ts), seen)
-        for p, (max_ts, seen) in enumerate(parts)
-    ]
-    got, want = index_horizon(ours, NOW, timedelta(seconds=idle)), horizon_of(theirs, NOW, timedelta(seconds=idle))
-    assert (got.closed_at, got.held_by, got.idle) == (want.closed_at, want.held_by, want.idle)
+def test_the_horizon_keeps_its_rule(parts: list[tuple[datetime | None, datetime | None]], idle_s: int) -> None:
+    """The rule, restated from the docstring, on any partitions: both homes give what it says."""
+    idle = timedelta(seconds=idle_s)
+    indexed = {p: (max_ts, seen) for p, (max_ts, seen) in enumerate(parts) if max_ts is not None}
+    idle_parts = tuple(p for p, (_, seen) in indexed.items() if seen is None or NOW - seen > idle)
+    active = {p: max_ts for p, (max_ts, _) in indexed.items() if p not in idle_parts}
+    if active:
+        held = sorted(active, key=lambda p: (active[p], p))[0]
+        want = (min(active[held], NOW), held, idle_parts)
+    elif indexed:
+        want = (min(max([t for t, _ in indexed.values()] + [NOW - idle]), NOW), None, idle_parts)
+    else:
+        want = (None, None, ())
+    assert both_horizons([(p, max_ts, seen) for p, (max_ts, seen) in enumerate(parts)], idle) == [want, want]
 
 
 def test_a_backfill_run_counts_its_chunks() -> None:

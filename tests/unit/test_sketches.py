@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import datasketches as ds
@@ -43,13 +44,22 @@ def test_quantiles_merge_within_rank_error() -> None:
 
 
 def test_top_items_bounds_hold() -> None:
-    sk = ds.frequent_strings_sketch(10)  # 1024 slots
+    """The stated error is DataSketches' bound for the map size (3.5 / map slots of the total), and it holds."""
     truth = {f"#i{i}": 5000 // (i + 1) for i in range(3000)}
-    for item, n in truth.items():
-        sk.update(item, n)
-    top, max_error = sketches.top_items([bytes(sk.serialize())], limit=10)
+    halves = [ds.frequent_strings_sketch(10), ds.frequent_strings_sketch(10)]  # maps of 2**10 slots
+    for i, (item, n) in enumerate(truth.items()):
+        halves[i % 2].update(item, n // 2 if i % 3 else n)
+        if i % 3:
+            halves[(i + 1) % 2].update(item, n - n // 2)  # a third of the items are counted in one part only
+    blobs = [bytes(h.serialize()) for h in halves]
+    top, max_error = sketches.top_items(blobs, limit=10)
+    assert max_error == math.ceil(3.5 / 2**10 * sum(truth.values()))  # 142 of 41,376
     assert [t.item for t in top[:3]] == ["#i0", "#i1", "#i2"]
-    for t in top:
+    listed, _ = sketches.top_items(blobs, limit=len(truth))
+    assert top == listed[:10]
+    for t in listed:
         assert t.lower <= truth[t.item] <= t.upper
-    assert max_error >= 0
+        assert abs(t.estimate - truth[t.item]) <= max_error and t.upper - t.lower <= max_error
+    left_out = [n for item, n in truth.items() if item not in {t.item for t in listed}]
+    assert left_out and max(left_out) <= max_error  # an item not listed counted at most the bound
     assert sketches.top_items([], limit=3) == ([], 0)
