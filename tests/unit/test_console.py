@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batch_layer.index import PartitionState, dt_to_ms, horizon_of
+from batch_layer.horizon import horizon_of
 from serving import params
 from serving.console import MAX_HOURS, SpeedMinute, backfill_progress, hour_range, segments_of
 from views.buckets import MINUTE
-from views.store.index_state import IndexedPartition, index_horizon
+from views.store.index import IndexedPartition, PartitionState, dt_to_ms, index_horizon
 
 NOW = datetime(2026, 5, 1, 10, 17, tzinfo=UTC)
 
@@ -41,7 +41,7 @@ times = st.none() | st.integers(0, 4 * 3600).map(lambda s: NOW - timedelta(secon
 
 @given(st.lists(st.tuples(times, times), max_size=6), st.integers(1, 3600))
 def test_the_console_horizon_is_the_indexers(parts: list[tuple[datetime | None, datetime | None]], idle: int) -> None:
-    """serving may not import the batch layer: views.store.index_state repeats its rule, and must agree with it."""
+    """serving may not import the batch layer: views.store.index holds its rule, and must agree with it."""
     ours = [IndexedPartition(p, 0, max_ts, seen, None) for p, (max_ts, seen) in enumerate(parts)]
     theirs = [
         PartitionState(p, 0, None if max_ts is None else dt_to_ms(max_ts), seen)
