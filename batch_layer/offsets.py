@@ -2,7 +2,7 @@
 
 A plan reads exactly the indexed spans of its hours, merged per partition into ranges (Spark's Kafka batch source
 takes one range per partition per read, so the k-th ranges of all partitions form the k-th read, and the reads
-are unioned). Records of other hours inside the ranges are dropped by the job, by the hour their timestamp names.
+are unioned). Records of other hours inside the ranges are dropped by the transform, by the hour their timestamp names.
 
 Three refusals, never a silent partial result:
 
