@@ -22,11 +22,11 @@ from typing import Any
 
 import click
 
-from batch_layer import index, job
-from batch_layer.backfill import DAG_ID as BACKFILL_DAG_ID
+from batch_layer import horizon, indexer, tasks
 from batch_layer.backfill import BackfillFailedError, Follower, index_events
 from infra import migrations, topics
 from infra.cassandra import session
+from infra.dag_contract import BACKFILL_DAG, END_PARAM, START_PARAM
 from infra.errors import StackError
 from infra.settings import Settings
 from serving.reader import ViewReader
@@ -123,10 +123,10 @@ def _wait_speed(settings: Settings, until: datetime, timeout_s: float = 600) -> 
 
 def _backfill(settings: Settings, first: datetime) -> list[datetime]:
     """Backfill the closed hours from ``first`` through Airflow; return the hours now served by the batch view."""
-    result = index.run_index(settings)
-    horizon = index.horizon(settings)
-    click.echo(f"trends batch index: {result.line()}; {horizon.describe()}")
-    last_end = closed_until(horizon.closed_at, settings)
+    result = indexer.run_index(settings)
+    hz = horizon.horizon(settings)
+    click.echo(f"trends batch index: {result.line()}; {hz.describe()}")
+    last_end = closed_until(hz.closed_at, settings)
     if last_end is None:
         return []
     starts = [first + i * HOUR for i in range(int((last_end - first) / HOUR))]
@@ -142,15 +142,15 @@ def _backfill(settings: Settings, first: datetime) -> list[datetime]:
         return starts
     af = AirflowConfig(settings).client()
     token = af.token()
-    af.wait_dag(token, BACKFILL_DAG_ID)
-    conf = {"start": todo[0].isoformat(), "end": (todo[-1] + HOUR).isoformat()}
-    click.echo(f"airflow dags trigger {BACKFILL_DAG_ID} --conf '{json.dumps(conf)}'")
-    run_id = af.trigger(token, BACKFILL_DAG_ID, conf)
+    af.wait_dag(token, BACKFILL_DAG)
+    conf = {START_PARAM: todo[0].isoformat(), END_PARAM: (todo[-1] + HOUR).isoformat()}
+    click.echo(f"airflow dags trigger {BACKFILL_DAG} --conf '{json.dumps(conf)}'")
+    run_id = af.trigger(token, BACKFILL_DAG, conf)
     # followed as `trends batch backfill --wait` follows it: chunks done of total, events, ETA, failed tries
     follower = Follower(af, run_id, click.echo, index_events(settings), poll_s=3)
     snap = follower.follow(timeout_s=1800)
     if snap is None:
-        msg = f"{BACKFILL_DAG_ID} run {run_id} not done within 30 min"
+        msg = f"{BACKFILL_DAG} run {run_id} not done within 30 min"
         raise StackError(msg)
     if snap.state == "failed":
         raise BackfillFailedError(follower.failure(snap))
@@ -173,8 +173,8 @@ def _absorb_late(settings: Settings, hour: datetime) -> None:
     if subprocess.run(cmd, check=False, env=_env(settings, "kafka"), capture_output=True).returncode != 0:  # noqa: S603
         click.echo("(producing the late events failed; skipped)")
         return
-    index.run_index(settings)
-    stale = job.stale_hours(settings)
+    indexer.run_index(settings)
+    stale = tasks.stale_hours(settings)
     for h, (now, read) in stale.items():
         click.echo(f"trends batch status: {h:%Y-%m-%d %H:%M} UTC is stale, {now - read} records arrived since its run")
     click.echo("trends batch run --stale")

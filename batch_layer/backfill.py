@@ -21,15 +21,22 @@ from typing import Any
 import click
 
 from infra.airflow.client import AirflowAPIError, AirflowClient
+from infra.dag_contract import (
+    ADVANCE_TASK,
+    BACKFILL_DAG,
+    CHUNKS_TASK,
+    END_PARAM,
+    HOURS_ARG,
+    ONLY_MISSING_PARAM,
+    RECOMPUTE_TASK,
+    START_PARAM,
+)
 from infra.errors import TrendsError
 from infra.params import UTC_TIME
 from infra.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-DAG_ID = "trends_backfill"
-CHUNKS_TASK = "chunks"
-RECOMPUTE_TASK = "recompute"
 EXIT_STILL_RUNNING = 3
 # How long the REST API may stay unreachable (an API server restart) before following gives up.
 API_OUTAGE_S = 120.0
@@ -77,9 +84,9 @@ def chunk_hours(xcom: Any) -> list[list[datetime]] | None:
         return None
     out: list[list[datetime]] = []
     for args in xcom:
-        if not isinstance(args, list) or "--hours" not in args or args.index("--hours") + 1 >= len(args):
+        if not isinstance(args, list) or HOURS_ARG not in args or args.index(HOURS_ARG) + 1 >= len(args):
             return None
-        out.append([datetime.fromisoformat(h) for h in json.loads(args[args.index("--hours") + 1])])
+        out.append([datetime.fromisoformat(h) for h in json.loads(args[args.index(HOURS_ARG) + 1])])
     return out
 
 
@@ -194,12 +201,12 @@ class Follower:
 
     def poll(self) -> Snapshot:
         """Read the run once (its state, its task instances, the chunks once they are planned)."""
-        run = self.client.dag_run(DAG_ID, self.run_id)
+        run = self.client.dag_run(BACKFILL_DAG, self.run_id)
         now = datetime.now(UTC)
-        tasks = [TaskState.of(ti, now) for ti in self.client.task_instances(DAG_ID, self.run_id)]
+        tasks = [TaskState.of(ti, now) for ti in self.client.task_instances(BACKFILL_DAG, self.run_id)]
         planned = any(t.task_id == CHUNKS_TASK and t.state == "success" for t in tasks)
         if self.chunks is None and planned:
-            self.chunks = chunk_hours(self.client.xcom(DAG_ID, self.run_id, CHUNKS_TASK))
+            self.chunks = chunk_hours(self.client.xcom(BACKFILL_DAG, self.run_id, CHUNKS_TASK))
             if self.chunks is not None:
                 self.events = self.events_of(self.chunks)
         running = sum(1 for t in tasks if t.task_id == RECOMPUTE_TASK and t.state == "running")
@@ -213,7 +220,7 @@ class Follower:
     def why(self, task: TaskState, try_number: int) -> list[str]:
         """Return the error lines of one try's log (or why they cannot be shown)."""
         try:
-            log = self.client.task_log(DAG_ID, self.run_id, task.task_id, try_number, map_index=task.map_index)
+            log = self.client.task_log(BACKFILL_DAG, self.run_id, task.task_id, try_number, map_index=task.map_index)
         except AirflowAPIError as exc:
             return [f"(its log could not be read: {exc})"]
         return error_lines(log)
@@ -235,7 +242,7 @@ class Follower:
             if (t.try_number <= 1 and t.state != "up_for_retry") or self.examined.get(t.name) == seen:
                 continue
             self.examined[t.name] = seen
-            tries = self.client.tries(DAG_ID, self.run_id, t.task_id, map_index=t.map_index)
+            tries = self.client.tries(BACKFILL_DAG, self.run_id, t.task_id, map_index=t.map_index)
             for n in sorted(int(x["try_number"]) for x in tries if x.get("state") in {"failed", "up_for_retry"}):
                 final = t.state == "failed" and n == t.try_number  # the failure message shows that one
                 if final or (t.name, n) in self.reported:
@@ -248,7 +255,7 @@ class Follower:
     def failure(self, snap: Snapshot) -> str:
         """Return the message of a failed run: each failed task, its chunk, the error lines of its last try."""
         failed = [t for t in snap.tasks if t.state == "failed"]
-        lines = [f"{DAG_ID} run {self.run_id} failed"]
+        lines = [f"{BACKFILL_DAG} run {self.run_id} failed"]
         for t in failed:
             lines.append(
                 f"task {t.name}{self.hours_of(t)} failed after {t.try_number} tr{'y' if t.try_number == 1 else 'ies'}:"
@@ -259,7 +266,7 @@ class Follower:
             lines.append(f"not run (upstream failed): {', '.join(blocked)}")
         if not failed:
             lines.append("no task failed: the run itself was marked failed (by hand, or it timed out)")
-        lines.append(f"the run in the UI: {self.client.url}/dags/{DAG_ID}/runs/{self.run_id}")
+        lines.append(f"the run in the UI: {self.client.url}/dags/{BACKFILL_DAG}/runs/{self.run_id}")
         return "\n".join(lines)
 
     def follow(self, timeout_s: float = 0.0) -> Snapshot | None:
@@ -299,8 +306,8 @@ def index_events(settings: Settings) -> Callable[[list[list[datetime]]], list[in
     """Return a reader of each chunk's indexed records (what its pass reads), or None when Cassandra cannot say."""
 
     def read(chunks: list[list[datetime]]) -> list[int] | None:
-        from batch_layer.index import IndexStore  # noqa: PLC0415 - the driver only when following
-        from infra.cassandra import session  # noqa: PLC0415
+        from infra.cassandra import session  # noqa: PLC0415 - the driver only when following
+        from views.store.index import IndexStore  # noqa: PLC0415
 
         try:
             with session(settings) as sess:
@@ -380,32 +387,31 @@ def backfill(
     client = AirflowClient(settings)
     if run_id is None:
         first, last = check_range(start, end, datetime.now(UTC))
-        conf = {"start": first.isoformat(), "end": last.isoformat(), "only_missing": only_missing}
-        run_id = client.trigger(None, DAG_ID, conf)
-        click.echo(f"triggered {DAG_ID} run {run_id}: [{first:%Y-%m-%dT%H:%MZ}, {last:%Y-%m-%dT%H:%MZ})"
+        conf = {START_PARAM: first.isoformat(), END_PARAM: last.isoformat(), ONLY_MISSING_PARAM: only_missing}
+        run_id = client.trigger(None, BACKFILL_DAG, conf)
+        click.echo(f"triggered {BACKFILL_DAG} run {run_id}: [{first:%Y-%m-%dT%H:%MZ}, {last:%Y-%m-%dT%H:%MZ})"
                    f"{' (only missing hours)' if only_missing else ''}")  # fmt: skip
         if not wait:
             click.echo(f"follow it: trends batch backfill --run-id {run_id}")
-            click.echo(f"the run in the UI: {client.url}/dags/{DAG_ID}/runs/{run_id}")
+            click.echo(f"the run in the UI: {client.url}/dags/{BACKFILL_DAG}/runs/{run_id}")
             return
     follower = Follower(client, run_id, lambda line: click.echo(line, err=True), index_events(settings), poll)
     snap = follower.follow(timeout)
     if snap is None:
         click.echo(
-            f"{DAG_ID} run {run_id} still running after {duration(timeout)}; it goes on "
+            f"{BACKFILL_DAG} run {run_id} still running after {duration(timeout)}; it goes on "
             f"(follow it again: trends batch backfill --run-id {run_id})"
         )
         ctx.exit(EXIT_STILL_RUNNING)
     assert snap is not None  # noqa: S101 - ctx.exit raised otherwise
     if snap.state == "failed":
         raise BackfillFailedError(follower.failure(snap))
-    watermark = client.xcom(DAG_ID, run_id, "advance_watermark")
+    watermark = client.xcom(BACKFILL_DAG, run_id, ADVANCE_TASK)
     chunks = snap.chunks or []
     events = f", {sum(snap.events):,} events" if snap.events is not None else ""
     took = f" in {duration(snap.run_s)}" if snap.run_s is not None else ""
-    summary = (
-        f"{DAG_ID} run {run_id} succeeded{took}: {len(chunks)} chunks, {sum(len(c) for c in chunks)} hours{events}"
-    )
+    hours = sum(len(c) for c in chunks)
+    summary = f"{BACKFILL_DAG} run {run_id} succeeded{took}: {len(chunks)} chunks, {hours} hours{events}"
     if not chunks:
         summary += " (nothing to compute: every hour of the range has a current run)"
     click.echo(summary + (f"; {watermark}" if isinstance(watermark, str) else ""))

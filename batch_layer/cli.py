@@ -52,8 +52,9 @@ def run(
     hour's version atomically for readers. Refuses a range that is not closed (unless --force), one whose
     offsets Kafka no longer holds, and one with incomplete hours (unless --accept-loss).
     """
-    from batch_layer.job import hours_between, stale_hours
+    from batch_layer.hours import hours_between
     from batch_layer.job import run as run_batch
+    from batch_layer.tasks import stale_hours
 
     if stale == (start is not None or end is not None) or (not stale and (start is None or end is None)):
         msg = "give --start and --end, or --stale"
@@ -96,7 +97,8 @@ def index(settings: Settings, rebuild: bool, force: bool) -> None:
     index is built, or when its rows were lost or damaged. Pause the DAGs (and other `trends batch index` runs)
     meanwhile; batch runs and pointers are kept, hours whose count differs afterwards turn stale.
     """
-    from batch_layer.index import horizon, rebuild_index, run_index
+    from batch_layer.horizon import horizon
+    from batch_layer.indexer import rebuild_index, run_index
 
     if force and not rebuild:
         msg = "--force only goes with --rebuild"
@@ -124,9 +126,9 @@ def status(settings: Settings, hours: int) -> None:
 
     Then the latest runs and the last reconciliation of the hours below the watermark.
     """
-    from batch_layer.index import horizon
-    from batch_layer.job import stale_hours
+    from batch_layer.horizon import horizon
     from batch_layer.store import BatchStore
+    from batch_layer.tasks import stale_hours
     from infra.cassandra import session
     from views.buckets import HOUR
     from views.store.checks import Checks

@@ -32,7 +32,7 @@ from infra.settings import Settings
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
-    from batch_layer.index import Horizon
+    from batch_layer.horizon import Horizon
     from views.store.pointers import Watermark
 
 logger = logging.getLogger(__name__)
@@ -198,9 +198,9 @@ class BatchReader:
 
     def _open(self) -> tuple[Any, Any, Any, Any]:
         if self._stores is None:
-            from batch_layer.index import IndexStore  # noqa: PLC0415
             from infra.cassandra import make_cluster  # noqa: PLC0415
             from views.store.checks import Checks  # noqa: PLC0415
+            from views.store.index import IndexStore  # noqa: PLC0415
             from views.store.losses import LossStore  # noqa: PLC0415
             from views.store.pointers import PointerStore  # noqa: PLC0415
 
@@ -223,7 +223,7 @@ class BatchReader:
 
         :raises Exception: whatever the driver raises; the collector reports it as ``trends_batch_up 0``.
         """
-        from batch_layer.index import horizon_of  # noqa: PLC0415
+        from batch_layer.horizon import horizon_of  # noqa: PLC0415
         from views.buckets import DAY, HOUR, closed_until, days_between, floor  # noqa: PLC0415
 
         try:

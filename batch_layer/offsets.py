@@ -2,13 +2,13 @@
 
 A plan reads exactly the indexed spans of its hours, merged per partition into ranges (Spark's Kafka batch source
 takes one range per partition per read, so the k-th ranges of all partitions form the k-th read, and the reads
-are unioned). Records of other hours inside the ranges are dropped by the job, by the hour their timestamp names.
+are unioned). Records of other hours inside the ranges are dropped by the transform, by the hour their timestamp names.
 
 Three refusals, never a silent partial result:
 
 * **not closed** — the hours' end is closed when every *active* partition's newest record time (as the index
   saw it) has passed ``end + grace`` (the one closed-hour rule, :func:`views.buckets.is_closed`); idle partitions
-  do not hold it back (:func:`batch_layer.index.horizon_of`).
+  do not hold it back (:func:`batch_layer.horizon.horizon_of`).
 * **data lost** — a range begins before the oldest offset retention kept: records the hours need are gone.
 * **incomplete** — records removed before the index read them may belong to the hours
   (:mod:`views.store.losses`), unless the operator accepts the loss.
@@ -18,22 +18,21 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from batch_layer.index import Horizon, IndexStore, Span
+from batch_layer import kafka_topic
+from batch_layer.horizon import Horizon
 from infra.errors import TrendsError
-from infra.service_settings import KafkaSettings
 from infra.settings import Settings
 from views import buckets
-from views.store.losses import Loss
+from views.buckets import HOUR
+from views.store.index import IndexStore, OffsetSpan
+from views.store.losses import Loss, LossStore
 
 logger = logging.getLogger(__name__)
-
-TIMEOUT_S = 30.0
 
 
 class IntervalNotClosedError(TrendsError):
@@ -63,6 +62,32 @@ def refuse_loss(topic: str, incomplete: dict[datetime, list[Loss]], flag: str = 
     raise LossNotAcceptedError(msg)
 
 
+def incomplete_of(losses: LossStore, topic: str, hours: Sequence[datetime]) -> dict[datetime, list[Loss]]:
+    """Return the hours (of ``hours``) that a loss not accepted for them may touch, with the losses."""
+    if not hours:
+        return {}
+    wanted = set(hours)
+    found = losses.incomplete(topic, min(hours), max(hours) + HOUR)
+    return {h: ls for h, ls in found.items() if h in wanted}
+
+
+def accepted_or_refused(
+    losses: LossStore, topic: str, hours: Sequence[datetime], accept_loss: bool
+) -> dict[datetime, list[Loss]]:
+    """Return the incomplete hours a run accepts the loss of; refuse them when it does not."""
+    incomplete = incomplete_of(losses, topic, hours)
+    if not accept_loss:
+        refuse_loss(topic, incomplete)
+    elif incomplete:
+        logger.warning("accepting the loss for %s incomplete hour(s): %s", len(incomplete), describe_losses(incomplete))
+    return incomplete
+
+
+def describe_losses(incomplete: dict[datetime, list[Loss]]) -> str:
+    """Return the losses touching the hours, each described once."""
+    return "; ".join(x.describe() for x in {x.key: x for ls in incomplete.values() for x in ls}.values())
+
+
 @dataclass(frozen=True)
 class Range:
     """Offsets ``[start, end)`` of one partition read by a pass."""
@@ -77,7 +102,7 @@ class HourPlan:
     """The indexed spans of one hour, as recorded in its lineage."""
 
     hour: datetime
-    spans: tuple[Span, ...]
+    spans: tuple[OffsetSpan, ...]
 
     @property
     def records(self) -> int:
@@ -133,13 +158,13 @@ class Plan:
         return out
 
 
-def coalesce(spans: Iterable[Span], gap: int, max_ranges: int) -> list[Range]:
+def coalesce(spans: Iterable[OffsetSpan], gap: int, max_ranges: int) -> list[Range]:
     """Merge spans into offset ranges per partition.
 
     Overlapping spans and spans at most ``gap`` records apart are merged, then the closest ones until a partition
     has at most ``max_ranges`` (each range is one more Spark read).
     """
-    per: dict[int, list[Span]] = {}
+    per: dict[int, list[OffsetSpan]] = {}
     for s in spans:
         per.setdefault(s.partition, []).append(s)
     out: list[Range] = []
@@ -157,45 +182,6 @@ def coalesce(spans: Iterable[Span], gap: int, max_ranges: int) -> list[Range]:
     return out
 
 
-def earliest_offsets(kafka: KafkaSettings, topic: str, partitions: Iterable[int]) -> dict[int, int]:
-    """Return the oldest offset retention kept, per partition."""
-    from confluent_kafka import KafkaException, TopicPartition  # noqa: PLC0415
-    from confluent_kafka.admin import AdminClient, OffsetSpec  # noqa: PLC0415
-
-    admin = AdminClient({**kafka.client_config(), "log_level": 3})
-    request = {TopicPartition(topic, p): OffsetSpec.earliest() for p in partitions}  # type: ignore[no-untyped-call]
-    if not request:
-        return {}
-    deadline = time.monotonic() + TIMEOUT_S
-    while True:
-        futures = admin.list_offsets(request, request_timeout=TIMEOUT_S)
-        try:
-            return {tp.partition: int(f.result(timeout=TIMEOUT_S).offset) for tp, f in futures.items()}
-        except KafkaException as exc:
-            # A leader moving or a broker just restarted (UNKNOWN_LEADER_EPOCH, NOT_LEADER...) passes: ask again.
-            err = exc.args[0] if exc.args else None
-            if not _transient(err) or time.monotonic() > deadline:
-                raise
-            logger.info("listing the earliest offsets of %s: %s; retrying", topic, err)
-            time.sleep(0.5)
-
-
-def _transient(err: Any) -> bool:
-    """Return whether a Kafka error passes by itself (leadership moving, a broker restarting)."""
-    from confluent_kafka import KafkaError  # noqa: PLC0415
-
-    passing = {
-        KafkaError.UNKNOWN_LEADER_EPOCH,
-        KafkaError.FENCED_LEADER_EPOCH,
-        KafkaError.NOT_LEADER_FOR_PARTITION,
-        KafkaError.LEADER_NOT_AVAILABLE,
-        KafkaError.REQUEST_TIMED_OUT,
-        KafkaError._TRANSPORT,
-        KafkaError._TIMED_OUT,
-    }
-    return isinstance(err, KafkaError) and (err.retriable() or err.code() in passing)
-
-
 def plan(settings: Settings, store: IndexStore, hours: Sequence[datetime], topic: str | None = None) -> Plan:
     """Return the plan of the hours from the index.
 
@@ -209,7 +195,7 @@ def plan(settings: Settings, store: IndexStore, hours: Sequence[datetime], topic
         settings.batch.index_span_gap,
         settings.batch.max_ranges_per_partition,
     )
-    earliest = earliest_offsets(settings.kafka, topic, {r.partition for r in ranges})
+    earliest = kafka_topic.earliest_offsets(settings.kafka, topic, {r.partition for r in ranges})
     lost = [r for r in ranges if r.start < earliest.get(r.partition, 0)]
     if lost:
         first = {r.partition for r in lost}

@@ -8,6 +8,7 @@ import logging
 from datetime import datetime
 
 from batch_layer.job import run
+from infra.dag_contract import ACCEPT_LOSS_ARG, FORCE_ARG, HOURS_ARG, NO_INDEX_ARG
 from infra.settings import Settings
 
 
@@ -16,10 +17,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--start", type=datetime.fromisoformat)
     parser.add_argument("--end", type=datetime.fromisoformat)
-    parser.add_argument("--hours", type=json.loads, help="JSON list of ISO hours (the hourly DAG's plan)")
-    parser.add_argument("--force", action="store_true")
-    parser.add_argument("--no-index", action="store_true", help="the DAG indexed just before")
-    parser.add_argument("--accept-loss", action="store_true", help="accept records lost before indexing")
+    parser.add_argument(HOURS_ARG, type=json.loads, help="JSON list of ISO hours (the hourly DAG's plan)")
+    parser.add_argument(FORCE_ARG, action="store_true")
+    parser.add_argument(NO_INDEX_ARG, action="store_true", help="the DAG indexed just before")
+    parser.add_argument(ACCEPT_LOSS_ARG, action="store_true", help="accept records lost before indexing")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     hours = [datetime.fromisoformat(h) for h in args.hours] if args.hours is not None else None

@@ -8,7 +8,7 @@ topic and keyspaces, deleted at the end.
 1. A topic like the events topic (its partition count, ``retention.ms=-1``) gets this week's live events first,
    then a year of history (the generator's daily cycle: every night 00-07 UTC empty, so a third of the hours, and
    every 7th day empty), replayed behind them — the case offset-by-timestamp cannot plan.
-2. The indexer (``batch_layer.index.run_index``) is timed beside a bare Spark read + count of all the topic's
+2. The indexer (``batch_layer.indexer.run_index``) is timed beside a bare Spark read + count of all the topic's
    offsets (warm session): ratio = bare s / indexer s (goal >= 0.5).
 3. (a) ``trends batch run --start Y --end Y+1`` as a subprocess, end to end (Spark start, index catch-up, chunked
    passes, Cassandra writes, lineage, watermark); goal <= 120 s. (b) ``trends_backfill`` triggered through the REST
@@ -32,12 +32,12 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from batch_layer import index, offsets
-from batch_layer.index import IndexStore, Span
+from batch_layer import indexer, offsets
 from batch_layer.store import BatchStore
 from infra import migrations, topics
 from infra.airflow.client import AirflowClient
 from infra.cassandra import session
+from infra.dag_contract import BACKFILL_DAG, END_PARAM, START_PARAM
 from infra.settings import Settings
 from infra.settings_env import to_env
 from ingestion.generator import GeneratorConfig, SyntheticStream
@@ -45,6 +45,7 @@ from stack import control
 from views.buckets import month_key
 from views.event import Event
 from views.store.batch import BatchRows
+from views.store.index import IndexStore, OffsetSpan
 
 REPO = Path(__file__).resolve().parent.parent
 CLI_GOAL_S, AIRFLOW_GOAL_S, INDEX_GOAL = 120.0, 300.0, 0.5
@@ -103,11 +104,11 @@ def free_port() -> int:
 
 def bare_read(spark: Any, settings: Settings) -> tuple[float, int]:
     """Count every offset of the topic with a bare Kafka batch read (the plan of one span per partition)."""
-    from batch_layer.job import extract
+    from batch_layer.compute import extract
 
     with session(settings) as sess:
         states = IndexStore(settings, sess).states(settings.kafka.events_topic)
-    spans = tuple(Span(p, 0, s.next_offset - 1, s.next_offset) for p, s in states.items() if s.next_offset)
+    spans = tuple(OffsetSpan(p, 0, s.next_offset - 1, s.next_offset) for p, s in states.items() if s.next_offset)
     plan = offsets.Plan(settings.kafka.events_topic, (offsets.HourPlan(YEAR_START, spans),),
                         tuple(offsets.Range(s.partition, s.first, s.last + 1) for s in spans))  # fmt: skip
     extract(spark, settings, plan).count()  # warm
@@ -166,7 +167,7 @@ def main() -> None:
         from infra.spark import get_spark
 
         t0 = time.monotonic()
-        indexed = index.run_index(settings)
+        indexed = indexer.run_index(settings)
         index_s = time.monotonic() - t0
         spark = get_spark(settings, "bench")
         bare_s, bare_n = bare_read(spark, settings)
@@ -206,12 +207,12 @@ def main() -> None:
             control.up(via_airflow, ["airflow"])
             af = AirflowClient(via_airflow)
             token = af.token()
-            af.wait_dag(token, "trends_backfill")
+            af.wait_dag(token, BACKFILL_DAG)
             t0 = time.monotonic()
             run_id = af.trigger(
-                token, "trends_backfill", {"start": YEAR_START.isoformat(), "end": YEAR_END.isoformat()}
+                token, BACKFILL_DAG, {START_PARAM: YEAR_START.isoformat(), END_PARAM: YEAR_END.isoformat()}
             )
-            af.wait_run(token, "trends_backfill", run_id, timeout_s=1800)
+            af.wait_run(token, BACKFILL_DAG, run_id, timeout_s=1800)
             af_s = time.monotonic() - t0
             verdict = "PASS" if af_s <= AIRFLOW_GOAL_S else "MISS"
             print(f"(b) Airflow trends_backfill, the year: {af_s:.1f} s (goal <= {AIRFLOW_GOAL_S:.0f} s) {verdict}; "

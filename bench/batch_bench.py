@@ -7,11 +7,11 @@ Run: ``.venv/bin/python bench/batch_bench.py [--events 1000000] [--repeat 2] [--
    ``bench/speed_bench.py``, unique ids) spread over ONE historical UTC hour a few days ago, then one later event
    into EVERY partition, past end + grace, so the hour counts as closed (``batch_layer.offsets.check_closed``).
 2. In one SparkSession, a warm-up of everything measured below on a small topic (index, bare read, recompute).
-3. The event-time index of the topic is built (``batch_layer.index.run_index``, timed warm: the indexer's figure)
+3. The event-time index of the topic is built (``batch_layer.indexer.run_index``, timed warm: the indexer's figure)
    and compared with a bare read + count of the same records, also warm.
 4. Alternately and ``--repeat`` times each:
    - bare: ``spark.read.format("kafka")`` over exactly the offsets the index plans for the hour
-     (``batch_layer.job.extract``) -> ``count()``;
+     (``batch_layer.compute.extract``) -> ``count()``;
    - recompute: ``batch_layer.job.run`` of the hour, as ``trends batch run`` does it (index catch-up, closed
      check, plan, lineage, read, parse, dedupe, minute aggregation with ``origin`` slices, hourly rollup,
      versioned write to Cassandra, pointer swap, daily rollup, watermark).
@@ -41,8 +41,7 @@ from confluent_kafka import Producer
 # bench/ is the script's folder, hence on sys.path: the same event shape as the speed layer bench.
 from speed_bench import event_json
 
-from batch_layer import index, job, offsets
-from batch_layer.index import IndexStore
+from batch_layer import compute, horizon, indexer, job, load, offsets, report, transform
 from batch_layer.store import BatchStore
 from infra import migrations, topics
 from infra.cassandra import session
@@ -50,6 +49,7 @@ from infra.settings import Settings
 from views.aggregation import GLOBAL_SLICE
 from views.buckets import HOUR, utc
 from views.store.batch import BatchRows
+from views.store.index import IndexStore
 from views.store.pointers import PointerStore
 
 GOAL = 0.35
@@ -108,7 +108,7 @@ def fill_hour(settings: Settings, hour: datetime, count: int, partitions: int) -
 
 def bare_count(spark: Any, settings: Settings, plan: offsets.Plan) -> int:
     """Count the planned records with a bare Kafka batch read: nothing parsed, aggregated or written."""
-    return int(job.extract(spark, settings, plan).count())
+    return int(compute.extract(spark, settings, plan).count())
 
 
 def plan_of(settings: Settings, hour: datetime) -> offsets.Plan:
@@ -117,7 +117,7 @@ def plan_of(settings: Settings, hour: datetime) -> offsets.Plan:
         return offsets.plan(settings, IndexStore(settings, sess), [hour])
 
 
-def recompute(spark: Any, settings: Settings, hour: datetime) -> job.RunResult:
+def recompute(spark: Any, settings: Settings, hour: datetime) -> report.RunResult:
     """Recompute the hour exactly as ``trends batch run`` does (closed check included)."""
     results = job.run(settings, hour, hour + HOUR, spark=spark)
     assert len(results) == 1
@@ -149,8 +149,8 @@ def stages(spark: Any, settings: Settings, hour: datetime) -> list[tuple[str, fl
         out.append((name, seconds))
         return value
 
-    step("index catch-up (nothing new)", lambda: index.run_index(settings))
-    step("closed check", lambda: offsets.check_closed(index.horizon(settings), hour + HOUR, settings))
+    step("index catch-up (nothing new)", lambda: indexer.run_index(settings))
+    step("closed check", lambda: offsets.check_closed(horizon.horizon(settings), hour + HOUR, settings))
     plan = step("plan from the index", lambda: plan_of(settings, hour))
     from pyspark.sql import functions as F
 
@@ -159,11 +159,12 @@ def stages(spark: Any, settings: Settings, hour: datetime) -> list[tuple[str, fl
     def digest(frame: Any) -> Any:  # touches every column, so no parsing is pruned away
         return frame.select(F.sum(F.hash(*(c for c in EVENT_COLUMNS if c != "dims"), F.map_values("dims")))).collect()
 
-    parsed = parse_events(job.extract(spark, settings, plan)).where("parsed_ok")
+    parsed = parse_events(compute.extract(spark, settings, plan)).where("parsed_ok")
     step(PARSE_ONLY, lambda: digest(parsed))
-    step(DEDUPE_ONLY, lambda: digest(job.dedupe(parsed)))
+    step(DEDUPE_ONLY, lambda: digest(transform.dedupe(parsed)))
     done = step(
-        "one pass: read, parse, dedupe, aggregate, rollups (job.compute)", lambda: job.compute(spark, settings, plan)
+        "one pass: read, parse, dedupe, aggregate, rollups (compute.compute)",
+        lambda: compute.compute(spark, settings, plan),
     )
     t_session = time.monotonic()
     with session(settings) as sess:
@@ -171,8 +172,8 @@ def stages(spark: Any, settings: Settings, hour: datetime) -> list[tuple[str, fl
         out.append(("Cassandra session + prepared statements", time.monotonic() - t_session))
         n_rows = sum(len(v) for v in done.minutes.values()) + sum(len(v) for v in done.hours.values())
         step(
-            f"load: {n_rows} rows, swap, daily rollup, lineage (job.load)",
-            lambda: job.load(store, plan, done, force=True, code="bench"),
+            f"load: {n_rows} rows, swap, daily rollup, lineage (load.load)",
+            lambda: load.load(store, plan, done, force=True, code="bench"),
         )
     return out
 
@@ -216,7 +217,7 @@ def main() -> None:
         from infra.spark import get_spark
 
         spark = get_spark(settings, "bench")
-        index.run_index(warmup)
+        indexer.run_index(warmup)
         warm_plan = plan_of(warmup, warm_hour)
         # Warm-up: JIT, code generation, connector classes and the Cassandra driver, so no measured step pays for
         # them: every figure below, the indexer's and its baseline's included, is taken warm.
@@ -225,7 +226,7 @@ def main() -> None:
         assert recompute(spark, warmup, warm_hour).counts["kept"] == args.warmup_events
         print(f"warm-up on {args.warmup_events:,} events: {time.monotonic() - t_warm:.1f} s")
 
-        index_s, indexed = timed(lambda: index.run_index(settings))
+        index_s, indexed = timed(lambda: indexer.run_index(settings))
         plan = plan_of(settings, hour)
         assert plan.records == args.events, (plan.records, args.events)
         print(f"offsets of the hour: {plan.hours[0].to_json()} ({plan.records:,} records)")

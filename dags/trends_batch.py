@@ -28,6 +28,25 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Param, PokeReturnValue, dag, task
 from airflow.timetables.interval import CronDataIntervalTimetable
 
+from infra.dag_contract import (
+    ACCEPT_LOSS_ARG,
+    ACCEPT_LOSS_PARAM,
+    ADVANCE_TASK,
+    BACKFILL_DAG,
+    BATCH_DAG,
+    CHUNKS_TASK,
+    END_PARAM,
+    FORCE_ARG,
+    HOURS_ARG,
+    NO_INDEX_ARG,
+    ONLY_MISSING_PARAM,
+    PLAN_TASK,
+    RECOMPUTE_TASK,
+    START_PARAM,
+    VERIFY_TASK,
+    WAIT_TASK,
+)
+
 REPO = Path(__file__).resolve().parent.parent
 SUBMIT = str(REPO / "batch_layer" / "submit.py")
 # Settings read from the environment at parse time without reading files (the defaults are those of
@@ -70,7 +89,7 @@ def _submit(task_id: str, **kwargs: Any) -> Any:
 
 
 @dag(
-    dag_id="trends_batch",
+    dag_id=BATCH_DAG,
     schedule=CronDataIntervalTimetable("0 * * * *", timezone="UTC"),
     start_date=datetime(2025, 1, 1, tzinfo=UTC),
     catchup=False,  # the plan task heals hours an outage left behind; history is filled by trends_backfill
@@ -85,19 +104,16 @@ def _submit(task_id: str, **kwargs: Any) -> Any:
 def trends_batch() -> None:
     """Recompute one closed hour of the views (and heal missing and stale hours below it)."""
 
-    @task.sensor(poke_interval=120, timeout=6 * 3600, mode="reschedule")
+    @task.sensor(task_id=WAIT_TASK, poke_interval=120, timeout=6 * 3600, mode="reschedule")
     def wait_until_closed(data_interval_end: datetime | None = None) -> PokeReturnValue:
         """Index new records, then poke until every active partition has passed the hour's end + grace."""
-        from batch_layer import index, offsets
+        from batch_layer.tasks import hour_closed
         from infra.settings import Settings
 
-        settings = Settings()
         assert data_interval_end is not None
-        index.run_index(settings)
-        horizon = index.horizon(settings)
-        return PokeReturnValue(is_done=offsets.is_closed(horizon, data_interval_end, settings))
+        return PokeReturnValue(is_done=hour_closed(Settings(), data_interval_end))
 
-    @task
+    @task(task_id=PLAN_TASK)
     def plan(data_interval_start: datetime | None = None, dag_run: Any = None) -> str:
         """Return the hours to compute (JSON): this one, missing closed hours below it, stale hours.
 
@@ -108,8 +124,8 @@ def trends_batch() -> None:
 
         from airflow.sdk.exceptions import AirflowFailException
 
-        from batch_layer.job import plan_hourly
         from batch_layer.offsets import LossNotAcceptedError
+        from batch_layer.tasks import plan_hourly
         from infra.settings import Settings
 
         assert data_interval_start is not None
@@ -126,13 +142,13 @@ def trends_batch() -> None:
     # --force: the sensor decided the hour is closed; --no-index: it has just indexed
     recompute = SparkSubmitOperator(
         **_submit(
-            "recompute",
+            RECOMPUTE_TASK,
             name="trends-batch-{{ data_interval_start.strftime('%Y%m%dT%H') }}",
-            application_args=["--hours", "{{ ti.xcom_pull(task_ids='plan') }}", "--force", "--no-index"],
+            application_args=[HOURS_ARG, f"{{{{ ti.xcom_pull(task_ids='{PLAN_TASK}') }}}}", FORCE_ARG, NO_INDEX_ARG],
         )
     )
 
-    @task
+    @task(task_id=VERIFY_TASK)
     def verify(data_interval_start: datetime | None = None) -> str:
         """Compare the batch view with the speed view for the hour, store the verdict, fail beyond the bounds.
 
@@ -150,10 +166,10 @@ def trends_batch() -> None:
         except BeyondBoundsError as exc:
             raise AirflowFailException(str(exc)) from exc
 
-    @task
+    @task(task_id=ADVANCE_TASK)
     def advance_watermark(data_interval_start: datetime | None = None) -> str:
         """Extend the batch watermark over contiguous completed hours."""
-        from batch_layer.job import advance
+        from batch_layer.tasks import advance
         from infra.settings import Settings
 
         assert data_interval_start is not None
@@ -167,7 +183,7 @@ trends_batch()
 
 
 @dag(
-    dag_id="trends_backfill",
+    dag_id=BACKFILL_DAG,
     schedule=None,
     start_date=datetime(2025, 1, 1, tzinfo=UTC),
     catchup=False,
@@ -176,14 +192,14 @@ trends_batch()
     tags=["trends", "batch-layer", "backfill"],
     user_defined_macros={"connector_jars": connector_jars},
     params={
-        "start": Param(
+        START_PARAM: Param(
             "2025-01-01T00:00:00+00:00", type="string", format="date-time", description="First hour (inclusive), UTC."
         ),
-        "end": Param(
+        END_PARAM: Param(
             "2025-01-02T00:00:00+00:00", type="string", format="date-time", description="End (exclusive), a whole hour."
         ),
-        "only_missing": Param(False, type="boolean", description="Skip hours that already have a current run."),
-        "accept_loss": Param(
+        ONLY_MISSING_PARAM: Param(False, type="boolean", description="Skip hours that already have a current run."),
+        ACCEPT_LOSS_PARAM: Param(
             False,
             type="boolean",
             description="Compute hours that records lost before indexing may belong to (the lineage records the "
@@ -195,44 +211,44 @@ trends_batch()
 def trends_backfill() -> None:
     """Recompute a range of closed hours in chunked Spark passes, several at a time."""
 
-    @task
+    @task(task_id=CHUNKS_TASK)
     def chunks(params: dict[str, Any] | None = None) -> list[list[str]]:
         """Index the topic, refuse an open or incomplete range, and return the spark-submit arguments of each chunk."""
         from airflow.sdk.exceptions import AirflowFailException
 
-        from batch_layer import job
         from batch_layer.offsets import LossNotAcceptedError
+        from batch_layer.tasks import backfill_chunks
         from infra.settings import Settings
 
         assert params is not None
         settings = Settings()
-        start, end = datetime.fromisoformat(params["start"]), datetime.fromisoformat(params["end"])
-        accept = bool(params.get("accept_loss"))
+        start, end = datetime.fromisoformat(params[START_PARAM]), datetime.fromisoformat(params[END_PARAM])
+        accept = bool(params.get(ACCEPT_LOSS_PARAM))
         try:
-            planned = job.backfill_chunks(
-                settings, start, end, only_missing=bool(params.get("only_missing")), accept_loss=accept
+            planned = backfill_chunks(
+                settings, start, end, only_missing=bool(params.get(ONLY_MISSING_PARAM)), accept_loss=accept
             )
         except LossNotAcceptedError as exc:
             raise AirflowFailException(str(exc)) from exc
-        extra = ["--accept-loss"] if accept else []
-        return [["--hours", chunk, "--force", "--no-index", *extra] for chunk in planned]
+        extra = [ACCEPT_LOSS_ARG] if accept else []
+        return [[HOURS_ARG, chunk, FORCE_ARG, NO_INDEX_ARG, *extra] for chunk in planned]
 
     recompute = SparkSubmitOperator.partial(
         **_submit(
-            "recompute",
+            RECOMPUTE_TASK,
             name="trends-backfill-{{ run_id | replace(':', '') | replace('+', '') }}",
             max_active_tis_per_dag=BACKFILL_PARALLELISM,
         )
     ).expand(application_args=chunks())
 
-    @task
+    @task(task_id=ADVANCE_TASK)
     def advance_watermark(params: dict[str, Any] | None = None) -> str:
         """Extend the batch watermark over the range's contiguous completed hours."""
-        from batch_layer.job import advance
+        from batch_layer.tasks import advance
         from infra.settings import Settings
 
         assert params is not None
-        low, mark = advance(Settings(), datetime.fromisoformat(params["start"]))
+        low, mark = advance(Settings(), datetime.fromisoformat(params[START_PARAM]))
         return f"batch watermark [{low}, {mark})"
 
     recompute >> advance_watermark()

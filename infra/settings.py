@@ -25,6 +25,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from infra.dag_contract import DAG_IDS
 from infra.security import MASK, has_userinfo, is_secret_key
 from infra.service_settings import AirflowSettings, CassandraSettings, KafkaSettings, SparkSettings
 
@@ -424,9 +425,7 @@ class MetricsSettings(BaseModel):
         description="The batch exporter also asks Airflow's REST API (as `airflow.admin_user`) for the last "
         "successful run of each DAG and recently failed task instances.",
     )
-    airflow_dags: list[str] = Field(
-        ["trends_batch", "trends_backfill"], description="The DAGs the batch exporter reports on (JSON list)."
-    )
+    airflow_dags: list[str] = Field(list(DAG_IDS), description="The DAGs the batch exporter reports on (JSON list).")
     airflow_failed_window_s: int = Field(
         24 * 3600,
         ge=60,

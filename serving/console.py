@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
+from infra.dag_contract import BACKFILL_DAG, CHUNKS_TASK, END_PARAM, ONLY_MISSING_PARAM, RECOMPUTE_TASK, START_PARAM
 from infra.settings import Settings
 from serving import params
 from serving.plan import NOT_YET_SEEN, SPEED_ROWS_GONE, STARTED_AFTER, Span, SpeedCoverage
@@ -39,7 +40,7 @@ from serving.window import load
 from views.aggregation import GLOBAL_SLICE
 from views.buckets import HOUR, MINUTE, floor
 from views.store.checks import Checks
-from views.store.index_state import index_horizon, read_index_state
+from views.store.index import index_horizon, read_index_state
 from views.store.pointers import Pointer
 from views.store.speed import decode_counts, decode_hours
 
@@ -51,9 +52,7 @@ PIN_MAX_HOURS: Final = 24 * 7  # the part of a pin's moved range whose speed cov
 DLQ_SCAN_RECORDS: Final = 10_000  # newest dead letters counted by reason
 SLOW_SOURCE_TTL_S: Final = 15.0  # Airflow and Kafka are asked at most this often per process
 SLOW_SOURCE_WAIT_S: Final = 6.0  # an answer waits at most this long for them (they go on filling the cache)
-BACKFILL_DAG: Final = "trends_backfill"
 BACKFILL_RUNS: Final = 5  # newest runs shown
-BACKFILL_TASK: Final = "recompute"  # the mapped task: one instance per chunk
 UNKNOWN: Final = "unknown"  # an input the console cannot read yet
 
 RANGE_RULES = (
@@ -277,20 +276,20 @@ _SLOW = _Slow(SLOW_SOURCE_TTL_S)
 
 def backfill_progress(run: dict[str, Any], task_instances: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Summarize a ``trends_backfill`` run: its range and state, and its chunks (mapped recompute tasks) by state."""
-    chunks = [t for t in task_instances if t.get("task_id") == BACKFILL_TASK and (t.get("map_index") or 0) >= 0]
+    chunks = [t for t in task_instances if t.get("task_id") == RECOMPUTE_TASK and (t.get("map_index") or 0) >= 0]
     states: dict[str, int] = {}
     for t in chunks:
         states[t.get("state") or "queued"] = states.get(t.get("state") or "queued", 0) + 1
-    planning = next((t.get("state") for t in task_instances if t.get("task_id") == "chunks"), None)
+    planning = next((t.get("state") for t in task_instances if t.get("task_id") == CHUNKS_TASK), None)
     conf = run.get("conf") or {}
     done, failed = states.get("success", 0), states.get("failed", 0) + states.get("upstream_failed", 0)
     total = len(chunks)
     return {
         "run_id": run.get("dag_run_id"),
         "state": run.get("state"),
-        "start": conf.get("start"),
-        "end": conf.get("end"),
-        "only_missing": bool(conf.get("only_missing")),
+        "start": conf.get(START_PARAM),
+        "end": conf.get(END_PARAM),
+        "only_missing": bool(conf.get(ONLY_MISSING_PARAM)),
         "started_at": run.get("start_date"),
         "ended_at": run.get("end_date"),
         "chunks_total": total,

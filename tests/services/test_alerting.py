@@ -25,7 +25,7 @@ import pytest
 import yaml
 from confluent_kafka import Producer
 
-from batch_layer import index
+from batch_layer import horizon, indexer
 from infra import migrations
 from infra.cassandra import session
 from infra.settings import Settings
@@ -138,8 +138,8 @@ def test_the_watermark_lag_alert_fires_on_a_real_prometheus(
     settings = monitored
     # The batch layer keeps up: records up to 5 minutes ago indexed, the watermark at the newest closed hour.
     _produce_recent_records(settings, datetime.now(UTC) - timedelta(minutes=5))
-    assert index.run_index(settings).records == 10
-    closed = closed_until(index.horizon(settings).closed_at, settings)
+    assert indexer.run_index(settings).records == 10
+    closed = closed_until(horizon.horizon(settings).closed_at, settings)
     assert closed is not None
     with session(settings) as sess:
         PointerStore(settings, sess).write_watermark(closed - 2 * HOUR, closed)
@@ -181,8 +181,8 @@ def test_the_exporter_reads_missing_pending_and_stale_hours_and_the_horizon(moni
 
     settings = monitored
     _produce_recent_records(settings, datetime.now(UTC) - timedelta(minutes=5))
-    index.run_index(settings)
-    closed = closed_until(index.horizon(settings).closed_at, settings)
+    indexer.run_index(settings)
+    closed = closed_until(horizon.horizon(settings).closed_at, settings)
     assert closed is not None
     run = uuid.uuid1()
     low, mark = closed - 10 * HOUR, closed - 4 * HOUR

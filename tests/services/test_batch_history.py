@@ -22,8 +22,7 @@ import pytest
 from confluent_kafka import Producer
 from fastapi.testclient import TestClient
 
-from batch_layer import index, job
-from batch_layer.index import IndexStore
+from batch_layer import indexer, job, tasks
 from batch_layer.store import BatchStore
 from infra import migrations
 from infra.cassandra import session, table
@@ -34,6 +33,7 @@ from serving.api import create_app
 from views import sketches
 from views.buckets import as_date, month_key
 from views.event import Event
+from views.store.index import IndexStore
 from views.store.pointers import fingerprint_of
 
 pytestmark = pytest.mark.spark
@@ -211,9 +211,9 @@ def test_history_replayed_behind_live_events_is_computed_exactly_hour_by_hour(
         late = [Event(id=f"late-{i}", ts=late_hour + timedelta(minutes=7 * i), item="#late", user=f"late{i}")
                 for i in range(7)]  # fmt: skip
         produce_events(settings, late)
-        index.run_index(settings)
+        indexer.run_index(settings)
         before = truth.count[late_hour] + truth.dups[late_hour]
-        assert job.stale_hours(settings) == {late_hour: (before + len(late), before)}
+        assert tasks.stale_hours(settings) == {late_hour: (before + len(late), before)}
         window = {"start": late_hour.isoformat(), "end": (late_hour + HOUR).isoformat()}
         got = client.get("/api/v1/count", params=window).json()
         assert got["events"] == truth.count[late_hour]  # served as computed, and said to be stale
@@ -226,7 +226,7 @@ def test_history_replayed_behind_live_events_is_computed_exactly_hour_by_hour(
         ]
         (again,) = job.run(settings, hours=[late_hour], force=True, spark=spark)
         assert again.counts["kept"] == truth.count[late_hour] + len(late)
-        assert job.stale_hours(settings) == {}
+        assert tasks.stale_hours(settings) == {}
         got = client.get("/api/v1/count", params=window).json()
         assert (got["events"], got["provenance"]["stale"]) == (truth.count[late_hour] + len(late), [])
 
@@ -290,7 +290,7 @@ def test_indexer_killed_mid_run_resumes_to_the_same_index(
     )
     migrations.migrate(reference)
     try:
-        index.run_index(reference)
+        indexer.run_index(reference)
         assert index_rows(settings) == index_rows(reference)
     finally:
         with session(stack_up) as sess:

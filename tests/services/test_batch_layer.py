@@ -15,7 +15,8 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from batch_layer import index, job, offsets
+from batch_layer import indexer, job, offsets
+from batch_layer.hours import hours_between
 from batch_layer.store import BatchStore
 from infra import migrations
 from infra.cassandra import session, table
@@ -191,7 +192,7 @@ def test_refuses_offsets_that_retention_removed(batch_env: BatchEnv, spark: Any)
     env = batch_env
     env.produce(events_for(H0, 60, "gone"), partition=0)
     env.produce(events_for(H0 + 3 * HOUR, 3, "closer"), partition=0)
-    index.run_index(env.settings)  # the hour's records are indexed, then retention removes some of them
+    indexer.run_index(env.settings)  # the hour's records are indexed, then retention removes some of them
     admin = AdminClient(env.settings.kafka.client_config())
     topic = env.settings.kafka.events_topic
     # What retention does to old segments: the partition's first offsets are gone.
@@ -204,7 +205,7 @@ def test_refuses_offsets_that_retention_removed(batch_env: BatchEnv, spark: Any)
 
 def test_rejects_intervals_that_are_not_whole_hours() -> None:
     with pytest.raises(Exception, match="not a whole hour"):
-        list(job.hours_between(H0 + timedelta(minutes=5), H0 + HOUR))
+        list(hours_between(H0 + timedelta(minutes=5), H0 + HOUR))
     with pytest.raises(Exception, match="reversed"):
-        list(job.hours_between(H0 + HOUR, H0))
-    assert Counter(job.hours_between(H0, H0 + 3 * HOUR)) == Counter([H0, H0 + HOUR, H0 + 2 * HOUR])
+        list(hours_between(H0 + HOUR, H0))
+    assert Counter(hours_between(H0, H0 + 3 * HOUR)) == Counter([H0, H0 + HOUR, H0 + 2 * HOUR])

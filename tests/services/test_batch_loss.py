@@ -23,7 +23,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from batch_layer import index, job, offsets
+from batch_layer import indexer, job, offsets, tasks
 from infra import migrations
 from infra.cassandra import session, table
 from infra.settings import Settings
@@ -126,7 +126,7 @@ def test_records_removed_before_indexing_make_hours_incomplete_until_the_loss_is
     survivor = timestamp_at(settings, 0, 20)
     delete_before(settings, 0, 20)
 
-    result = index.run_index(settings)
+    result = indexer.run_index(settings)
     (loss,) = result.losses
     assert (loss.topic, loss.partition, loss.first_offset, loss.last_offset, loss.records) == (topic, 0, 0, 19, 20)
     assert loss.retention_ms == -1 and loss.oldest_surviving == survivor  # the topic keeps records forever
@@ -157,7 +157,7 @@ def test_records_removed_before_indexing_make_hours_incomplete_until_the_loss_is
     assert "partition 0 offsets 0..19" in out and "--accept-loss" in out, out
     assert runs(settings, H0 - 2 * HOUR) == []
     with pytest.raises(offsets.LossNotAcceptedError):
-        job.backfill_chunks(settings, H0 - 2 * HOUR, H0 + HOUR)
+        tasks.backfill_chunks(settings, H0 - 2 * HOUR, H0 + HOUR)
     # An hour after the bound is whole: it runs.
     (after,) = job.run(settings, H0 + HOUR, H0 + 2 * HOUR, spark=spark)
     assert after.counts["kept"] == 0
@@ -285,7 +285,7 @@ def test_a_speed_view_beyond_the_bounds_fails_the_hourly_verify(
         speed_drain(settings, tmp_path)
         produce(settings, 0, H0 + 3 * HOUR, 1, "closer")
         delete_before(settings, 0, 20)
-        (loss,) = index.run_index(settings).losses
+        (loss,) = indexer.run_index(settings).losses
         assert (loss.first_offset, loss.last_offset) == (0, 19)
         (accepted,) = job.run(settings, H0, H0 + HOUR, accept_loss=True, spark=spark)
         assert accepted.counts["kept"] == 40

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from batch_layer import index, job, offsets
+from batch_layer import horizon, indexer, job, offsets
 from infra import migrations
 from infra.cassandra import session, table
 from infra.settings import Settings
@@ -81,11 +81,11 @@ def test_a_far_future_record_neither_stalls_the_speed_layer_nor_closes_hours(
 
     # The batch layer: the record's timestamp is now, its JSON says 2030 — reported as outside its hour, never
     # aggregated, and no hour closes before its time.
-    index.run_index(settings)
-    horizon = index.horizon(settings)
-    assert horizon.closed_at is not None and horizon.closed_at <= datetime.now(UTC)
+    indexer.run_index(settings)
+    hz = horizon.horizon(settings)
+    assert hz.closed_at is not None and hz.closed_at <= datetime.now(UTC)
     this_hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
-    assert not offsets.is_closed(horizon, this_hour + HOUR, settings)
+    assert not offsets.is_closed(hz, this_hour + HOUR, settings)
     results = job.run(settings, hours=[this_hour - HOUR, this_hour], force=True, spark=spark)
     assert sum(r.counts["kept"] for r in results) == 500
     assert sum(r.counts["outside"] for r in results) == 1

@@ -19,12 +19,13 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from batch_layer import index
+from batch_layer import indexer
 from infra import migrations
 from infra.cassandra import session, table
 from infra.settings import Settings
 from ingestion.producer import EventProducer
 from views.event import Event
+from views.store.index import IndexStore, OffsetSpan
 
 pytestmark = pytest.mark.install  # make test-install (installs and upgrades)
 
@@ -32,10 +33,10 @@ H0 = datetime(2025, 7, 6, 3, tzinfo=UTC)
 HOURS = [H0 + timedelta(hours=i) for i in range(3)]
 
 
-def _snapshot(settings: Settings) -> tuple[dict[datetime, list[index.Span]], dict[datetime, tuple[int, int]]]:
+def _snapshot(settings: Settings) -> tuple[dict[datetime, list[OffsetSpan]], dict[datetime, tuple[int, int]]]:
     topic = settings.kafka.events_topic
     with session(settings) as sess:
-        store = index.IndexStore(settings, sess)
+        store = IndexStore(settings, sess)
         spans = {h: sorted(ss, key=lambda s: (s.partition, s.first)) for h, ss in store.spans(topic, HOURS).items()}
         return spans, store.hour_totals(topic, {H0.date()})
 
@@ -65,7 +66,7 @@ def test_rebuild_restores_a_damaged_index_and_refuses_removed_offsets(
             hour = HOURS[(i + 2) % 3]
             producer.produce(Event(id=f"r{i}", ts=hour + timedelta(seconds=6 * (i // 3)), item=f"#x{i % 7}"))
     assert producer.summary.ok
-    assert index.run_index(settings).records == 600
+    assert indexer.run_index(settings).records == 600
     spans, totals = _snapshot(settings)
     assert {h: r for h, (r, _late) in totals.items()} == dict.fromkeys(HOURS, 200)
 
@@ -74,7 +75,7 @@ def test_rebuild_restores_a_damaged_index_and_refuses_removed_offsets(
                      "AND hour = %s", (topic, H0.date(), HOURS[1]))  # fmt: skip
         sess.execute(f"UPDATE {table(settings, 'batch_index_hours')} SET records = 5 WHERE topic = %s AND day = %s "
                      "AND hour = %s", (topic, H0.date(), HOURS[0]))  # fmt: skip
-    assert index.run_index(settings).records == 0  # the incremental pass sees nothing to do
+    assert indexer.run_index(settings).records == 0  # the incremental pass sees nothing to do
     damaged_spans, damaged_totals = _snapshot(settings)
     assert damaged_spans[HOURS[1]] == [] and damaged_totals[HOURS[0]][0] == 5
 

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from batch_layer.exporter import METRICS, AirflowState, BatchCollector, BatchState, hours_without_run
-from batch_layer.index import Horizon
+from batch_layer.horizon import Horizon
 from infra.settings import Settings
 from views.buckets import HOUR
 from views.store.pointers import Watermark

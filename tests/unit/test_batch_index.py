@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from batch_layer.index import HOUR_MS, PartitionIndexer, PartitionState, Span, dt_to_ms, horizon_of
-from batch_layer.job import chunks, taper
+from batch_layer.horizon import horizon_of
+from batch_layer.hours import chunks, taper
+from batch_layer.index_spans import HOUR_MS, PartitionIndexer
 from batch_layer.offsets import HourPlan, Plan, Range, coalesce
+from views.store.index import OffsetSpan, PartitionState, dt_to_ms
 
 H = datetime(2025, 6, 1, 10, tzinfo=UTC)
 H_MS = dt_to_ms(H)
@@ -19,7 +21,7 @@ def feed(records: list[tuple[int, int]], gap: int = 3, state: PartitionState | N
     return ix
 
 
-def spans_of(ix: PartitionIndexer) -> dict[tuple[int, int], Span]:
+def spans_of(ix: PartitionIndexer) -> dict[tuple[int, int], OffsetSpan]:
     return {(h, s.first): s for h, s in ix.drain()}
 
 
@@ -28,10 +30,10 @@ def test_replayed_history_behind_newer_events_gets_its_own_spans() -> None:
     history = [(10 + i, H_MS + (i // 5) * HOUR_MS) for i in range(15)]  # then three old hours, in order
     spans = spans_of(feed(live + history))
     assert spans == {
-        (H_MS + 5 * HOUR_MS, 0): Span(0, 0, 9, 10, 0),
-        (H_MS, 10): Span(0, 10, 14, 5, 5),  # late: the partition had passed these hours' ends
-        (H_MS + HOUR_MS, 15): Span(0, 15, 19, 5, 5),
-        (H_MS + 2 * HOUR_MS, 20): Span(0, 20, 24, 5, 5),
+        (H_MS + 5 * HOUR_MS, 0): OffsetSpan(0, 0, 9, 10, 0),
+        (H_MS, 10): OffsetSpan(0, 10, 14, 5, 5),  # late: the partition had passed these hours' ends
+        (H_MS + HOUR_MS, 15): OffsetSpan(0, 15, 19, 5, 5),
+        (H_MS + 2 * HOUR_MS, 20): OffsetSpan(0, 20, 24, 5, 5),
     }
 
 
@@ -40,9 +42,11 @@ def test_interleaved_hours_share_spans_within_the_gap_and_split_beyond_it() -> N
     records = [(0, H_MS), (1, H_MS + HOUR_MS), (2, H_MS + 1), (3, H_MS + HOUR_MS + 1), (4, H_MS + 2)]
     records += [(o, H_MS + HOUR_MS + o) for o in range(5, 12)] + [(12, H_MS + 3)]
     spans = spans_of(feed(records, gap=3))
-    assert spans[(H_MS, 0)] == Span(0, 0, 4, 3, 2)  # 2 and 4 came after a record of the next hour: late
-    assert spans[(H_MS + HOUR_MS, 1)] == Span(0, 1, 11, 9, 0)
-    assert spans[(H_MS, 12)] == Span(0, 12, 12, 1, 1)  # 8 records after the last one of its hour: a new, late span
+    assert spans[(H_MS, 0)] == OffsetSpan(0, 0, 4, 3, 2)  # 2 and 4 came after a record of the next hour: late
+    assert spans[(H_MS + HOUR_MS, 1)] == OffsetSpan(0, 1, 11, 9, 0)
+    assert spans[(H_MS, 12)] == OffsetSpan(
+        0, 12, 12, 1, 1
+    )  # 8 records after the last one of its hour: a new, late span
     assert sum(s.records for s in spans.values()) == len(records)
 
 
@@ -78,7 +82,13 @@ def test_horizon_ignores_idle_partitions_and_never_passes_now() -> None:
 
 
 def test_spans_coalesce_into_few_ranges_and_reads_take_one_range_per_partition() -> None:
-    spans = [Span(0, 0, 9, 10), Span(0, 5, 20, 3), Span(0, 24, 30, 7), Span(0, 100, 110, 11), Span(1, 7, 7, 1)]
+    spans = [
+        OffsetSpan(0, 0, 9, 10),
+        OffsetSpan(0, 5, 20, 3),
+        OffsetSpan(0, 24, 30, 7),
+        OffsetSpan(0, 100, 110, 11),
+        OffsetSpan(1, 7, 7, 1),
+    ]
     assert coalesce(spans, gap=5, max_ranges=10) == [Range(0, 0, 31), Range(0, 100, 111), Range(1, 7, 8)]
     assert coalesce(spans, gap=0, max_ranges=1) == [Range(0, 0, 111), Range(1, 7, 8)]
     plan = Plan("t", (HourPlan(H, tuple(spans)),), tuple(coalesce(spans, gap=5, max_ranges=10)))

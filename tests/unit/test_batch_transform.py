@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from batch_layer.job import transform
+from batch_layer.transform import transform
 from infra.settings import Settings
 from views.aggregation import GLOBAL_SLICE
 from views.event import Event

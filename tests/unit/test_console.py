@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batch_layer.index import PartitionState, dt_to_ms, horizon_of
+from batch_layer.horizon import horizon_of
 from serving import params
 from serving.console import MAX_HOURS, SpeedMinute, backfill_progress, hour_range, segments_of
 from views.buckets import HOUR, MINUTE
-from views.store.index_state import IndexedPartition, index_horizon
+from views.store.index import IndexedPartition, PartitionState, dt_to_ms, index_horizon
 
 NOW = datetime(2026, 5, 1, 10, 17, tzinfo=UTC)
 
@@ -48,7 +48,7 @@ Part = tuple[int, datetime | None, datetime | None]  # partition, newest record 
 
 
 def both_horizons(parts: list[Part], idle: timedelta) -> list[tuple[datetime | None, int | None, tuple[int, ...]]]:
-    """Return the console's horizon (views.store.index_state) and the indexer's (batch_layer.index) of ``parts``."""
+    """Return the console's horizon (views.store.index) and the indexer's (batch_layer.horizon) of ``parts``."""
     ours = index_horizon([IndexedPartition(p, 0, max_ts, seen, None) for p, max_ts, seen in parts], NOW, idle)
     states = [PartitionState(p, 0, None if max_ts is None else dt_to_ms(max_ts), seen) for p, max_ts, seen in parts]
     theirs = horizon_of(states, NOW, idle)
@@ -77,7 +77,7 @@ def both_horizons(parts: list[Part], idle: timedelta) -> list[tuple[datetime | N
 def test_the_horizon_follows_the_active_partitions(
     parts: list[Part], want: tuple[datetime | None, int | None, tuple[int, ...]]
 ) -> None:
-    """serving may not import the batch layer: views.store.index_state holds the rule, batch_layer.index uses it."""
+    """serving may not import the batch layer: views.store.index holds the rule, batch_layer.horizon uses it."""
     assert both_horizons(parts, IDLE) == [want, want]
 
 

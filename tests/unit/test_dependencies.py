@@ -19,7 +19,7 @@ PIPELINE = ["app", "stack", "infra", "ingestion", "speed_layer", "batch_layer", 
 FIRST_PARTY = {*PIPELINE, "dags", "tests", "bench", *(p.stem for p in (ROOT / "bench").glob("*.py"))}
 # Declared for a use that is not an import statement.
 NOT_IMPORTED = {
-    "pyarrow": "DataFrame.toArrow (batch_layer.job) needs it; pyspark declares it only in its [sql] extra",
+    "pyarrow": "DataFrame.toArrow (batch_layer.compute) needs it; pyspark declares it only in its [sql] extra",
 }
 
 

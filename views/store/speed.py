@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Progress:
+class QueryFreshness:
     """The freshness row of a streaming query: the newest event time written and its last micro-batch."""
 
     query: str
@@ -180,11 +180,11 @@ class SpeedRows:
         row = self.sess.execute(*self.progress_request(query), execution_profile=READ_PROFILE).one()
         return utc(row.newest_event_ts) if row else None
 
-    def progress(self) -> list[Progress]:
+    def progress(self) -> list[QueryFreshness]:
         """Return the freshness row of every streaming query."""
         rows = self.sess.execute(cql.render(self.settings, cql.SELECT_ALL_PROGRESS), execution_profile=READ_PROFILE)
         return [
-            Progress(
+            QueryFreshness(
                 r.query, utc(r.newest_event_ts), utc(r.watermark), r.last_batch_id, r.last_batch_rows,
                 utc(r.updated_at),
             )

@@ -1,0 +1,36 @@
+"""The batch DAGs' contract with whoever triggers or watches them: DAG ids, task ids, params, the recompute's flags.
+
+``dags/trends_batch.py`` defines the DAGs with these names; ``trends batch backfill``, ``trends demo``, the console
+and the batch exporter trigger and read them by the same names over Airflow's REST API. A string changed here
+changes every side at once (a run already triggered keeps the names it was triggered with).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# -- the hourly recompute of live data ---------------------------------------------------------------------------
+BATCH_DAG: Final = "trends_batch"
+WAIT_TASK: Final = "wait_until_closed"  # indexes, then pokes until the hour is closed
+PLAN_TASK: Final = "plan"  # its XCom: the hours to compute (JSON list of ISO hours)
+
+# -- the backfill of a range, in chunks --------------------------------------------------------------------------
+BACKFILL_DAG: Final = "trends_backfill"
+CHUNKS_TASK: Final = "chunks"  # its XCom: the recompute's arguments per chunk (``--hours`` JSON list, flags)
+START_PARAM: Final = "start"  # first hour (inclusive), ISO-8601 with an offset
+END_PARAM: Final = "end"  # end (exclusive), a whole hour
+ONLY_MISSING_PARAM: Final = "only_missing"  # skip hours that already have a current run
+ACCEPT_LOSS_PARAM: Final = "accept_loss"  # compute hours that records lost before indexing may belong to
+
+# -- tasks of both -----------------------------------------------------------------------------------------------
+RECOMPUTE_TASK: Final = "recompute"  # the spark-submit of batch_layer/submit.py (mapped: one instance per chunk)
+VERIFY_TASK: Final = "verify"  # the hourly DAG's reconciliation with the speed view
+ADVANCE_TASK: Final = "advance_watermark"  # its XCom: the batch watermark line
+
+DAG_IDS: Final = (BATCH_DAG, BACKFILL_DAG)
+
+# -- the recompute's command line (batch_layer/submit.py), as the DAGs pass it -----------------------------------
+HOURS_ARG: Final = "--hours"
+FORCE_ARG: Final = "--force"  # the sensor (or the chunks task) decided the hours are closed
+NO_INDEX_ARG: Final = "--no-index"  # the DAG indexed just before
+ACCEPT_LOSS_ARG: Final = "--accept-loss"
