@@ -34,7 +34,7 @@ from views.store.checks import Checks
 from views.store.losses import LossStore
 from views.store.pointers import PointerStore
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.faults]  # make test-faults (slow: TTLs, restarts, a browser)
 
 H0 = datetime(2025, 11, 23, 10, tzinfo=UTC)  # a year ago: historical events
 HOUR = timedelta(hours=1)

@@ -42,7 +42,7 @@ from views.buckets import HOUR, MINUTE, floor
 from views.event import Event
 from views.store.pointers import PointerStore
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.faults]  # make test-faults (slow: TTLs, restarts, a browser)
 
 TRENDS = str(Path(sys.executable).parent / "trends")
 TTL_S = 60  # the speed rows' TTL of the expiry case (the least the setting takes)

@@ -20,7 +20,7 @@ from infra.settings import Settings
 from tests.helpers import speed_drain
 from views.event import Event
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.faults]  # make test-faults (slow: TTLs, restarts, a browser)
 
 HOUR = timedelta(hours=1)
 

@@ -40,7 +40,7 @@ from tests.helpers import speed_drain
 from views.buckets import MINUTE, floor
 from views.event import Event
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.faults]  # make test-faults (slow: TTLs, restarts, a browser)
 
 TRENDS = str(Path(sys.executable).parent / "trends")
 TTL_S = 90  # the speed rows' TTL in the expiry case: the checks before it must end within it
