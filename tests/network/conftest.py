@@ -1,0 +1,129 @@
+"""The network-fault suite's harness: a Toxiproxy server, clients pointed at its proxies by settings, the result table.
+
+One Toxiproxy server (``stack.services.toxiproxy``, built into the cache by ``make gotools``) runs for the session on
+a free port with its files under a temporary data dir; each case creates the proxies it needs in front of a real
+server and points one component at them through its ``TRENDS_*`` settings only, so the code under test never knows.
+Every case adds a row (link, fault, what the component did, time to recover, counts after, result) to the table
+printed at the end and written to ``artifacts/network.md``. Toxics are removed after each case.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.settings import Settings
+from infra.settings_env import to_env
+from stack.services.toxiproxy import ToxiproxyService
+from stack.toxiproxy import Toxiproxy
+from tests.helpers import free_port, wait_ready
+
+
+@dataclass(frozen=True)
+class Row:
+    """One case of the table."""
+
+    link: str
+    fault: str
+    behaviour: str
+    recovery: str
+    counts: str
+    ok: bool
+
+
+ROWS: list[Row] = []
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not ROWS:
+        return
+    lines = [
+        "| link | fault | what the component did | recovery after healing | counts after | result |",
+        "|---|---|---|---:|---|---|",
+    ]
+    lines += [
+        f"| {r.link} | {r.fault} | {r.behaviour} | {r.recovery} | {r.counts} | {'PASS' if r.ok else 'FAIL'} |"
+        for r in ROWS
+    ]
+    terminalreporter.write_sep("=", "network faults")
+    for line in lines:
+        terminalreporter.write_line(line)
+    out = Path(__file__).resolve().parents[2] / "artifacts"
+    out.mkdir(exist_ok=True)
+    (out / "network.md").write_text("\n".join(lines) + "\n")
+
+
+def record(link: str, fault: str, behaviour: str, recovery_s: float | None, counts: str, ok: bool) -> None:
+    """Add a row to the table (before the case's assertions, so a failure shows its figures too)."""
+    recovery = "never" if recovery_s is None else f"{recovery_s:.1f} s"
+    ROWS.append(Row(link, fault, behaviour, recovery, counts, ok))
+
+
+@dataclass
+class Proxies:
+    """The session's Toxiproxy server: its API, and proxies made on free loopback ports."""
+
+    api: Toxiproxy
+
+    def front(self, name: str, upstream: str) -> int:
+        """Put a proxy named ``name`` in front of ``upstream`` (host:port); return the port it listens on."""
+        port = free_port()
+        self.api.create(name, f"127.0.0.1:{port}", upstream)
+        return port
+
+
+@pytest.fixture(scope="session")
+def proxies(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxies]:
+    """Run a Toxiproxy server for the session (its pid file and log under a temporary data dir)."""
+    own = settings.model_copy(update={"data_dir": tmp_path_factory.mktemp("toxiproxy")})
+    service = ToxiproxyService(own, free_port())
+    service.wait_ready(service.start(""))
+    try:
+        yield Proxies(service.api())
+    finally:
+        service.stop()
+
+
+@pytest.fixture(autouse=True)
+def _healthy_network(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Remove every toxic and enable every proxy after each case (a failed case leaves no fault behind)."""
+    yield
+    if "proxies" in request.fixturenames:
+        request.getfixturevalue("proxies").api.reset()
+
+
+@contextmanager
+def serve(settings: Settings, log: Path, **env: str) -> Iterator[str]:
+    """Run ``trends serve`` in its own process with these settings; yield its URL once it answers /health."""
+    port = free_port()
+    full_env = {**os.environ, **to_env(settings), "TRENDS_SERVING__PORT": str(port), **env}
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "trends"), "serve"], env=full_env, stdout=out, stderr=subprocess.STDOUT
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(proc, url, log, timeout_s=60)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def wait_until(check: Any, timeout_s: float, poll_s: float = 0.5) -> float | None:
+    """Call ``check()`` until it is true; return the seconds it took, or None when the time ran out."""
+    began = time.monotonic()
+    while time.monotonic() - began < timeout_s:
+        if check():
+            return time.monotonic() - began
+        time.sleep(poll_s)
+    return None
