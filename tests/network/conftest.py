@@ -21,11 +21,15 @@ from typing import Any
 
 import pytest
 
+from infra import topics
 from infra.settings import Settings
 from infra.settings_env import to_env
+from stack.services.base import find_java
+from stack.services.kafka import Kafka
 from stack.services.toxiproxy import ToxiproxyService
 from stack.toxiproxy import Toxiproxy
 from tests.helpers import free_port, wait_ready
+from tests.reliability.conftest import Pipeline, pipeline  # noqa: F401 - the reliability suite's harness, reused
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,72 @@ def _healthy_network(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if "proxies" in request.fixturenames:
         request.getfixturevalue("proxies").api.reset()
+
+
+class ProxiedKafka(Kafka):
+    """A private one-node Kafka whose advertised listener is a proxy in front of it.
+
+    Kafka clients bootstrap, then connect to the address the broker advertises: a proxy in front of a broker that
+    advertises itself would be bypassed after the first request. Only the ``advertised.listeners`` line differs from
+    the stack's broker; the broker still binds and checks its readiness on its own port.
+    """
+
+    def __init__(self, settings: Settings, advertised_port: int) -> None:
+        super().__init__(settings)
+        self.advertised_port = advertised_port
+
+    def listener_config(self) -> str:
+        own = f"advertised.listeners=PLAINTEXT://{self.host}:{self.client_port}"
+        text = super().listener_config()
+        assert own in text, "the proxied broker runs PLAINTEXT on loopback only"
+        return text.replace(own, f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.advertised_port}")
+
+
+KAFKA_PROXY = "kafka"
+SPEED_CASSANDRA_PROXY = "speed-cassandra"
+
+
+@pytest.fixture
+def speed_via_proxy(request: pytest.FixtureRequest, proxies: Proxies) -> Pipeline:
+    """Return the reliability suite's private pipeline with the speed job's Cassandra behind a proxy.
+
+    Only the speed service's settings change (``TRENDS_CASSANDRA__PORT``); the test reads the views directly.
+    """
+    p: Pipeline = request.getfixturevalue("pipeline")
+    c = p.settings.cassandra
+    port = proxies.front(SPEED_CASSANDRA_PROXY, f"{c.contact_points[0]}:{c.port}")
+    s = p.speed_settings
+    p.speed_settings = s.model_copy(update={"cassandra": s.cassandra.model_copy(update={"port": port})})
+    return p
+
+
+@pytest.fixture(scope="module")
+def proxied_kafka(settings: Settings, proxies: Proxies, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    """Start a private broker (own ports and data dir) behind the proxy ``kafka``; yield settings pointing at the proxy.
+
+    Its events topic has 4 partitions. The broker is stopped at the end; the shared stack is never touched.
+    """
+    direct, controller = free_port(), free_port()
+    port = proxies.front(KAFKA_PROXY, f"127.0.0.1:{direct}")
+    own = settings.model_copy(
+        update={
+            "data_dir": tmp_path_factory.mktemp("kafka-net") / "data",
+            "kafka": settings.kafka.model_copy(
+                update={"bootstrap_servers": f"127.0.0.1:{direct}", "partitions": 4, "replication_factor": 1}
+            ),
+            "stack": settings.stack.model_copy(update={"kafka_controller_port": controller, "kafka_heap": "384m"}),
+        }
+    )
+    broker = ProxiedKafka(own, port)
+    broker.wait_ready(broker.start(find_java(own)))
+    via_proxy = own.model_copy(
+        update={"kafka": own.kafka.model_copy(update={"bootstrap_servers": f"127.0.0.1:{port}"})}
+    )
+    try:
+        topics.ensure_topics(via_proxy.kafka)
+        yield via_proxy
+    finally:
+        broker.stop()
 
 
 @contextmanager
