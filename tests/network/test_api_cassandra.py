@@ -150,6 +150,7 @@ def test_api_under_fault(
     served: Served, proxies: Proxies, fault: str, inject: Callable[[Toxiproxy], None], duration_s: float
 ) -> None:
     assert served.ask()[0] == "exact", "the API must answer exactly before the fault"
+    log_from = len(served.log.read_text())
     inject(proxies.api)
     outcomes: Counter[str] = Counter()
     slowest = 0.0
@@ -165,12 +166,41 @@ def test_api_under_fault(
     allowed = {"exact", "gap", "503"}
     ok = set(outcomes) <= allowed and recovery is not None and after == ["exact"] * 3
     behaviour = ", ".join(f"{n}x {o}" for o, n in outcomes.most_common()) + f" (slowest answer {slowest:.1f} s)"
-    log_names_link = any("503 for" in line for line in served.log.read_text().splitlines())
+    log = served.log.read_text()[log_from:]
     if outcomes["503"]:
-        behaviour += "; the 503s logged with the driver's reason" if log_names_link else "; 503s NOT logged"
+        behaviour += "; the 503s logged with the driver's reason" if "503 for" in log else "; 503s NOT logged"
+    if "CRC mismatch on header" in log:
+        behaviour += "; the driver dropped connections: CRC mismatch on header (protocol v5 framing)"
     record(
         LINK, fault, behaviour, recovery, f"{served.expected:,} exact x3" if after == ["exact"] * 3 else str(after), ok
     )
     assert set(outcomes) <= allowed, f"answers during the fault: {dict(outcomes)}"
     assert recovery is not None, f"no exact answer within {RECOVERY_LIMIT_S} s of healing"
     assert after == ["exact"] * 3
+
+
+def test_api_under_slicer_with_protocol_v4(served: Served, proxies: Proxies, tmp_path: Path) -> None:
+    """The slicer with the CQL native protocol v4 (no v5 checksummed segments): every answer exact, no 503."""
+    v4 = served.settings.model_copy(
+        update={"cassandra": served.settings.cassandra.model_copy(update={"protocol_version": 4})}
+    )
+    with serve(v4, tmp_path / "serve-v4.log") as url:
+        other = Served(v4, url, tmp_path / "serve-v4.log", served.expected)
+        assert other.ask()[0] == "exact"
+        _slicer(proxies.api)
+        outcomes: Counter[str] = Counter()
+        began = time.monotonic()
+        while time.monotonic() - began < FAULT_S:
+            outcomes[other.ask()[0]] += 1
+            time.sleep(0.5)
+        proxies.api.clear(PROXY)
+        recovery = wait_until(lambda: other.ask(timeout_s=30)[0] == "exact", RECOVERY_LIMIT_S)
+        after = other.ask()[0]
+    crc = "CRC mismatch on header" in other.log.read_text()
+    behaviour = ", ".join(f"{n}x {o}" for o, n in outcomes.most_common()) + ("; CRC mismatch" if crc else "")
+    ok = set(outcomes) == {"exact"} and after == "exact"
+    record(
+        f"{LINK} (protocol v4)", "slicer 64 ± 32 B every 200 µs", behaviour, recovery, f"{served.expected:,} exact", ok
+    )
+    assert set(outcomes) == {"exact"}, dict(outcomes)
+    assert after == "exact"
