@@ -8,7 +8,7 @@ JARS := $(VENV)/.jars
 BROWSER := $(VENV)/.browser
 GOTOOLS := $(VENV)/.gotools
 
-.PHONY: help setup demo test test-unit test-services test-faults test-reliability test-cluster test-alerting test-backfill test-install gotools lint docs-check docs format lock stack-down clean
+.PHONY: help setup demo test test-unit test-services test-faults test-reliability test-cluster test-alerting test-backfill test-install test-network gotools lint docs-check docs format lock stack-down clean
 
 help:
 	@echo "make demo        set up, start the stack and run the whole pipeline (stream, Airflow backfill, API, dashboard)"
@@ -20,8 +20,9 @@ help:
 	@echo "make test-backfill     trends batch backfill over 30 days, with Cassandra stopped, and the DAG under Airflow's scheduler (not part of make test)"
 	@echo "make test-install      pip install . (no extras, no Airflow) in .venv-core: ingest, speed, batch, serve work"
 	@echo "make test-tls          the pipeline over TLS and SASL_SSL on a private TLS stack (not part of make test)"
+	@echo "make test-network      network faults (latency, black hole, reset, bandwidth, slicer) through Toxiproxy between the components (not part of make test)"
 	@echo "make test-alerting     the alert rules (promtool) and a real Prometheus firing the watermark-lag alert"
-	@echo "make gotools     build promtool and prometheus from Go modules into ~/.cache/trends/bin (once, ~6 min)"
+	@echo "make gotools     build promtool, prometheus and toxiproxy from Go modules into ~/.cache/trends/bin (once, ~6 min)"
 	@echo "make lint        ruff check, ruff format --check, mypy, lint-imports (the layering contracts)"
 	@echo "make docs-check  build the docs site with mkdocs --strict (broken links, missing pages fail; part of make test)"
 	@echo "make docs        serve the docs site on http://127.0.0.1:8001 (live reload; DOCS_ADDR=host:port to move it)"
@@ -118,6 +119,12 @@ test-tls: setup
 # The shipped alert rules: promtool's check and unit tests, then a real Prometheus scraping the batch exporter.
 test-alerting: setup $(GOTOOLS)
 	$(BIN)/pytest tests/unit/test_alert_rules.py tests/services/test_alerting.py
+
+# Network faults between the components: a Toxiproxy server (built into the cache with the Go tools) in front of
+# Cassandra, a private Kafka broker and Airflow; each client pointed at its proxy by settings only. Writes
+# artifacts/network.md (link x fault -> what the component did, recovery time, counts after).
+test-network: setup $(GOTOOLS)
+	$(BIN)/pytest -m network tests/network
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

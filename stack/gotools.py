@@ -1,4 +1,4 @@
-"""Build Go tools (Prometheus and promtool) from Go modules into the cache, like the jars: once, outside git.
+"""Build Go tools (Prometheus, promtool, Toxiproxy) from Go modules into the cache, like the jars: once, outside git.
 
 ``go install <module>/cmd/<name>@<version>`` resolves the module through Go's configured module proxy (``go env
 GOPROXY``; nothing here names a host) and compiles it; the binaries go to
@@ -6,7 +6,7 @@ GOPROXY``; nothing here names a host) and compiles it; the binaries go to
 interrupted build never leaves half a tool behind, and a tool is rebuilt only when one of its binaries is missing.
 Building Prometheus's two commands takes about 5-7 minutes of two cores here; every later use is instant.
 
-``python -m stack.gotools [--force]`` builds them (``make`` runs it before the tests that need promtool).
+``python -m stack.gotools [--force] [TOOL ...]`` builds them (``make`` runs it before the tests that need promtool).
 """
 
 from __future__ import annotations
@@ -49,6 +49,10 @@ class GoTool:
 
 
 PROMETHEUS = GoTool("prometheus", "github.com/prometheus/prometheus", "v0.316.0", ("promtool", "prometheus"))
+# Toxiproxy's server, for the network-fault suite (a proxy between two components that adds latency, black holes,
+# reset connections...); it builds in seconds.
+TOXIPROXY = GoTool("toxiproxy", "github.com/Shopify/toxiproxy/v2", "v2.5.0", ("server",))
+TOOLS = {tool.name: tool for tool in (PROMETHEUS, TOXIPROXY)}
 
 
 def tool_dir(settings: Settings, tool: GoTool = PROMETHEUS) -> Path:
@@ -123,14 +127,20 @@ def main(argv: list[str] | None = None) -> int:
     """Build the Go tools into the cache (``python -m stack.gotools``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--force", action="store_true", help="build again even if the binaries are cached")
+    parser.add_argument("tools", nargs="*", metavar="TOOL", help=f"which tools ({', '.join(TOOLS)}; default: all)")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.tools) - set(TOOLS))
+    if unknown:
+        parser.error(f"unknown tool {', '.join(unknown)} (known: {', '.join(TOOLS)})")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        folder = build(get_settings(), PROMETHEUS, force=args.force)
-    except StackError as exc:
-        logger.error("%s", exc)  # the message is the whole story: no traceback for a missing Go
-        return 1
-    logger.info("%s", folder)
+    settings = get_settings()
+    for name in args.tools or list(TOOLS):
+        try:
+            folder = build(settings, TOOLS[name], force=args.force)
+        except StackError as exc:
+            logger.error("%s", exc)  # the message is the whole story: no traceback for a missing Go
+            return 1
+        logger.info("%s", folder)
     return 0
 
 
