@@ -517,16 +517,13 @@ class Settings(BaseSettings):
             section = data.get(old_section)
             if not isinstance(section, dict) or old_name not in section:
                 continue
-            old = f"{old_section}.{old_name}"
-            new = f"{new_section}.{new_name}"
+            old, new = f"{old_section}.{old_name}", f"{new_section}.{new_name}"
             msg = f"the setting {old} is deprecated: use {new} ({ENV_PREFIX}{new.upper().replace('.', '__')})"
             warnings.warn(msg, DeprecationWarning, stacklevel=2)
             logger.warning("%s", msg)
             data = {**data, old_section: {k: v for k, v in section.items() if k != old_name}}
             target = data.get(new_section)
-            target = dict(target) if isinstance(target, dict) else {}
-            target.setdefault(new_name, section[old_name])
-            data[new_section] = target
+            data[new_section] = {new_name: section[old_name], **(target if isinstance(target, dict) else {})}
         return data
 
     @field_validator("data_dir", "cache_dir")
