@@ -23,8 +23,8 @@ from app.cli import cli
 from infra import stack, topics
 from ingestion.dlq import read_dead_letters
 from serving.api import create_app
+from tests.helpers import BAD_REQUESTS
 from tests.reliability.conftest import HOUR, Pipeline, read_topic, record
-from tests.services.test_serving_api import BAD_REQUESTS
 from views.event import Event
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(1200)]

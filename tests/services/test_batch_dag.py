@@ -23,8 +23,7 @@ from infra.airflow.service import Airflow
 from infra.cassandra import session, table
 from infra.process import tail
 from infra.settings import Settings
-from tests.helpers import free_port
-from tests.services.test_batch_history import Truth, history_config, produce_history
+from tests.helpers import Truth, free_port, history_config, produce_history
 from views.buckets import month_key
 from views.event import Event
 from views.store.batch import BatchRows
