@@ -1,4 +1,4 @@
-"""Small helpers shared by service tests."""
+"""Helpers shared by tests: the stack's clients and processes, the API's refused requests, a batch history."""
 
 from __future__ import annotations
 
@@ -10,12 +10,20 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Producer
 
 from infra.settings import Settings
+from infra.settings_env import to_env
+from ingestion.generator import GeneratorConfig, SyntheticStream
+from views.event import Event
 
 
 def chromium(width: int = 1400, height: int = 2600) -> Any:
@@ -94,3 +102,124 @@ def speed_drain(settings: Settings, tmp_path: Path, lateness_s: int = 600, **ext
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stderr
+
+
+@contextmanager
+def serve(settings: Settings, log: Path, ready_status: int = 200, **env: str) -> Iterator[str]:
+    """Run ``trends serve`` in its own process, as an operator would; yield its URL once /ready answers."""
+    port = free_port()
+    full_env = {**os.environ, **to_env(settings), "TRENDS_SERVING__PORT": str(port), **env}
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "trends"), "serve"], env=full_env, stdout=out, stderr=subprocess.STDOUT
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(proc, url, log, status=ready_status, timeout_s=60)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+# Requests the API must refuse with a 4xx and a message naming the problem (the API tests and the reliability suite).
+BAD_REQUESTS = [
+    ("/api/v1/count?slice=carrier%3DAA&last=1h", 400, "unknown slice dimension 'carrier'"),
+    ("/api/v1/count?slice=JFK&last=1h", 400, "is not `*` or a slice"),
+    ("/api/v1/count?last=90d", 400, "longer than 31 days"),
+    ("/api/v1/count?start=2026-01-01T00:00&end=2026-01-02T00:00Z", 400, "no time zone"),
+    ("/api/v1/count?start=yesterday&end=2026-01-02T00:00Z", 400, "not an ISO-8601 time"),
+    ("/api/v1/count?last=1y", 400, "not a duration"),
+    ("/api/v1/users?last=&end=", 400, "not an ISO-8601 time"),  # Schemathesis' first find: now outside the schema
+    ("/api/v1/users?last=", 400, "not a duration"),
+    ("/api/v1/trending?last=1h&baseline=", 400, "not a duration"),
+    # the four HTTP 500s (OverflowError) of issue 16, now refused with the reason
+    ("/api/v1/trending?last=999999999d", 400, "longer than any window"),
+    ("/api/v1/trending?last=1h&baseline=99999999999d", 400, "not a duration"),
+    ("/api/v1/trending?start=0001-01-01T00:00%2B14:00&end=0001-01-02T00:00Z", 400, "years 1970-2999"),
+    ("/api/v1/series?start=9999-12-31T00:00Z&end=9999-12-31T23:59Z", 400, "years 1970-2999"),
+    ("/api/v1/top?last=1h&limit=201", 400, "between 1 and 200"),
+    ("/api/v1/top?last=1h&limit=0", 400, "between 1 and 200"),
+    ("/api/v1/trending?last=1h&limit=5000", 400, "between 1 and 200"),
+    ("/api/v1/trending?last=1h&baseline=60d", 400, "baseline"),
+    ("/api/v1/trending?last=1h&min_support=0", 422, "greater than or equal to 1"),
+    ("/api/v1/quantiles?last=1h&rank=1.5", 400, "between 0 and 1"),
+    ("/api/v1/quantiles?last=1h&rank=median", 422, "valid number"),
+    ("/api/v1/series?last=1h&resolution=week", 422, "minute"),
+    ("/api/v1/top?last=1h&limit=ten", 422, "valid integer"),
+]
+
+
+# A batch history as the batch tests produce it (test_batch_history, test_batch_dag, test_batch_backfill_cli).
+NIGHT = tuple(range(8))  # 00:00-07:59 UTC: no events
+GAP_EVERY = 5  # every 5th day (counted from 1970-01-01) has no event at all
+
+
+@dataclass
+class Truth:
+    """What was produced, per UTC day and hour (event time), from the JSON the generator wrote."""
+
+    count: Counter[datetime] = field(default_factory=Counter)  # per hour
+    users: dict[date, set[str]] = field(default_factory=lambda: defaultdict(set))
+    values: dict[date, list[float]] = field(default_factory=lambda: defaultdict(list))
+    items: dict[date, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    dups: Counter[datetime] = field(default_factory=Counter)  # re-sent copies per hour
+
+    def add(self, value: bytes) -> None:
+        e = json.loads(value)
+        ts = datetime.fromisoformat(e["ts"])
+        self.count[ts.replace(minute=0, second=0, microsecond=0)] += 1
+        self.users[ts.date()].add(e["user"])
+        self.values[ts.date()].append(float(e["value"]))
+        self.items[ts.date()][e["item"]] += 1
+
+    def day_count(self, day: date) -> int:
+        return sum(n for h, n in self.count.items() if h.date() == day)
+
+
+def producer(settings: Settings) -> Producer:
+    return Producer({**settings.kafka.client_config(), "enable.idempotence": True, "acks": "all", "linger.ms": 5})
+
+
+def produce_history(settings: Settings, config: GeneratorConfig, truth: Truth, resend_every: int = 97) -> int:
+    """Produce a generated stream as ingestion does (record timestamp = event time); re-send some: duplicates.
+
+    :returns: how many events were produced (duplicates not counted; ``truth.dups`` has them per hour).
+    """
+    p = producer(settings)
+    n = 0
+    for chunk in SyntheticStream(config).chunks():
+        for i, (value, key, ts) in enumerate(zip(chunk.values, chunk.keys, chunk.ts_ms, strict=True)):
+            p.produce(settings.kafka.events_topic, value=value, key=key, timestamp=ts)
+            truth.add(value)
+            n += 1
+            if i % resend_every == 0:
+                p.produce(settings.kafka.events_topic, value=value, key=key, timestamp=ts)
+                truth.dups[datetime.fromtimestamp(ts // 3_600_000 * 3600, UTC)] += 1
+        p.poll(0)
+    assert p.flush(60) == 0
+    return n
+
+
+def produce_events(settings: Settings, events: list[Event], partitions: int | None = None) -> None:
+    """Produce events keyed by item (or round-robin over ``partitions`` partitions, so every one moves on)."""
+    p = producer(settings)
+    for i, e in enumerate(events):
+        where = {"partition": i % partitions} if partitions else {}
+        p.produce(settings.kafka.events_topic, key=e.item, value=e.to_json(), timestamp=e.ts_ms, **where)
+    assert p.flush(30) == 0
+
+
+def history_config(start: datetime, days: int, rate: float = 0.006) -> GeneratorConfig:
+    """Return a sparse generated history of ``days`` days from ``start``: empty nights, and every 5th day empty."""
+    return GeneratorConfig(
+        seed=7,
+        start=start,
+        end=start + timedelta(days=days),
+        event_rate=rate,
+        rate=None,
+        items=300,
+        users=2_000,
+        quiet_hours=NIGHT,
+        gap_every_days=GAP_EVERY,
+    )

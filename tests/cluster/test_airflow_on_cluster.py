@@ -27,7 +27,6 @@ from infra.settings import Settings
 from stack import control
 from stack.airflow.config import AirflowConfig
 from tests.cluster import workload
-from tests.cluster.test_spark_cluster import same_answers
 from tests.cluster.workload import HOUR
 from tests.helpers import free_port
 
@@ -76,7 +75,7 @@ def test_the_backfill_dag_submits_to_the_standalone_master_in_client_mode(
         # the chunk's spark-submit ran its executors on the cluster: the master lists it as a completed application
         workload.wait_apps(stack_up, before, Counter({"trends-batch": 1}))
         job.run(local, *window, spark=spark)
-        same_answers(on_cluster, local, events, window, "batch")
+        workload.same_answers(on_cluster, local, events, window, "batch")
     finally:
         control.down(on_cluster, ["airflow"])
         with session(stack_up) as sess:

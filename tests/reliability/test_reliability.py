@@ -25,8 +25,8 @@ from infra.settings_env import to_env
 from ingestion.dlq import read_dead_letters
 from serving.api import create_app
 from stack import control
+from tests.helpers import BAD_REQUESTS
 from tests.reliability.conftest import HOUR, Pipeline, read_topic, record
-from tests.services.test_serving_api import BAD_REQUESTS
 from views.event import Event
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(1200)]

@@ -31,8 +31,7 @@ from infra.cassandra import session
 from infra.settings import Settings
 from infra.settings_env import to_env
 from stack import control
-from tests.helpers import free_port
-from tests.services.test_batch_history import Truth, history_config, produce_events, produce_history
+from tests.helpers import Truth, free_port, history_config, produce_events, produce_history
 from views.buckets import month_key
 from views.event import Event
 from views.store.batch import BatchRows

@@ -25,8 +25,7 @@ from stack import control
 from stack.airflow.config import AirflowConfig
 from stack.airflow.service import Airflow
 from stack.process import tail
-from tests.helpers import free_port
-from tests.services.test_batch_history import Truth, history_config, produce_history
+from tests.helpers import Truth, free_port, history_config, produce_history
 from views.buckets import month_key
 from views.event import Event
 from views.store.batch import BatchRows

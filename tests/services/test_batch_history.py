@@ -4,22 +4,19 @@ empty days replayed into a topic that already holds this week's events, late dat
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
 from fastapi.testclient import TestClient
 
 from batch_layer import indexer, job, tasks
@@ -28,8 +25,8 @@ from infra import migrations
 from infra.cassandra import session, table
 from infra.settings import Settings
 from infra.settings_env import to_env
-from ingestion.generator import GeneratorConfig, SyntheticStream
 from serving.api import create_app
+from tests.helpers import Truth, history_config, produce_events, produce_history
 from views import sketches
 from views.buckets import as_date, month_key
 from views.event import Event
@@ -42,63 +39,6 @@ HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
 START = datetime(2025, 11, 3, tzinfo=UTC)  # a year ago, a Monday
 DAYS = 14
-NIGHT = tuple(range(8))  # 00:00-07:59 UTC: no events
-GAP_EVERY = 5  # every 5th day (counted from 1970-01-01) has no event at all
-
-
-@dataclass
-class Truth:
-    """What was produced, per UTC day and hour (event time), from the JSON the generator wrote."""
-
-    count: Counter[datetime] = field(default_factory=Counter)  # per hour
-    users: dict[date, set[str]] = field(default_factory=lambda: defaultdict(set))
-    values: dict[date, list[float]] = field(default_factory=lambda: defaultdict(list))
-    items: dict[date, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
-    dups: Counter[datetime] = field(default_factory=Counter)  # re-sent copies per hour
-
-    def add(self, value: bytes) -> None:
-        e = json.loads(value)
-        ts = datetime.fromisoformat(e["ts"])
-        self.count[ts.replace(minute=0, second=0, microsecond=0)] += 1
-        self.users[ts.date()].add(e["user"])
-        self.values[ts.date()].append(float(e["value"]))
-        self.items[ts.date()][e["item"]] += 1
-
-    def day_count(self, day: date) -> int:
-        return sum(n for h, n in self.count.items() if h.date() == day)
-
-
-def producer(settings: Settings) -> Producer:
-    return Producer({**settings.kafka.client_config(), "enable.idempotence": True, "acks": "all", "linger.ms": 5})
-
-
-def produce_history(settings: Settings, config: GeneratorConfig, truth: Truth, resend_every: int = 97) -> int:
-    """Produce a generated stream as ingestion does (record timestamp = event time); re-send some: duplicates.
-
-    :returns: how many events were produced (duplicates not counted; ``truth.dups`` has them per hour).
-    """
-    p = producer(settings)
-    n = 0
-    for chunk in SyntheticStream(config).chunks():
-        for i, (value, key, ts) in enumerate(zip(chunk.values, chunk.keys, chunk.ts_ms, strict=True)):
-            p.produce(settings.kafka.events_topic, value=value, key=key, timestamp=ts)
-            truth.add(value)
-            n += 1
-            if i % resend_every == 0:
-                p.produce(settings.kafka.events_topic, value=value, key=key, timestamp=ts)
-                truth.dups[datetime.fromtimestamp(ts // 3_600_000 * 3600, UTC)] += 1
-        p.poll(0)
-    assert p.flush(60) == 0
-    return n
-
-
-def produce_events(settings: Settings, events: list[Event], partitions: int | None = None) -> None:
-    """Produce events keyed by item (or round-robin over ``partitions`` partitions, so every one moves on)."""
-    p = producer(settings)
-    for i, e in enumerate(events):
-        where = {"partition": i % partitions} if partitions else {}
-        p.produce(settings.kafka.events_topic, key=e.item, value=e.to_json(), timestamp=e.ts_ms, **where)
-    assert p.flush(30) == 0
 
 
 @pytest.fixture
@@ -113,20 +53,6 @@ def history_settings(keyspace_settings: Settings, new_topic: Callable[..., str])
             ),
             "views": keyspace_settings.views.model_copy(update={"slice_dims": ["country"]}),
         }
-    )
-
-
-def history_config(start: datetime = START, days: int = DAYS, rate: float = 0.006) -> GeneratorConfig:
-    return GeneratorConfig(
-        seed=7,
-        start=start,
-        end=start + days * DAY,
-        event_rate=rate,
-        rate=None,
-        items=300,
-        users=2_000,
-        quiet_hours=NIGHT,
-        gap_every_days=GAP_EVERY,
     )
 
 
@@ -154,7 +80,7 @@ def test_history_replayed_behind_live_events_is_computed_exactly_hour_by_hour(
                   user=f"lu{i % 11}") for i in range(240)]  # fmt: skip
     produce_events(settings, live, partitions=3)
     truth = Truth()
-    produced = produce_history(settings, history_config(), truth)
+    produced = produce_history(settings, history_config(START, DAYS), truth)
     hours = [START + i * HOUR for i in range(DAYS * 24)]
     empty_hours = [h for h in hours if not truth.count[h]]
     gap_days = {d for d in (START.date() + timedelta(days=i) for i in range(DAYS)) if not truth.day_count(d)}
@@ -258,7 +184,7 @@ def test_indexer_killed_mid_run_resumes_to_the_same_index(
     # interleaved: live events, then history, then more live and late events of old hours
     produce_events(settings, [Event(id=f"a{i}", ts=datetime.now(UTC) - timedelta(minutes=i % 50), item="#a")
                               for i in range(2000)], partitions=3)  # fmt: skip
-    produce_history(settings, history_config(days=10, rate=0.03), truth)
+    produce_history(settings, history_config(START, 10, rate=0.03), truth)
     produce_events(settings, [Event(id=f"b{i}", ts=START + timedelta(hours=10 + (i % 5) * 24, seconds=i), item="#b")
                               for i in range(500)])  # fmt: skip
 

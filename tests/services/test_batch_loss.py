@@ -28,7 +28,7 @@ from infra import migrations
 from infra.cassandra import session, table
 from infra.settings import Settings
 from stack.airflow.service import Airflow
-from tests.helpers import chromium, free_port, speed_drain
+from tests.helpers import chromium, free_port, serve, speed_drain
 from views.event import Event
 from views.store.checks import Checks
 from views.store.losses import LossStore
@@ -204,8 +204,6 @@ def seen_on_the_console(settings: Settings, tmp_path: Path, artifacts_dir: Path)
     """The console page (``trends serve``, headless Chromium) shows the loss, its bound, and the incomplete hours."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
-
-    from tests.services.test_serving_api import serve
 
     start, end = H0 - 4 * HOUR, H0 + 2 * HOUR
     with serve(settings, tmp_path / "serve.log") as url:

@@ -36,8 +36,7 @@ from ingestion.validate import Reason, Reject
 from serving import window
 from serving.plan import NO_BATCH_RUN, SPEED_ROWS_GONE, STARTED_AFTER
 from serving.reader import ViewReader
-from tests.helpers import chromium, free_port, speed_drain
-from tests.services.test_serving_api import serve
+from tests.helpers import chromium, free_port, serve, speed_drain
 from views.buckets import HOUR, MINUTE, floor
 from views.event import Event
 from views.store.pointers import PointerStore

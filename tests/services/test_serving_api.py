@@ -16,7 +16,6 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -32,10 +31,9 @@ from batch_layer import job
 from infra import migrations, topics
 from infra.cassandra import session
 from infra.settings import Settings
-from infra.settings_env import to_env
 from ingestion.generator import Burst, GeneratorConfig, SyntheticStream
 from serving.api import create_app
-from tests.helpers import chromium, free_port, speed_drain, wait_ready
+from tests.helpers import BAD_REQUESTS, chromium, free_port, serve, speed_drain
 
 pytestmark = pytest.mark.spark
 
@@ -100,24 +98,6 @@ def served(tmp_path_factory: pytest.TempPathFactory, stack_up: Settings, spark: 
     with session(stack_up) as sess:
         sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
     topics.delete_topics(stack_up.kafka, [topic])
-
-
-@contextmanager
-def serve(settings: Settings, log: Path, ready_status: int = 200, **env: str) -> Iterator[str]:
-    """Run ``trends serve`` in its own process, as an operator would; yield its URL once /ready answers."""
-    port = free_port()
-    full_env = {**os.environ, **to_env(settings), "TRENDS_SERVING__PORT": str(port), **env}
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "trends"), "serve"], env=full_env, stdout=out, stderr=subprocess.STDOUT
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(proc, url, log, status=ready_status, timeout_s=60)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(20)
 
 
 @pytest.fixture(scope="module")
@@ -202,33 +182,6 @@ def test_ops_endpoints(server: str) -> None:
     assert float(re.findall(hits, text, re.M)[0]) >= before + 1
     cache = dict(re.findall(r"^trends_api_(row|answer)_cache_bytes (\S+)$", text, re.M))
     assert float(cache["row"]) > 0 and float(cache["answer"]) > 0, cache
-
-
-BAD_REQUESTS = [
-    ("/api/v1/count?slice=carrier%3DAA&last=1h", 400, "unknown slice dimension 'carrier'"),
-    ("/api/v1/count?slice=JFK&last=1h", 400, "is not `*` or a slice"),
-    ("/api/v1/count?last=90d", 400, "longer than 31 days"),
-    ("/api/v1/count?start=2026-01-01T00:00&end=2026-01-02T00:00Z", 400, "no time zone"),
-    ("/api/v1/count?start=yesterday&end=2026-01-02T00:00Z", 400, "not an ISO-8601 time"),
-    ("/api/v1/count?last=1y", 400, "not a duration"),
-    ("/api/v1/users?last=&end=", 400, "not an ISO-8601 time"),  # Schemathesis' first find: now outside the schema
-    ("/api/v1/users?last=", 400, "not a duration"),
-    ("/api/v1/trending?last=1h&baseline=", 400, "not a duration"),
-    # the four HTTP 500s (OverflowError) of issue 16, now refused with the reason
-    ("/api/v1/trending?last=999999999d", 400, "longer than any window"),
-    ("/api/v1/trending?last=1h&baseline=99999999999d", 400, "not a duration"),
-    ("/api/v1/trending?start=0001-01-01T00:00%2B14:00&end=0001-01-02T00:00Z", 400, "years 1970-2999"),
-    ("/api/v1/series?start=9999-12-31T00:00Z&end=9999-12-31T23:59Z", 400, "years 1970-2999"),
-    ("/api/v1/top?last=1h&limit=201", 400, "between 1 and 200"),
-    ("/api/v1/top?last=1h&limit=0", 400, "between 1 and 200"),
-    ("/api/v1/trending?last=1h&limit=5000", 400, "between 1 and 200"),
-    ("/api/v1/trending?last=1h&baseline=60d", 400, "baseline"),
-    ("/api/v1/trending?last=1h&min_support=0", 422, "greater than or equal to 1"),
-    ("/api/v1/quantiles?last=1h&rank=1.5", 400, "between 0 and 1"),
-    ("/api/v1/quantiles?last=1h&rank=median", 422, "valid number"),
-    ("/api/v1/series?last=1h&resolution=week", 422, "minute"),
-    ("/api/v1/top?last=1h&limit=ten", 422, "valid integer"),
-]
 
 
 @pytest.mark.parametrize(("path", "status", "fragment"), BAD_REQUESTS)
