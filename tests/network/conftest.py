@@ -9,12 +9,8 @@ printed at the end and written to ``artifacts/network.md``. Toxics are removed a
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,12 +19,11 @@ import pytest
 
 from infra import topics
 from infra.settings import Settings
-from infra.settings_env import to_env
 from stack.services.base import find_java
 from stack.services.kafka import Kafka
 from stack.services.toxiproxy import ToxiproxyService
 from stack.toxiproxy import Toxiproxy
-from tests.helpers import free_port, wait_ready
+from tests.helpers import free_port
 from tests.reliability.conftest import Pipeline, pipeline  # noqa: F401 - the reliability suite's harness, reused
 
 
@@ -169,24 +164,6 @@ def proxied_kafka(settings: Settings, proxies: Proxies, tmp_path_factory: pytest
         yield via_proxy
     finally:
         broker.stop()
-
-
-@contextmanager
-def serve(settings: Settings, log: Path, **env: str) -> Iterator[str]:
-    """Run ``trends serve`` in its own process with these settings; yield its URL once it answers /health."""
-    port = free_port()
-    full_env = {**os.environ, **to_env(settings), "TRENDS_SERVING__PORT": str(port), **env}
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "trends"), "serve"], env=full_env, stdout=out, stderr=subprocess.STDOUT
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(proc, url, log, timeout_s=60)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(20)
 
 
 def wait_until(check: Any, timeout_s: float, poll_s: float = 0.5) -> float | None:

@@ -27,7 +27,8 @@ from infra import migrations, topics
 from infra.cassandra import session
 from infra.settings import Settings
 from stack.toxiproxy import Toxiproxy
-from tests.network.conftest import Proxies, record, serve, wait_until
+from tests.helpers import serve
+from tests.network.conftest import Proxies, record, wait_until
 from views.event import Event
 
 pytestmark = [pytest.mark.network, pytest.mark.services, pytest.mark.spark]
