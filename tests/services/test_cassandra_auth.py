@@ -18,7 +18,7 @@ from cassandra.cluster import Cluster, NoHostAvailable
 from pydantic import SecretStr
 
 from infra import migrations
-from infra.cassandra import ping, session, table
+from infra.cassandra import READ_PROFILE, WRITE_PROFILE, ping, session, table
 from infra.settings import Settings
 from stack import control
 from tests.helpers import free_port
@@ -72,12 +72,14 @@ def test_the_configured_role_reads_and_writes(auth_cassandra: Settings) -> None:
     minute = datetime(2026, 5, 1, 10, 17, tzinfo=UTC)
     row = ("auth-test", minute.date(), minute, 42, b"\x01\x02", 7)
     columns = "slice, day, bucket_start, events, items_fi, batch_id"
-    with session(auth_cassandra) as sess:
-        sess.execute(f"INSERT INTO {speed_view} ({columns}) VALUES (%s, %s, %s, %s, %s, %s)", row)
+    insert = f"INSERT INTO {speed_view} ({columns}) VALUES (%s, %s, %s, %s, %s, %s)"
+    with session(auth_cassandra) as sess:  # as the layers write and read: their execution profiles
+        sess.execute(insert, row, execution_profile=WRITE_PROFILE)
     with session(auth_cassandra) as sess:  # a new connection reads back what the first one wrote
         got = sess.execute(
             f"SELECT events, items_fi, batch_id FROM {speed_view} WHERE slice = %s AND day = %s AND bucket_start = %s",
             row[:3],
+            execution_profile=READ_PROFILE,
         ).one()
     assert got is not None and (got.events, got.items_fi, got.batch_id) == (42, b"\x01\x02", 7)
 
