@@ -119,8 +119,8 @@ def port_is_open(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
-def port_owner(port: int) -> str:
-    """Describe the process that listens on a port, if the system lets us see it."""
+def listener_of(port: int) -> str | None:
+    """Describe the process that listens on a port, or None when none does (or the system hides it)."""
     try:
         import psutil  # noqa: PLC0415 - optional nicety for the error message
 
@@ -130,25 +130,42 @@ def port_owner(port: int) -> str:
                 return f"pid {conn.pid} ({' '.join(proc.cmdline())[:120]})"
     except Exception:
         logger.debug("could not look up the owner of port %s", port, exc_info=True)
-    return "another process"
+    return None
 
 
-def ensure_port_free(host: str, port: int, what: str, setting: str) -> None:
+def port_owner(port: int) -> str:
+    """Describe the process that listens on a port, if the system lets us see it."""
+    return listener_of(port) or "another process"
+
+
+def ensure_port_free(host: str, port: int, what: str, setting: str, *, settle_s: float = 15.0) -> None:
     """Raise a clear error when a port the server needs is already taken by someone else.
+
+    A port held by a connection rather than a listening server (a just-stopped server's sockets still closing, a
+    client's connection that happened to take the port) frees itself within seconds: it is waited for up to
+    ``settle_s`` before the start is refused.
 
     :arg setting: the env var that moves the port, named in the message.
     :raises StackError: when the port cannot be bound.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            msg = (
-                f"cannot start {what}: port {host}:{port} is already taken by {port_owner(port)} "
-                f"that this stack did not start ({exc.strerror}). Stop it, or move the port with {setting}."
-            )
-            raise StackError(msg) from exc
+    deadline = time.monotonic() + settle_s
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+                return
+            except OSError as exc:
+                owner = listener_of(port)
+                if owner is None and time.monotonic() < deadline:
+                    logger.info("%s: port %s:%s is still held by a closing connection; waiting", what, host, port)
+                    time.sleep(0.5)
+                    continue
+                msg = (
+                    f"cannot start {what}: port {host}:{port} is already taken by {owner or 'another process'} "
+                    f"that this stack did not start ({exc.strerror}). Stop it, or move the port with {setting}."
+                )
+                raise StackError(msg) from exc
 
 
 def http_ok(url: str) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -57,10 +58,21 @@ def wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path, *, status: in
 
 
 def free_port() -> int:
-    """Return a loopback port that is free right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """Return a loopback port that is free right now, for a server a test starts.
+
+    It is taken below Linux's ephemeral range (32768-60999), where no client connection's local port can land on
+    it between the test's choice and a restart of the server (a Cassandra restart once met its JMX port taken so).
+    """
+    for _ in range(500):
+        port = random.randrange(20000, 32768)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    msg = "no free loopback port in 20000-32767"
+    raise RuntimeError(msg)
 
 
 def consume_all(settings: Settings, topic: str, expect: int, timeout_s: float = 30) -> list[str]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -156,3 +158,22 @@ def test_pid_file_trusts_only_the_process_it_recorded(tmp_path: Path) -> None:
     pid_file.write(os.getpid())
     assert pid_file.running() == os.getpid()
     assert pid_file.running(lambda _pid: False) is None  # alive, but its command line is not ours
+
+
+def test_a_port_held_by_a_connection_is_waited_for_not_refused() -> None:
+    """A just-stopped server's sockets, or a client that took the port, free it within seconds: start then."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        client = socket.socket()
+        client.bind(("127.0.0.1", 0))
+        held = client.getsockname()[1]
+        client.connect(server.getsockname())
+        accepted, _ = server.accept()
+        accepted.close()  # the peer hangs up first: the client's socket waits in CLOSE_WAIT, holding its port
+        with pytest.raises(StackError, match=rf"port 127.0.0.1:{held} is already taken by another process"):
+            ensure_port_free("127.0.0.1", held, "cassandra (JMX)", "TRENDS_X", settle_s=1.0)
+        threading.Timer(1.0, client.close).start()
+        began = time.monotonic()
+        ensure_port_free("127.0.0.1", held, "cassandra (JMX)", "TRENDS_X", settle_s=10.0)
+        assert 0.9 < time.monotonic() - began < 9
