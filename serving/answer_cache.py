@@ -16,7 +16,11 @@ What a serving process keeps between requests is keyed by what makes it true, so
   lateness (final for their epoch): only the newer minutes are merged again, and only those whose count changed are
   read (:func:`answer`).
 
-Provenance is never cached: every answer describes the coverage read for it (freshness, stale and incomplete hours).
+A question whose rows are kept (a per-item series may be asked of them later), or asked with the cache off, is read
+whole and merged as its rows stream in. Either way :func:`answer` is the one way a question's rows are merged, and it
+goes one direction: the state of both layers, the plan, the cache or the reads, the merge.
+
+Provenance is never cached: every answer is described from the coverage read for it (:mod:`serving.provenance`).
 """
 
 from __future__ import annotations
@@ -41,13 +45,22 @@ logger = logging.getLogger(__name__)
 
 
 class RowSource(Protocol):
-    """What the cache's algorithm reads through: the view reader, which holds this cache.
+    """What the answer reads through: the view reader, which holds the caches.
 
     A protocol, so :mod:`serving.reader` and this module do not import each other.
     """
 
     settings: Settings
     speed_cache: RowCache | None
+    answers: AnswerCache | None
+
+    def recent_coverage(self, start: datetime, end: datetime, slice_: str) -> Coverage | None:
+        """Return the coverage of this window read moments ago (None: none that recent)."""
+        ...
+
+    def coverage(self, start: datetime, end: datetime, slice_: str) -> Coverage:
+        """Read the state of both layers over the window."""
+        ...
 
     def stream(
         self,
@@ -140,6 +153,84 @@ def speed_key(slice_: str, fields: frozenset[str], epoch: str, minute: datetime,
 Merge = tuple[list[Merged], frozenset[datetime]]  # each window merged, and the speed minutes answered as gaps
 
 
+class Answered(NamedTuple):
+    """A question's windows merged, with the coverage and the plans they were merged under.
+
+    :arg holes: speed minutes counted whose rows were missing or short (to be answered as gaps).
+    :arg rows: each window's rows, when the question kept them (else empty lists).
+    """
+
+    coverage: Coverage
+    plans: list[list[Span]]
+    merged: list[Merged]
+    holes: frozenset[datetime]
+    rows: list[list[Bucket]]
+
+
+def answer(reader: RowSource, question: Question, budget: ReadBudget | None, keep_rows: bool = False) -> Answered:
+    """Merge a question's windows: read the state of both layers, plan, answer from the cache or read, merge.
+
+    A state read moments ago (``serving.state_max_age_ms``) is enough to answer from the cache when nothing moved;
+    anything to read is planned on a coverage read anew. With ``keep_rows`` (or the cache off) every row of the plan
+    is read and merged as it streams in.
+    """
+    lo, hi = min(w[0] for w in question.windows), max(w[1] for w in question.windows)
+    cache = reader.answers if not keep_rows else None
+    recent = reader.recent_coverage(lo, hi, question.slice) if cache is not None else None
+    none: list[list[Bucket]] = [[] for _ in question.windows]
+    if cache is not None and recent is not None:
+        plans = [recent.plan(start, end, question.coarsest) for start, end in question.windows]
+        hit = lookup(cache, question, plans, recent, budget)
+        if hit is not None:
+            return Answered(recent, plans, hit[0], hit[1], none)
+    cov = reader.coverage(lo, hi, question.slice)
+    plans = [cov.plan(start, end, question.coarsest) for start, end in question.windows]
+    if cache is None:
+        return _read_whole(reader, question, plans, cov, keep_rows, budget)
+    merged, holes = _cached(reader, cache, question, plans, cov, budget)
+    return Answered(cov, plans, merged, holes, none)
+
+
+def _read_whole(
+    reader: RowSource,
+    question: Question,
+    plans: list[list[Span]],
+    cov: Coverage,
+    keep_rows: bool,
+    budget: ReadBudget | None,
+) -> Answered:
+    """Read every row of the plans and merge them as they stream in (no answer cache, or the rows are kept)."""
+    step = RESOLUTIONS[question.coarsest]
+    merged = [Merged(step, question.item) for _ in question.windows]
+    kept: list[list[Bucket]] = [[] for _ in question.windows]
+    found: set[datetime] = set()
+    holes: set[datetime] = set()  # speed rows holding fewer events than the speed layer counted there, or none
+    spans = [s for spans in plans for s in spans]
+    for bucket in reader.stream(spans, question.slice, question.fields, budget, runs=cov.runs):
+        if bucket.layer == "speed":
+            found.add(bucket.start)
+            if bucket.events < cov.speed.expected(bucket.start):
+                holes.add(bucket.start)
+                continue
+        for i, (start, end) in enumerate(question.windows):
+            if start <= bucket.start < end:
+                merged[i].add(bucket)
+                if keep_rows:
+                    kept[i].append(bucket)
+                break
+    speed_spans = [s for s in spans if s.layer == "speed"]
+    for (epoch, minute), events in cov.speed.counted.items():  # counted, in a speed span, owned, and no row read
+        if events > 0 and minute not in found and any(s.start <= minute < s.end for s in speed_spans):
+            owner = cov.speed.owner(minute)
+            if owner is not None and owner.id == epoch:
+                holes.add(minute)
+    if holes:
+        logger.warning(
+            "%d speed minute(s) counted by the speed layer have no (whole) row: answered as gaps", len(holes)
+        )
+    return Answered(cov, plans, merged, frozenset(holes), kept)
+
+
 def lookup(
     cache: AnswerCache, question: Question, plans: list[list[Span]], cov: Coverage, budget: ReadBudget | None
 ) -> Merge | None:
@@ -153,7 +244,7 @@ def lookup(
     return before.merged, before.holes
 
 
-def answer(
+def _cached(
     reader: RowSource,
     cache: AnswerCache,
     question: Question,

@@ -22,8 +22,9 @@ from typing import Any
 import datasketches as ds
 
 from serving.plan import RESOLUTIONS
+from serving.provenance import Provenance
 from serving.reader import SKETCH_FIELDS
-from serving.window import Provenance, Window
+from serving.window import Window
 from views import sketches
 from views.buckets import floor
 

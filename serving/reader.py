@@ -2,7 +2,7 @@
 
 All statements are prepared once per reader and bound; every read uses the read consistency profile. A reader
 holds one session, its statements and its caches, and no state of a request: the API keeps one for its lifetime and
-every request uses it. The read path goes one way (:func:`serving.window.load_many` drives it):
+every request uses it. The read path goes one way (:func:`serving.answer_cache.answer` drives it):
 :meth:`ViewReader.coverage` reads the state of both layers (with the current run of every hour of the window),
 :func:`serving.plan.plan` splits the window, :meth:`ViewReader.stream` reads the rows of the plan's spans under the
 runs of that same coverage (scheduled by :mod:`serving.read_schedule`), and :mod:`serving.merge` merges them.
@@ -25,7 +25,6 @@ from datetime import UTC, date, datetime
 from time import monotonic
 from typing import TYPE_CHECKING, Any
 
-from infra.cassandra import READ_PROFILE
 from infra.service_settings import CassandraSettings
 from infra.settings import Settings
 from serving.answer_cache import AnswerCache
@@ -34,13 +33,13 @@ from serving.budget import ReadBudget
 from serving.lru import RowCache
 from serving.plan import Coverage, Span, SpeedCoverage
 from serving.read_schedule import ReadSchedule
-from views.buckets import HOUR, as_date, days_between, floor, month_key, utc
+from views.buckets import HOUR, as_date, days_between, floor, month_key
 from views.store import cql
 from views.store.batch import BatchRows
 from views.store.losses import LossStore, decode_loss
 from views.store.pointers import PointerStore, decode_pointers, decode_stale, decode_watermark, fingerprint_of
-from views.store.rows import Request
-from views.store.speed import Epoch, SpeedRows, decode_counts, decode_epochs, decode_hours
+from views.store.rows import read_many
+from views.store.speed import SpeedRows, decode_epochs, decode_freshness
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -165,11 +164,6 @@ class ViewReader:
         """Read one row of the watermark table (readiness); raise the driver's error when Cassandra cannot."""
         self.pointer_store.ping(timeout)
 
-    def _exec_many(self, requests: list[Request]) -> list[list[Any]]:
-        """Run reads concurrently (one round trip of latency instead of one per read); results in order."""
-        futures = [self.sess.execute_async(stmt, params, execution_profile=READ_PROFILE) for stmt, params in requests]
-        return [list(f.result()) for f in futures]
-
     def pointers(self, day: date) -> dict[datetime, uuid.UUID]:
         """Return the current batch run per completed hour of a day (read now)."""
         return self.read_pointers([day])[0][day]
@@ -181,7 +175,7 @@ class ViewReader:
         wanted = sorted(set(days))
         runs: dict[date, dict[datetime, uuid.UUID]] = {}
         indexed: dict[datetime, int | None] = {}
-        rows = self._exec_many([self.pointer_store.pointers_request(d) for d in wanted])
+        rows = read_many(self.sess, [self.pointer_store.pointers_request(d) for d in wanted])
         for day, day_rows in zip(wanted, rows, strict=True):
             pointers = decode_pointers(day_rows)
             runs[day] = {h: p.run_id for h, p in pointers.items()}
@@ -204,7 +198,8 @@ class ViewReader:
 
         One round of concurrent reads (the watermark, the speed progress and epochs, the hour pointers of the
         window's days, the daily rollups' fingerprints of its months), then one more for the speed coverage of the
-        part of the window at or above the boundary.
+        part of the window at or above the boundary. Decoded store by store: the batch pointers, the losses, the
+        speed layer's state.
         """
         began = monotonic()  # the state read is as old as its start (a slow read must not look fresh)
         days = days_between(start, end)
@@ -213,31 +208,31 @@ class ViewReader:
             months.setdefault(month_key(day), []).append(day)
         query = self.settings.speed.query_name
         topic = self.settings.kafka.events_topic
-        rows = self._exec_many(
+        rows = read_many(
+            self.sess,
             [
                 self.pointer_store.watermark_request(),
-                self.speed_rows.progress_request(query),
                 self.pointer_store.stale_request(topic, floor(start, HOUR), end),
-                self.speed_rows.epochs_request(query),
-                self.loss_store.losses_request(topic),
                 *(self.pointer_store.pointers_request(d) for d in days),
                 *(self.batch_rows.fingerprints_request(slice_, m) for m in months),
-            ]
+                self.loss_store.losses_request(topic),
+                self.speed_rows.progress_request(query),
+                self.speed_rows.epochs_request(query),
+            ],
         )
-        mark_rows, prog_rows, stale_rows, epoch_rows, loss_rows = rows[:5]
-        rest = rows[5:]
-        losses = [decode_loss(topic, r) for r in loss_rows]
-        incomplete = self.loss_store.incomplete(topic, start, end, losses) if losses else {}
+        mark_rows, stale_rows = rows[:2]
+        pointer_rows, rollup_rows = rows[2 : 2 + len(days)], rows[2 + len(days) : -3]
+        loss_rows, prog_rows, epoch_rows = rows[-3:]
+        # the batch view: the watermark, each hour's run, the current daily rollups, stale hours
         mark = decode_watermark(mark_rows[0] if mark_rows else None)
-        speed = self._speed_coverage(start, end, slice_, mark.boundary, decode_epochs(epoch_rows))
         runs: dict[date, dict[datetime, uuid.UUID]] = {}
         indexed: dict[datetime, int | None] = {}
-        for day, pointer_rows in zip(days, rest[: len(days)], strict=True):
-            pointers = decode_pointers(pointer_rows)
+        for day, day_rows in zip(days, pointer_rows, strict=True):
+            pointers = decode_pointers(day_rows)
             runs[day] = {h: p.run_id for h, p in pointers.items()}
             indexed.update({h: p.indexed for h, p in pointers.items()})
         current: set[date] = set()
-        for month_days, rollups in zip(months.values(), rest[len(days) :], strict=True):
+        for month_days, rollups in zip(months.values(), rollup_rows, strict=True):
             wanted = set(month_days)
             for r in rollups:
                 day = as_date(r.day)
@@ -246,14 +241,20 @@ class ViewReader:
         hours: set[datetime] = set()
         for day in days:
             hours |= set(runs[day])
-        prog = prog_rows[0] if prog_rows else None
         stale = {}
         for hour, records in decode_stale(stale_rows).items():  # stale while the index holds more than its run read
             read = indexed.get(hour)
             if hour in hours and read is not None and records > read:
                 stale[hour] = records - read
+        # records lost before they were indexed
+        losses = [decode_loss(topic, r) for r in loss_rows]
+        incomplete = self.loss_store.incomplete(topic, start, end, losses) if losses else {}
+        # the speed view: its freshness, its epochs and what they counted
+        newest, updated = decode_freshness(prog_rows)
+        epochs = decode_epochs(epoch_rows)
+        kept, counted = self.speed_rows.counted(query, slice_, start, end, mark.boundary, epochs)
         cov = Coverage(
-            speed=speed,
+            speed=SpeedCoverage(tuple(epochs), kept, counted, datetime.now(UTC)),
             stale=stale,
             incomplete=incomplete,
             boundary=mark.boundary,
@@ -261,40 +262,13 @@ class ViewReader:
             batch_low=mark.low,
             batch_hours=hours,
             current_days=current,
-            speed_newest_event=utc(prog.newest_event_ts) if prog else None,
-            speed_updated_at=utc(prog.updated_at) if prog else None,
+            speed_newest_event=newest,
+            speed_updated_at=updated,
             runs=runs,
         )
         if self.settings.serving.state_max_age_ms > 0:
             self._recent.keep((start, end, slice_), began, cov)
         return cov
-
-    def _speed_coverage(
-        self, start: datetime, end: datetime, slice_: str, boundary: datetime | None, epochs: list[Epoch]
-    ) -> SpeedCoverage:
-        """Read what the speed layer counted in the part of the window it may serve (a second round of reads).
-
-        Only from the boundary on, and only where an epoch has read: speed rows expire by the time they were
-        written, not by their event time, so no other bound is safe.
-        """
-        now = datetime.now(UTC)
-        lo = start if boundary is None else max(start, boundary)
-        firsts = [e.covered_from for e in epochs]
-        if epochs and None not in firsts:
-            lo = max(lo, min(t for t in firsts if t is not None))
-        hi = min(end, max((e.seen_until for e in epochs if e.seen_until is not None), default=lo))
-        if lo >= hi:
-            return SpeedCoverage(tuple(epochs), now=now)
-        lo = floor(lo, HOUR)
-        query = self.settings.speed.query_name
-        hour_reqs = self.speed_rows.hours_requests(query, lo, hi)
-        rows = self._exec_many([*hour_reqs, *self.speed_rows.counts_requests(query, slice_, lo, hi)])
-        return SpeedCoverage(
-            tuple(epochs),
-            {(k.hour, k.epoch): k.kept_until for day in rows[: len(hour_reqs)] for k in decode_hours(day)},
-            {key: n for day in rows[len(hour_reqs) :] for key, n in decode_counts(day).items()},
-            now,
-        )
 
     def read(
         self,

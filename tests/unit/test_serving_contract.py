@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from infra.settings import Settings
-from serving import api, queries, window
+from serving import api, provenance, queries, window
 from serving.bucket import Bucket
 from serving.errors import CassandraUnavailableError
 from serving.merge import Merged
@@ -125,7 +125,7 @@ def _items_window(start: datetime, counts: dict[str, int], lg_max: int = 3) -> w
     b = Bucket(start, "minute", "speed", sum(counts.values()), b"", b"", bytes(fi.serialize()))
     cov = Coverage(None, False, None, set(), set(), None, None)
     end = start + timedelta(minutes=1)
-    w = window.Window(start, end, "*", window.Provenance.of([Span(start, end, "speed", "minute")], cov),
+    w = window.Window(start, end, "*", provenance.Provenance.of([Span(start, end, "speed", "minute")], cov),
                        Merged(timedelta(days=1)))  # fmt: skip
     w.merged.add(b)
     return w

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from infra.cassandra import READ_PROFILE, WRITE_PROFILE
 from infra.settings import Settings
-from views.buckets import HOUR, day_key, days_between, utc
+from views.buckets import HOUR, day_key, days_between, floor, utc
 from views.store import cql
-from views.store.rows import Request
+from views.store.rows import Request, read_many
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -111,6 +111,12 @@ def decode_counts(rows: Iterable[Any]) -> dict[tuple[str, datetime], int]:
             assert m is not None  # noqa: S101 - a map key is never null
             out[(r.epoch, m)] = int(events)
     return out
+
+
+def decode_freshness(rows: Iterable[Any]) -> tuple[datetime | None, datetime | None]:
+    """Turn the rows of :meth:`SpeedRows.progress_request` into (newest event written, last update)."""
+    row = next(iter(rows), None)
+    return (utc(row.newest_event_ts), utc(row.updated_at)) if row else (None, None)
 
 
 class SpeedRows:
@@ -282,3 +288,28 @@ class SpeedRows:
     def counts_requests(self, query: str, slice_: str, start: datetime, end: datetime) -> list[Request]:
         """Return the reads of a slice's counted minutes in ``[start, end)`` (one per day; :func:`decode_counts`)."""
         return [(self._stmt(cql.SELECT_COUNTS), (query, slice_, d, start, end)) for d in days_between(start, end)]
+
+    def counted(
+        self, query: str, slice_: str, start: datetime, end: datetime, boundary: datetime | None, epochs: list[Epoch]
+    ) -> tuple[dict[tuple[datetime, str], datetime | None], dict[tuple[str, datetime], int]]:
+        """Read what the query counted in the part of ``[start, end)`` it may serve: its hours kept, minutes counted.
+
+        Only from the boundary on, and only where an epoch has read: speed rows expire by the time they were
+        written, not by their event time, so no other bound is safe. One round of concurrent reads (none when
+        nothing of the window is the speed layer's).
+
+        :returns: ``(hour, epoch) -> kept until`` and ``(epoch, minute) -> events counted`` for the slice.
+        """
+        lo = start if boundary is None else max(start, boundary)
+        firsts = [e.covered_from for e in epochs]
+        if epochs and None not in firsts:
+            lo = max(lo, min(t for t in firsts if t is not None))
+        hi = min(end, max((e.seen_until for e in epochs if e.seen_until is not None), default=lo))
+        if lo >= hi:
+            return {}, {}
+        lo = floor(lo, HOUR)
+        hour_reqs = self.hours_requests(query, lo, hi)
+        rows = read_many(self.sess, [*hour_reqs, *self.counts_requests(query, slice_, lo, hi)])
+        kept = {(k.hour, k.epoch): k.kept_until for day in rows[: len(hour_reqs)] for k in decode_hours(day)}
+        counts = {key: n for day in rows[len(hour_reqs) :] for key, n in decode_counts(day).items()}
+        return kept, counts
