@@ -46,9 +46,17 @@ def horizon_of(states: Iterable[PartitionState], now: datetime, idle_after: time
     return Horizon(rule.closed_at, rule.held_by, rule.idle, {s.partition: s.max_ts for s in states})
 
 
-def horizon(settings: Settings, topic: str | None = None, now: datetime | None = None) -> Horizon:
-    """Return the topic's horizon from the index checkpoint (index first for a fresh one)."""
+def horizon(
+    settings: Settings, topic: str | None = None, now: datetime | None = None, store: IndexStore | None = None
+) -> Horizon:
+    """Return the topic's horizon from the index checkpoint (index first for a fresh one).
+
+    :arg store: the index's store on the caller's session; None opens a session to read it.
+    """
     topic = topic or settings.kafka.events_topic
-    with session(settings) as sess:
-        states = IndexStore(settings, sess).states(topic)
+    if store is not None:
+        states = store.states(topic)
+    else:
+        with session(settings) as sess:
+            states = IndexStore(settings, sess).states(topic)
     return horizon_of(states.values(), now or datetime.now(UTC), timedelta(seconds=settings.batch.idle_partition_s))

@@ -20,6 +20,7 @@ counted apart (``untimed``). The consumer never resets silently to the end when 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -214,11 +215,15 @@ def run_index(
     topic: str | None = None,
     progress: Callable[[IndexResult], None] | None = None,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    store: IndexStore | None = None,
 ) -> IndexResult:
     """Index the topic's records from the checkpoint up to the end the partitions had when the pass started.
 
     Records removed before they were indexed are recorded as losses (:mod:`views.store.losses`); when retention
     removes offsets under a running pass, what was read is checkpointed and a new pass records the gap.
+
+    :arg store: the index's store on the caller's Cassandra session (a recompute indexes, plans and loads on one);
+        None opens a session for the pass.
     """
     topic = topic or settings.kafka.events_topic
     t0 = time.monotonic()
@@ -227,8 +232,10 @@ def run_index(
         consumer = kafka_topic.index_consumer(settings)
         try:
             partitions = kafka_topic.partitions(consumer, topic)
-            with session(settings) as sess:
-                one = IndexPass(settings, IndexStore(settings, sess), consumer, topic)
+            with contextlib.ExitStack() as stack:
+                if store is None:
+                    store = IndexStore(settings, stack.enter_context(session(settings)))
+                one = IndexPass(settings, store, consumer, topic)
                 one.start(partitions, now)
                 try:
                     one.consume(now, progress)

@@ -64,14 +64,14 @@ def run(
     if not hours:
         return []
     topic = settings.kafka.events_topic
-    if index_first:
-        run_index(settings)
-    if not force:
-        offsets.check_closed(horizon.horizon(settings), hours[-1] + HOUR, settings)
     t0 = time.monotonic()
     results: list[RunResult] = []
-    with session(settings) as sess:
+    with session(settings) as sess:  # one session for indexing, planning and loading
         idx, store = IndexStore(settings, sess), BatchStore(settings, sess)
+        if index_first:
+            run_index(settings, store=idx)
+        if not force:
+            offsets.check_closed(horizon.horizon(settings, store=idx), hours[-1] + HOUR, settings)
         incomplete = offsets.accepted_or_refused(store.losses, topic, hours, accept_loss)
         totals = idx.hour_totals(topic, {h.date() for h in hours})
         records = {h: totals.get(h, (0, 0))[0] for h in hours}

@@ -26,8 +26,10 @@ logger = logging.getLogger(__name__)
 
 def hour_closed(settings: Settings, end: datetime) -> bool:
     """Index new records, then tell whether every active partition has passed ``end`` + grace (the sensor's poke)."""
-    run_index(settings)
-    return offsets.is_closed(horizon.horizon(settings), end, settings)
+    with session(settings) as sess:
+        idx = IndexStore(settings, sess)
+        run_index(settings, store=idx)
+        return offsets.is_closed(horizon.horizon(settings, store=idx), end, settings)
 
 
 def advance(settings: Settings, hint: datetime) -> tuple[datetime | None, datetime | None]:
@@ -98,11 +100,11 @@ def backfill_chunks(
     :raises offsets.LossNotAcceptedError: when some hour is incomplete and ``accept_loss`` is not given.
     """
     hours = list(hours_between(start, end))
-    run_index(settings)
-    offsets.check_closed(horizon.horizon(settings), hours[-1] + HOUR, settings)
     topic = settings.kafka.events_topic
     with session(settings) as sess:
         idx, pointers = IndexStore(settings, sess), PointerStore(settings, sess)
+        run_index(settings, store=idx)
+        offsets.check_closed(horizon.horizon(settings, store=idx), hours[-1] + HOUR, settings)
         days = sorted({h.date() for h in hours})
         if only_missing:
             done = {h for d in days for h in pointers.runs(d)}
