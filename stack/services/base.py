@@ -313,13 +313,18 @@ class Service(ABC):
 class LoopbackProcess(Service):
     """A server of the tools this machine runs (Spark's daemons, Prometheus, the pipeline's commands).
 
-    It binds to loopback, and its own output is its log.
+    It binds to loopback, and its own output is its log. It starts in seconds (Spark's daemons say otherwise).
     """
 
     @property
     @override
     def host(self) -> str:
         return "127.0.0.1"
+
+    @property
+    @override
+    def start_timeout(self) -> float:
+        return self.settings.stack.pipeline_start_timeout_s
 
     @property
     @override

@@ -38,11 +38,6 @@ class PipelineService(LoopbackProcess):
         """Return the private folder of the secrets this process is given."""
         return self.home / "secrets"
 
-    @property
-    @override
-    def start_timeout(self) -> float:
-        return self.settings.stack.pipeline_start_timeout_s
-
     @override
     def render_config(self) -> Path:
         env = self.home / "conf" / "settings.env"

@@ -106,11 +106,6 @@ class PrometheusService(LoopbackProcess):
         return self.settings.metrics.prometheus_port
 
     @property
-    @override
-    def start_timeout(self) -> float:
-        return self.settings.stack.pipeline_start_timeout_s
-
-    @property
     def url(self) -> str:
         """Return the server's base URL (UI and HTTP API)."""
         return f"http://{self.host}:{self.client_port}"

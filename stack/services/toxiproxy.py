@@ -39,11 +39,6 @@ class ToxiproxyService(LoopbackProcess):
         return self.port
 
     @property
-    @override
-    def start_timeout(self) -> float:
-        return self.settings.stack.pipeline_start_timeout_s
-
-    @property
     def url(self) -> str:
         """Return the HTTP API's base URL."""
         return f"http://{self.host}:{self.client_port}"

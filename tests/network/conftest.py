@@ -9,9 +9,7 @@ printed at the end and written to ``artifacts/network.md``. Toxics are removed a
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,64 +18,20 @@ import pytest
 from infra import topics
 from infra.settings import Settings
 from stack.services.base import find_java
-from stack.services.kafka import Kafka
 from stack.services.toxiproxy import ToxiproxyService
-from stack.toxiproxy import Toxiproxy
 from tests.helpers import free_port
-from tests.reliability.conftest import Pipeline, pipeline  # noqa: F401 - the reliability suite's harness, reused
-
-
-@dataclass(frozen=True)
-class Row:
-    """One case of the table."""
-
-    link: str
-    fault: str
-    behaviour: str
-    recovery: str
-    counts: str
-    ok: bool
-
-
-ROWS: list[Row] = []
+from tests.network import table
+from tests.network.proxies import KAFKA_PROXY, SPEED_CASSANDRA_PROXY, ProxiedKafka, Proxies
+from tests.pipeline import Pipeline, private_pipeline
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if not ROWS:
+    if not table.ROWS:
         return
-    lines = [
-        "| link | fault | what the component did | recovery after healing | counts after | result |",
-        "|---|---|---|---:|---|---|",
-    ]
-    lines += [
-        f"| {r.link} | {r.fault} | {r.behaviour} | {r.recovery} | {r.counts} | {'PASS' if r.ok else 'FAIL'} |"
-        for r in ROWS
-    ]
     terminalreporter.write_sep("=", "network faults")
-    for line in lines:
+    for line in table.lines():
         terminalreporter.write_line(line)
-    out = Path(__file__).resolve().parents[2] / "artifacts"
-    out.mkdir(exist_ok=True)
-    (out / "network.md").write_text("\n".join(lines) + "\n")
-
-
-def record(link: str, fault: str, behaviour: str, recovery_s: float | None, counts: str, ok: bool) -> None:
-    """Add a row to the table (before the case's assertions, so a failure shows its figures too)."""
-    recovery = "never" if recovery_s is None else f"{recovery_s:.1f} s"
-    ROWS.append(Row(link, fault, behaviour, recovery, counts, ok))
-
-
-@dataclass
-class Proxies:
-    """The session's Toxiproxy server: its API, and proxies made on free loopback ports."""
-
-    api: Toxiproxy
-
-    def front(self, name: str, upstream: str) -> int:
-        """Put a proxy named ``name`` in front of ``upstream`` (host:port); return the port it listens on."""
-        port = free_port()
-        self.api.create(name, f"127.0.0.1:{port}", upstream)
-        return port
+    table.write()
 
 
 @pytest.fixture(scope="session")
@@ -100,27 +54,11 @@ def _healthy_network(request: pytest.FixtureRequest) -> Iterator[None]:
         request.getfixturevalue("proxies").api.reset()
 
 
-class ProxiedKafka(Kafka):
-    """A private one-node Kafka whose advertised listener is a proxy in front of it.
-
-    Kafka clients bootstrap, then connect to the address the broker advertises: a proxy in front of a broker that
-    advertises itself would be bypassed after the first request. Only the ``advertised.listeners`` line differs from
-    the stack's broker; the broker still binds and checks its readiness on its own port.
-    """
-
-    def __init__(self, settings: Settings, advertised_port: int) -> None:
-        super().__init__(settings)
-        self.advertised_port = advertised_port
-
-    def listener_config(self) -> str:
-        own = f"advertised.listeners=PLAINTEXT://{self.host}:{self.client_port}"
-        text = super().listener_config()
-        assert own in text, "the proxied broker runs PLAINTEXT on loopback only"
-        return text.replace(own, f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.advertised_port}")
-
-
-KAFKA_PROXY = "kafka"
-SPEED_CASSANDRA_PROXY = "speed-cassandra"
+@pytest.fixture
+def pipeline(stack_up: Settings, tmp_path: Path) -> Iterator[Pipeline]:
+    """A private pipeline (:mod:`tests.pipeline`), as the reliability suite's cases have."""
+    with private_pipeline(stack_up, tmp_path) as p:
+        yield p
 
 
 @pytest.fixture
@@ -164,13 +102,3 @@ def proxied_kafka(settings: Settings, proxies: Proxies, tmp_path_factory: pytest
         yield via_proxy
     finally:
         broker.stop()
-
-
-def wait_until(check: Any, timeout_s: float, poll_s: float = 0.5) -> float | None:
-    """Call ``check()`` until it is true; return the seconds it took, or None when the time ran out."""
-    began = time.monotonic()
-    while time.monotonic() - began < timeout_s:
-        if check():
-            return time.monotonic() - began
-        time.sleep(poll_s)
-    return None

@@ -28,7 +28,8 @@ from infra.cassandra import session
 from infra.settings import Settings
 from stack.toxiproxy import Toxiproxy
 from tests.helpers import serve
-from tests.network.conftest import Proxies, record, wait_until
+from tests.network.proxies import Proxies, wait_until
+from tests.network.table import record
 from views.event import Event
 
 pytestmark = [pytest.mark.network, pytest.mark.services, pytest.mark.spark]

@@ -28,8 +28,9 @@ from infra import topics
 from infra.settings import Settings
 from infra.settings_env import to_env
 from stack.toxiproxy import Toxiproxy
-from tests.network.conftest import KAFKA_PROXY, Proxies, record
-from tests.reliability.conftest import read_topic
+from tests.network.proxies import KAFKA_PROXY, Proxies
+from tests.network.table import record
+from tests.pipeline import read_topic
 from views.event import Event
 
 pytestmark = [pytest.mark.network, pytest.mark.services]

@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 from stack.toxiproxy import Toxiproxy
-from tests.network.conftest import SPEED_CASSANDRA_PROXY, Pipeline, Proxies, record, wait_until
+from tests.network.proxies import SPEED_CASSANDRA_PROXY, Proxies, wait_until
+from tests.network.table import record
+from tests.pipeline import Pipeline
 
 pytestmark = [pytest.mark.network, pytest.mark.services, pytest.mark.spark, pytest.mark.timeout(1200)]
 

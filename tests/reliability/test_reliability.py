@@ -26,7 +26,8 @@ from ingestion.dlq import read_dead_letters
 from serving.api import create_app
 from stack import control
 from tests.helpers import BAD_REQUESTS
-from tests.reliability.conftest import HOUR, Pipeline, read_topic, record
+from tests.pipeline import HOUR, Pipeline, read_topic
+from tests.reliability.table import record
 from views.event import Event
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(1200)]
