@@ -32,7 +32,7 @@ from infra.settings import Settings
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
-    from batch_layer.horizon import Horizon
+    from views.store.index import Horizon
     from views.store.pointers import Watermark
 
 logger = logging.getLogger(__name__)
@@ -223,8 +223,8 @@ class BatchReader:
 
         :raises Exception: whatever the driver raises; the collector reports it as ``trends_batch_up 0``.
         """
-        from batch_layer.horizon import horizon_of  # noqa: PLC0415
         from views.buckets import DAY, HOUR, closed_until, days_between, floor  # noqa: PLC0415
+        from views.store.index import index_horizon  # noqa: PLC0415
 
         try:
             pointers, index, losses, checks = self._open()
@@ -233,7 +233,7 @@ class BatchReader:
             now = datetime.now(UTC)
             wm = pointers.watermark()
             states = index.states(topic)
-            hz = horizon_of(states.values(), now, timedelta(seconds=cfg.batch.idle_partition_s))
+            hz = index_horizon(states.values(), now, timedelta(seconds=cfg.batch.idle_partition_s))
             closed = closed_until(hz.closed_at, cfg)
             stale = len(index.stale(topic))
             missing = pending = None

@@ -8,7 +8,7 @@ Three refusals, never a silent partial result:
 
 * **not closed** — the hours' end is closed when every *active* partition's newest record time (as the index
   saw it) has passed ``end + grace`` (the one closed-hour rule, :func:`views.buckets.is_closed`); idle partitions
-  do not hold it back (:func:`batch_layer.horizon.horizon_of`).
+  do not hold it back (:func:`views.store.index.index_horizon`).
 * **data lost** — a range begins before the oldest offset retention kept: records the hours need are gone.
 * **incomplete** — records removed before the index read them may belong to the hours
   (:mod:`views.store.losses`), unless the operator accepts the loss.
@@ -24,12 +24,11 @@ from datetime import datetime
 from typing import Any
 
 from batch_layer import kafka_topic
-from batch_layer.horizon import Horizon
 from infra.errors import TrendsError
 from infra.settings import Settings
 from views import buckets
 from views.buckets import HOUR
-from views.store.index import IndexStore, OffsetSpan
+from views.store.index import Horizon, IndexStore, OffsetSpan
 from views.store.losses import Loss, LossStore
 
 logger = logging.getLogger(__name__)

@@ -10,9 +10,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from batch_layer.exporter import METRICS, AirflowState, BatchCollector, BatchState, hours_without_run
-from batch_layer.horizon import Horizon
 from infra.settings import Settings
 from views.buckets import HOUR
+from views.store.index import Horizon
 from views.store.pointers import Watermark
 
 NOW = datetime(2026, 5, 3, 12, 20, tzinfo=UTC)

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from batch_layer.horizon import horizon_of
 from serving import params
 from serving.console import MAX_HOURS, SpeedMinute, backfill_progress, hour_range, segments_of
 from views.buckets import HOUR, MINUTE
@@ -48,11 +47,11 @@ Part = tuple[int, datetime | None, datetime | None]  # partition, newest record 
 
 
 def both_horizons(parts: list[Part], idle: timedelta) -> list[tuple[datetime | None, int | None, tuple[int, ...]]]:
-    """Return the console's horizon (views.store.index) and the indexer's (batch_layer.horizon) of ``parts``."""
+    """Return the horizon of ``parts`` as the console reads them (index rows) and as the indexer holds them (states)."""
     ours = index_horizon([IndexedPartition(p, 0, max_ts, seen, None) for p, max_ts, seen in parts], NOW, idle)
     states = [PartitionState(p, 0, None if max_ts is None else dt_to_ms(max_ts), seen) for p, max_ts, seen in parts]
-    theirs = horizon_of(states, NOW, idle)
-    assert theirs.newest == {p: max_ts for p, max_ts, _ in parts}
+    theirs = index_horizon(states, NOW, idle)
+    assert ours.newest == theirs.newest == {p: max_ts for p, max_ts, _ in parts}
     return [(h.closed_at, h.held_by, h.idle) for h in (ours, theirs)]
 
 

@@ -108,12 +108,24 @@ class IndexedPartition:
 
 
 @dataclass(frozen=True)
-class IndexHorizon:
-    """The time every partition still receiving records has passed, and the partition holding it back."""
+class Horizon:
+    """How far event time has moved on in the topic, as the index saw it.
+
+    The time every partition still receiving records has passed, the partition holding it back, the idle ones, and
+    each partition's newest record.
+    """
 
     closed_at: datetime | None
     held_by: int | None  # None: no active partition (all idle, or nothing indexed)
     idle: tuple[int, ...]
+    newest: dict[int, datetime | None] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """Return a line for status output."""
+        idle = f"; idle partitions (ignored): {', '.join(map(str, self.idle))}" if self.idle else ""
+        held = f"held back by partition {self.held_by}" if self.held_by is not None else "no active partition"
+        shown = self.closed_at.isoformat() if self.closed_at else "no events indexed"
+        return f"event time closed up to {shown} ({held}{idle})"
 
 
 def decode_index_state(rows: Iterable[Any]) -> list[IndexedPartition]:
@@ -132,13 +144,17 @@ def read_index_state(settings: Settings, sess: Session, topic: str) -> list[Inde
     return decode_index_state(sess.execute(stmt, (topic,), execution_profile=READ_PROFILE))
 
 
-def index_horizon(parts: Iterable[PartitionProgress], now: datetime, idle_after: timedelta) -> IndexHorizon:
+def index_horizon(parts: Iterable[PartitionProgress], now: datetime, idle_after: timedelta) -> Horizon:
     """Return the horizon: the oldest newest-record time of the partitions that got a record within ``idle_after``.
 
-    The one home of the rule (``batch_layer.horizon.horizon_of`` calls it): an idle partition does not hold the
-    horizon back; when every partition is idle the horizon is the newest record time or ``now - idle_after``,
-    whichever is later; it never runs ahead of ``now``.
+    The one home of the rule (the batch layer's closing check and serving's console use it): a partition without
+    a new record for longer than ``idle_after`` (wall time, as the indexer saw it) is idle and does not hold the
+    horizon back, as Flink's ``withIdleness`` does for watermarks; when every partition is idle the stream as a
+    whole is quiet and the horizon is the newest record time or ``now - idle_after``, whichever is later (an event
+    arriving after that is late, and the hour it belongs to turns stale and is recomputed); it never runs ahead of
+    ``now``.
     """
+    parts = list(parts)
     with_data = [p for p in parts if p.max_ts is not None]
     active = [p for p in with_data if p.last_record_at is not None and now - p.last_record_at <= idle_after]
     idle = tuple(sorted(p.partition for p in with_data if p not in active))
@@ -150,7 +166,7 @@ def index_horizon(parts: Iterable[PartitionProgress], now: datetime, idle_after:
         closed = max(*(p.max_ts for p in with_data if p.max_ts), now - idle_after)
     if closed is not None:
         closed = min(closed, now)
-    return IndexHorizon(closed, held_by, idle)
+    return Horizon(closed, held_by, idle, {p.partition: p.max_ts for p in parts})
 
 
 class IndexStore:
