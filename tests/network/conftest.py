@@ -21,7 +21,7 @@ from stack.services.base import find_java
 from stack.services.toxiproxy import ToxiproxyService
 from tests.helpers import free_port
 from tests.network import table
-from tests.network.proxies import KAFKA_PROXY, SPEED_CASSANDRA_PROXY, ProxiedKafka, Proxies
+from tests.network.proxies import KAFKA_PROXY, SPEED_CASSANDRA_PROXY, PrivateKafka, ProxiedKafka, Proxies
 from tests.pipeline import Pipeline, private_pipeline
 
 
@@ -76,13 +76,15 @@ def speed_via_proxy(request: pytest.FixtureRequest, proxies: Proxies) -> Pipelin
 
 
 @pytest.fixture(scope="module")
-def proxied_kafka(settings: Settings, proxies: Proxies, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
-    """Start a private broker (own ports and data dir) behind the proxy ``kafka``; yield settings pointing at the proxy.
+def private_kafka(
+    settings: Settings, proxies: Proxies, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PrivateKafka]:
+    """Start a private broker (own ports and data dir) with a listener behind the proxy ``kafka``.
 
     Its events topic has 4 partitions. The broker is stopped at the end; the shared stack is never touched.
     """
-    direct, controller = free_port(), free_port()
-    port = proxies.front(KAFKA_PROXY, f"127.0.0.1:{direct}")
+    direct, proxied, controller = free_port(), free_port(), free_port()
+    port = proxies.front(KAFKA_PROXY, f"127.0.0.1:{proxied}")
     own = settings.model_copy(
         update={
             "data_dir": tmp_path_factory.mktemp("kafka-net") / "data",
@@ -92,13 +94,29 @@ def proxied_kafka(settings: Settings, proxies: Proxies, tmp_path_factory: pytest
             "stack": settings.stack.model_copy(update={"kafka_controller_port": controller, "kafka_heap": "384m"}),
         }
     )
-    broker = ProxiedKafka(own, port)
+    broker = ProxiedKafka(own, proxied, port)
     broker.wait_ready(broker.start(find_java(own)))
     via_proxy = own.model_copy(
         update={"kafka": own.kafka.model_copy(update={"bootstrap_servers": f"127.0.0.1:{port}"})}
     )
     try:
-        topics.ensure_topics(via_proxy.kafka)
-        yield via_proxy
+        topics.ensure_topics(own.kafka)
+        yield PrivateKafka(own, via_proxy)
     finally:
         broker.stop()
+
+
+@pytest.fixture(scope="module")
+def proxied_kafka(private_kafka: PrivateKafka) -> Settings:
+    """Return settings whose every Kafka connection goes through the proxy ``kafka`` to the private broker."""
+    return private_kafka.via_proxy
+
+
+@pytest.fixture
+def kafka_pipeline(stack_up: Settings, private_kafka: PrivateKafka, tmp_path: Path) -> Iterator[Pipeline]:
+    """A private pipeline whose topic is on the private broker; it produces straight to the broker.
+
+    A test points the component under test at ``private_kafka.via_proxy.kafka``: only that link is degraded.
+    """
+    with private_pipeline(stack_up.model_copy(update={"kafka": private_kafka.direct.kafka}), tmp_path) as p:
+        yield p

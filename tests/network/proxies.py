@@ -29,22 +29,40 @@ class Proxies:
 
 
 class ProxiedKafka(Kafka):
-    """A private one-node Kafka whose advertised listener is a proxy in front of it.
+    """A private one-node Kafka with a second listener, ``PROXIED``, that advertises a proxy in front of it.
 
-    Kafka clients bootstrap, then connect to the address the broker advertises: a proxy in front of a broker that
-    advertises itself would be bypassed after the first request. Only the ``advertised.listeners`` line differs from
-    the stack's broker; the broker still binds and checks its readiness on its own port.
+    Kafka clients bootstrap, then connect to the address the broker advertises for the listener they reached: a
+    proxy in front of a broker that advertises itself would be bypassed after the first request. So a client
+    bootstrapped at the proxy is told the proxy (every byte of it goes through the toxics), while one bootstrapped
+    at the broker's own port is told that port: the producer of a case can feed the topic directly while the link
+    of the component under test is degraded. The broker binds and checks its readiness on its own port.
     """
 
-    def __init__(self, settings: Settings, advertised_port: int) -> None:
+    def __init__(self, settings: Settings, proxied_port: int, advertised_port: int) -> None:
         super().__init__(settings)
+        self.proxied_port = proxied_port
         self.advertised_port = advertised_port
 
     def listener_config(self) -> str:
-        own = f"advertised.listeners=PLAINTEXT://{self.host}:{self.client_port}"
-        text = super().listener_config()
-        assert own in text, "the proxied broker runs PLAINTEXT on loopback only"
-        return text.replace(own, f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.advertised_port}")
+        host, port, ctl = self.host, self.client_port, self.controller_port
+        assert not self.settings.stack.tls, "the proxied broker runs PLAINTEXT on loopback only"
+        assert self.settings.kafka.security_protocol == "PLAINTEXT", "the proxied broker runs PLAINTEXT only"
+        return "\n".join(
+            [
+                f"listeners=PLAINTEXT://{host}:{port},PROXIED://{host}:{self.proxied_port},CONTROLLER://{host}:{ctl}",
+                f"advertised.listeners=PLAINTEXT://{host}:{port},PROXIED://127.0.0.1:{self.advertised_port}",
+                "inter.broker.listener.name=PLAINTEXT",
+                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,PROXIED:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            ]
+        )
+
+
+@dataclass(frozen=True)
+class PrivateKafka:
+    """Settings for one private broker: straight to it, and through the proxy ``kafka`` in front of it."""
+
+    direct: Settings
+    via_proxy: Settings
 
 
 def wait_until(check: Any, timeout_s: float, poll_s: float = 0.5) -> float | None:
