@@ -21,7 +21,7 @@ help:
 	@echo "make test-install      pip install . (no extras, no Airflow) in .venv-core: ingest, speed, batch, serve work"
 	@echo "make test-tls          the pipeline over TLS and SASL_SSL on a private TLS stack (not part of make test)"
 	@echo "make test-network      network faults (latency, black hole, reset, bandwidth, slicer) through Toxiproxy between the components (not part of make test)"
-	@echo "make test-alerting     the alert rules (promtool) and a real Prometheus firing the watermark-lag alert"
+	@echo "make test-alerting     the alert rules (promtool) and a real Prometheus firing the watermark-lag alert (not part of make test)"
 	@echo "make gotools     build promtool, prometheus and toxiproxy from Go modules into ~/.cache/trends/bin (once, ~6 min)"
 	@echo "make lint        ruff check, ruff format --check, mypy, lint-imports (the layering contracts)"
 	@echo "make docs-check  build the docs site with mkdocs --strict (broken links, missing pages fail; part of make test)"
@@ -118,7 +118,8 @@ test-tls: setup
 
 # The shipped alert rules: promtool's check and unit tests, then a real Prometheus scraping the batch exporter.
 test-alerting: setup $(GOTOOLS)
-	$(BIN)/pytest tests/unit/test_alert_rules.py tests/services/test_alerting.py
+	$(BIN)/pytest tests/unit/test_alert_rules.py
+	$(BIN)/pytest -m alerting tests/services/test_alerting.py
 
 # Network faults between the components: a Toxiproxy server (built into the cache with the Go tools) in front of
 # Cassandra, a private Kafka broker and Airflow; each client pointed at its proxy by settings only. Writes

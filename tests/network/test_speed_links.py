@@ -10,13 +10,18 @@ stack's supervisor), with only the speed service's settings pointed at the proxy
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from infra.settings_env import to_env
 from stack.toxiproxy import Stream, Toxiproxy
 from tests.network.proxies import KAFKA_PROXY, SPEED_CASSANDRA_PROXY, PrivateKafka, Proxies, wait_until
 from tests.network.table import record
@@ -127,16 +132,31 @@ def _case(
         else f"job exits {exits}, {restarts} supervisor restarts"
         + (f"; log names {name}" if names_link else f"; NO log line naming {name}")
     )
+    # what an operator sees: the supervisor's restarts in `trends stack status`, the same count on /metrics
+    shown = subprocess.run(
+        [str(Path(sys.executable).parent / "trends"), "stack", "status"],
+        env={**os.environ, **to_env(p.speed_settings)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    ).stdout
+    speed_line = next((line for line in shown.splitlines() if line.startswith("speed ")), "")
+    status_ok = f"restarts {restarts}" in speed_line and "running" in speed_line
+    exported = speed.exported_restarts() if exits else 0
+    behaviour += f"; status shows restarts {restarts}" if status_ok else f"; status line: {speed_line!r}"
     p.close_window()
     try:
         p.final(spark, f"{link}: {fault}", events)
         batch_ok = True
     except AssertionError:
         batch_ok = False
-    ok = speed_count == N and batch_ok and (not exits or names_link)
+    ok = speed_count == N and batch_ok and (not exits or names_link) and status_ok and exported == restarts
     counts = f"speed {speed_count:,} of {N:,}; batch {'exact' if batch_ok else 'NOT exact'}"
     record(link, fault, behaviour, recovery, counts, ok)
     assert speed_count == N, f"the speed view counts {speed_count} of {N} (more: counted twice)"
     assert batch_ok, "the batch layer's answer is not exact"
     assert not exits or names_link, f"the job exited without a log line naming {name}"
+    assert status_ok, f"trends stack status does not show the speed service running with its restarts:\n{shown}"
+    assert exported == restarts, f"/metrics says {exported} restarts, the supervisor {restarts}"
     speed.running_job()  # the supervisor keeps the job coming back

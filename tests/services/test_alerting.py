@@ -34,6 +34,8 @@ from tests.helpers import free_port
 from views.buckets import HOUR, closed_until
 from views.store.pointers import PointerStore
 
+pytestmark = [pytest.mark.alerting]  # 2.5 min: make test-alerting, kept out of make test
+
 SHORT_FOR = "2s"
 
 
