@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from infra.settings import Settings
 from stack.services.kafka import Kafka
-from stack.toxiproxy import Toxiproxy
+from stack.toxiproxy import Stream, Toxiproxy
 from tests.helpers import free_port
 
 KAFKA_PROXY = "kafka"
@@ -73,3 +74,43 @@ def wait_until(check: Any, timeout_s: float, poll_s: float = 0.5) -> float | Non
             return time.monotonic() - began
         time.sleep(poll_s)
     return None
+
+
+Fault = tuple[str, Callable[[Toxiproxy], None], float]  # what the table calls it, how to inject it, for how long
+
+
+def five_faults(proxy: str, heavy: Stream) -> list[Fault]:
+    """The issue's five faults on one proxy, 30 s each (the black hole 60 s).
+
+    :arg heavy: the direction that carries the component's data (its writes upstream, its reads downstream), which
+        the bandwidth cap throttles.
+    """
+
+    def latency(api: Toxiproxy) -> None:
+        api.latency(proxy, 1000, 500)
+
+    def black_hole(api: Toxiproxy) -> None:
+        api.timeout(proxy, 0, stream="downstream")
+        api.timeout(proxy, 0, stream="upstream")
+
+    def reset_peer(api: Toxiproxy) -> None:
+        api.reset_peer(proxy, 0)
+
+    def bandwidth(api: Toxiproxy) -> None:
+        api.bandwidth(proxy, 10, stream=heavy)
+
+    def slicer(api: Toxiproxy) -> None:
+        api.slicer(proxy, 64, 32, 200)
+
+    return [
+        ("latency 1 s ± 500 ms, 30 s", latency, 30.0),
+        ("black hole (timeout toxic, both ways) 60 s", black_hole, 60.0),
+        ("reset_peer (every connection reset), 30 s", reset_peer, 30.0),
+        (f"bandwidth 10 KB/s ({heavy}), 30 s", bandwidth, 30.0),
+        ("slicer 64 ± 32 B every 200 µs, 30 s", slicer, 30.0),
+    ]
+
+
+def fault_ids(faults: list[Fault]) -> list[str]:
+    """Return the test ids of faults: the first word of each."""
+    return [f[0].split(" ")[0] for f in faults]

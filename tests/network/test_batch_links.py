@@ -27,8 +27,8 @@ import pytest
 from infra.cassandra import session
 from infra.settings import Settings
 from infra.settings_env import to_env
-from stack.toxiproxy import Stream, Toxiproxy
-from tests.network.proxies import KAFKA_PROXY, PrivateKafka, Proxies
+from stack.toxiproxy import Toxiproxy
+from tests.network.proxies import KAFKA_PROXY, PrivateKafka, Proxies, fault_ids, five_faults
 from tests.network.table import record
 from tests.pipeline import Pipeline, private_pipeline
 
@@ -38,42 +38,6 @@ N = 8_000
 CASSANDRA_PROXY = "batch-cassandra"
 MARKER = "indexed "  # the run's index line: what follows is planning, Spark's read and the load
 RUN_TIMEOUT_S = 900.0
-
-
-Fault = tuple[str, Callable[[Toxiproxy], None], float]
-
-
-def _faults(proxy: str, writes: bool) -> list[Fault]:
-    """The five faults on one proxy; ``writes``: the run mostly sends (the load), else it mostly receives (a read)."""
-    heavy: Stream = "upstream" if writes else "downstream"
-
-    def latency(api: Toxiproxy) -> None:
-        api.latency(proxy, 1000, 500)
-
-    def black_hole(api: Toxiproxy) -> None:
-        api.timeout(proxy, 0, stream="downstream")
-        api.timeout(proxy, 0, stream="upstream")
-
-    def reset_peer(api: Toxiproxy) -> None:
-        api.reset_peer(proxy, 0)
-
-    def bandwidth(api: Toxiproxy) -> None:
-        api.bandwidth(proxy, 10, stream=heavy)
-
-    def slicer(api: Toxiproxy) -> None:
-        api.slicer(proxy, 64, 32, 200)
-
-    return [
-        ("latency 1 s ± 500 ms, 30 s", latency, 30.0),
-        ("black hole (timeout toxic, both ways) 60 s", black_hole, 60.0),
-        ("reset_peer (every connection reset), 30 s", reset_peer, 30.0),
-        (f"bandwidth 10 KB/s ({heavy}), 30 s", bandwidth, 30.0),
-        ("slicer 64 ± 32 B every 200 µs, 30 s", slicer, 30.0),
-    ]
-
-
-def _ids(cases: list[Fault]) -> list[str]:
-    return [c[0].split(" ")[0] for c in cases]
 
 
 @pytest.fixture
@@ -180,11 +144,11 @@ def _case(
     assert exact, f"the answer is not exact after the run: {counts}"
 
 
-CASSANDRA_CASES = _faults(CASSANDRA_PROXY, writes=True)
-KAFKA_CASES = _faults(KAFKA_PROXY, writes=False)
+CASSANDRA_CASES = five_faults(CASSANDRA_PROXY, "upstream")
+KAFKA_CASES = five_faults(KAFKA_PROXY, "downstream")
 
 
-@pytest.mark.parametrize(("fault", "inject", "duration_s"), CASSANDRA_CASES, ids=_ids(CASSANDRA_CASES))
+@pytest.mark.parametrize(("fault", "inject", "duration_s"), CASSANDRA_CASES, ids=fault_ids(CASSANDRA_CASES))
 def test_batch_run_with_cassandra_under_fault(
     cassandra_link: tuple[Pipeline, Settings],
     proxies: Proxies,
@@ -197,7 +161,7 @@ def test_batch_run_with_cassandra_under_fault(
     _case(p, run_settings, proxies.api, CASSANDRA_PROXY, "Cassandra", fault, inject, duration_s, tmp_path)
 
 
-@pytest.mark.parametrize(("fault", "inject", "duration_s"), KAFKA_CASES, ids=_ids(KAFKA_CASES))
+@pytest.mark.parametrize(("fault", "inject", "duration_s"), KAFKA_CASES, ids=fault_ids(KAFKA_CASES))
 def test_batch_run_with_kafka_under_fault(
     kafka_link: tuple[Pipeline, Settings],
     proxies: Proxies,

@@ -22,8 +22,16 @@ from typing import Any
 import pytest
 
 from infra.settings_env import to_env
-from stack.toxiproxy import Stream, Toxiproxy
-from tests.network.proxies import KAFKA_PROXY, SPEED_CASSANDRA_PROXY, PrivateKafka, Proxies, wait_until
+from stack.toxiproxy import Toxiproxy
+from tests.network.proxies import (
+    KAFKA_PROXY,
+    SPEED_CASSANDRA_PROXY,
+    PrivateKafka,
+    Proxies,
+    fault_ids,
+    five_faults,
+    wait_until,
+)
 from tests.network.table import record
 from tests.pipeline import Pipeline
 
@@ -32,47 +40,11 @@ pytestmark = [pytest.mark.network, pytest.mark.services, pytest.mark.spark, pyte
 N = 10_000
 RATE = 1_000  # events/s: the stream goes on through the fault
 CATCH_UP_LIMIT_S = 420.0
-
-Fault = tuple[str, Callable[[Toxiproxy], None], float]
-
-
-def _faults(proxy: str, heavy: Stream) -> list[Fault]:
-    """The five faults on one proxy; ``heavy``: the direction that carries the job's data (its writes, its reads)."""
-
-    def latency(api: Toxiproxy) -> None:
-        api.latency(proxy, 1000, 500)
-
-    def black_hole(api: Toxiproxy) -> None:
-        api.timeout(proxy, 0, stream="downstream")
-        api.timeout(proxy, 0, stream="upstream")
-
-    def reset_peer(api: Toxiproxy) -> None:
-        api.reset_peer(proxy, 0)
-
-    def bandwidth(api: Toxiproxy) -> None:
-        api.bandwidth(proxy, 10, stream=heavy)
-
-    def slicer(api: Toxiproxy) -> None:
-        api.slicer(proxy, 64, 32, 200)
-
-    return [
-        ("latency 1 s ± 500 ms, 30 s", latency, 30.0),
-        ("black hole (timeout toxic, both ways) 60 s", black_hole, 60.0),
-        ("reset_peer (every connection reset), 30 s", reset_peer, 30.0),
-        (f"bandwidth 10 KB/s ({heavy}), 30 s", bandwidth, 30.0),
-        ("slicer 64 ± 32 B every 200 µs, 30 s", slicer, 30.0),
-    ]
+CASSANDRA_CASES = five_faults(SPEED_CASSANDRA_PROXY, "upstream")  # the job writes
+KAFKA_CASES = five_faults(KAFKA_PROXY, "downstream")  # the job reads
 
 
-CASSANDRA_CASES = _faults(SPEED_CASSANDRA_PROXY, "upstream")
-KAFKA_CASES = _faults(KAFKA_PROXY, "downstream")
-
-
-def _ids(cases: list[Fault]) -> list[str]:
-    return [c[0].split(" ")[0] for c in cases]
-
-
-@pytest.mark.parametrize(("fault", "inject", "duration_s"), CASSANDRA_CASES, ids=_ids(CASSANDRA_CASES))
+@pytest.mark.parametrize(("fault", "inject", "duration_s"), CASSANDRA_CASES, ids=fault_ids(CASSANDRA_CASES))
 def test_speed_job_under_fault(
     speed_via_proxy: Pipeline,
     proxies: Proxies,
@@ -84,7 +56,7 @@ def test_speed_job_under_fault(
     _case(speed_via_proxy, proxies, spark, SPEED_CASSANDRA_PROXY, "Cassandra", fault, inject, duration_s)
 
 
-@pytest.mark.parametrize(("fault", "inject", "duration_s"), KAFKA_CASES, ids=_ids(KAFKA_CASES))
+@pytest.mark.parametrize(("fault", "inject", "duration_s"), KAFKA_CASES, ids=fault_ids(KAFKA_CASES))
 def test_speed_job_reading_kafka_under_fault(
     kafka_pipeline: Pipeline,
     private_kafka: PrivateKafka,
