@@ -34,7 +34,11 @@ def make_cluster(settings: Settings, *, connect_timeout: float | None = None) ->
     from cassandra import ConsistencyLevel  # noqa: PLC0415
     from cassandra.auth import PlainTextAuthProvider  # noqa: PLC0415
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile  # noqa: PLC0415
-    from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy  # noqa: PLC0415
+    from cassandra.policies import (  # noqa: PLC0415
+        DCAwareRoundRobinPolicy,
+        ExponentialReconnectionPolicy,
+        TokenAwarePolicy,
+    )
 
     cfg = settings.cassandra
 
@@ -58,6 +62,7 @@ def make_cluster(settings: Settings, *, connect_timeout: float | None = None) ->
         "ssl_context": ssl_context(cfg),
         "connect_timeout": connect_timeout or cfg.connect_timeout_s,
         "protocol_version": cfg.protocol_version,
+        "reconnection_policy": ExponentialReconnectionPolicy(1.0, cfg.reconnect_max_s),
         "execution_profiles": {
             EXEC_PROFILE_DEFAULT: profile(cfg.write_consistency),
             READ_PROFILE: profile(cfg.read_consistency),

@@ -182,6 +182,13 @@ class CassandraSettings(BaseModel):
     )
     connect_timeout_s: float = Field(10.0, gt=0, description="Driver connect timeout, seconds.")
     request_timeout_s: float = Field(20.0, gt=0, description="Default per-request timeout, seconds.")
+    reconnect_max_s: float = Field(
+        30.0,
+        gt=0,
+        description="Longest wait between the driver's attempts to reconnect to a node it lost (exponential from "
+        "1 s up to this). The driver's own default, 600 s, leaves a client that lost a node for a long outage "
+        "waiting up to 10 minutes after the node is back.",
+    )
     write_concurrency: int = Field(
         128, ge=1, description="Concurrent requests of bulk writes (each waits for its commitlog group)."
     )
