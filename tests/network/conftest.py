@@ -116,7 +116,8 @@ def proxied_kafka(private_kafka: PrivateKafka) -> Settings:
 def kafka_pipeline(stack_up: Settings, private_kafka: PrivateKafka, tmp_path: Path) -> Iterator[Pipeline]:
     """A private pipeline whose topic is on the private broker; it produces straight to the broker.
 
-    A test points the component under test at ``private_kafka.via_proxy.kafka``: only that link is degraded.
+    A test points the component under test at the proxy (:func:`tests.network.proxies.through_proxy`): only that
+    link is degraded.
     """
     with private_pipeline(stack_up.model_copy(update={"kafka": private_kafka.direct.kafka}), tmp_path) as p:
         yield p

@@ -66,6 +66,12 @@ class PrivateKafka:
     via_proxy: Settings
 
 
+def through_proxy(settings: Settings, kafka: PrivateKafka) -> Settings:
+    """Return ``settings`` with only the bootstrap servers moved to the proxy (the topic and the rest kept)."""
+    servers = kafka.via_proxy.kafka.bootstrap_servers
+    return settings.model_copy(update={"kafka": settings.kafka.model_copy(update={"bootstrap_servers": servers})})
+
+
 def wait_until(check: Any, timeout_s: float, poll_s: float = 0.5) -> float | None:
     """Call ``check()`` until it is true; return the seconds it took, or None when the time ran out."""
     began = time.monotonic()

@@ -28,7 +28,7 @@ from infra.cassandra import session
 from infra.settings import Settings
 from infra.settings_env import to_env
 from stack.toxiproxy import Toxiproxy
-from tests.network.proxies import KAFKA_PROXY, PrivateKafka, Proxies, fault_ids, five_faults
+from tests.network.proxies import KAFKA_PROXY, PrivateKafka, Proxies, fault_ids, five_faults, through_proxy
 from tests.network.table import record
 from tests.pipeline import Pipeline, private_pipeline
 
@@ -53,7 +53,7 @@ def cassandra_link(stack_up: Settings, proxies: Proxies, tmp_path: Path) -> Iter
 def kafka_link(kafka_pipeline: Pipeline, private_kafka: PrivateKafka) -> tuple[Pipeline, Settings]:
     """A private pipeline on a private broker (produced to directly); the batch run reads through the proxy."""
     p = kafka_pipeline
-    return p, p.settings.model_copy(update={"kafka": private_kafka.via_proxy.kafka})
+    return p, through_proxy(p.settings, private_kafka)
 
 
 def _run(settings: Settings, window: tuple[datetime, datetime], log: IO[str]) -> subprocess.Popen[str]:

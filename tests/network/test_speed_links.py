@@ -30,6 +30,7 @@ from tests.network.proxies import (
     Proxies,
     fault_ids,
     five_faults,
+    through_proxy,
     wait_until,
 )
 from tests.network.table import record
@@ -67,7 +68,7 @@ def test_speed_job_reading_kafka_under_fault(
     duration_s: float,
 ) -> None:
     p = kafka_pipeline
-    p.speed_settings = p.speed_settings.model_copy(update={"kafka": private_kafka.via_proxy.kafka})
+    p.speed_settings = through_proxy(p.speed_settings, private_kafka)
     _case(p, proxies, spark, KAFKA_PROXY, "Kafka", fault, inject, duration_s)
 
 
