@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 from batch_layer.horizon import horizon_of
 from batch_layer.hours import chunks, taper
-from batch_layer.index_spans import HOUR_MS, PartitionIndexer
 from batch_layer.offsets import HourPlan, Plan, Range, coalesce
+from views.indexing.spans import HOUR_MS, PartitionIndexer
 from views.store.index import OffsetSpan, PartitionState, dt_to_ms
 
 H = datetime(2025, 6, 1, 10, tzinfo=UTC)
