@@ -18,6 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from infra.checkpoints import speed_checkpoint
 from infra.settings import Settings
 from infra.spark import get_spark, kafka_options
 from speed_layer.checkpoint import check_view_definition
@@ -83,7 +84,7 @@ def dedupe(events: DataFrame, settings: Settings) -> DataFrame:
 
 def checkpoint_location(settings: Settings) -> str:
     """Return the durable checkpoint folder (offsets, commits, state) of the speed query."""
-    return f"{settings.checkpoint_root}/{settings.speed.query_name}"
+    return speed_checkpoint(settings)
 
 
 @dataclass

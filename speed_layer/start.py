@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from infra.cassandra import session
+from infra.checkpoints import START_FILE
 from infra.settings import Settings
 from speed_layer.checkpoint import CheckpointFiles
 from views.buckets import HOUR, floor, utc
@@ -31,8 +32,6 @@ from views.store.index import IndexedPartition, IndexStore, OffsetSpan, read_ind
 from views.store.pointers import PointerStore
 
 logger = logging.getLogger(__name__)
-
-START_FILE = "trends_start.json"
 
 
 @dataclass(frozen=True)
