@@ -60,9 +60,10 @@ def refusal(checkpoint: str, recorded: dict[str, Any], current: dict[str, Any]) 
         f"({'; '.join(differences(recorded, current))}). Its state holds sketches of the old definition, which "
         "the job would merge with new ones. Either restore the settings (TRENDS_VIEWS__*), or start a new "
         "checkpoint: stop the speed job, move the checkpoint folder aside (or set TRENDS_SPEED__QUERY_NAME to a new "
-        "name), start the job again (it reads from TRENDS_SPEED__STARTING_OFFSETS; earlier minutes above the batch "
-        "watermark are gaps until the batch layer covers them), and recompute with `trends batch run --start ... "
-        "--end ...` the hours to be served under the new definition. See docs/runbook.md, 'Upgrades'."
+        "name), start the job again with --from-watermark (or TRENDS_SPEED__FROM_WATERMARK=true: it starts at the "
+        "batch watermark, no gap above it; without it, it reads from TRENDS_SPEED__STARTING_OFFSETS), and "
+        "recompute with `trends batch run --start ... --end ...` the hours to be served under the new definition. "
+        "See docs/runbook.md, 'Upgrades'."
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -31,9 +32,9 @@ from batch_layer import job
 from infra import migrations
 from infra.cassandra import session
 from infra.settings import Settings
-from serving import queries, window
+from serving import console, queries, window
 from serving.reader import ViewReader
-from tests.helpers import produce_events
+from tests.helpers import Truth, history_config, produce_events, produce_history
 from views.aggregation import GLOBAL_SLICE
 from views.buckets import HOUR, MINUTE, floor
 from views.event import Event
@@ -77,8 +78,10 @@ def first_offsets_at_or_after(settings: Settings, since: datetime) -> tuple[dict
                 if m.error() is not None:
                     pending.discard(m.partition())
                     continue
-                if m.timestamp()[1] >= since.timestamp() * 1000 and m.partition() not in first:
-                    first[m.partition()] = m.offset()
+                part, offset = m.partition(), m.offset()
+                assert part is not None and offset is not None
+                if m.timestamp()[1] >= since.timestamp() * 1000 and part not in first:
+                    first[part] = offset
     finally:
         consumer.close()
     assert not pending
@@ -96,6 +99,7 @@ def test_a_new_checkpoint_from_the_watermark_answers_every_minute_above_it_exact
             "speed": keyspace_settings.speed.model_copy(update={"query_name": query}),
             "batch": keyspace_settings.batch.model_copy(update={"lateness_s": 300, "grace_s": 300}),
             "serving": keyspace_settings.serving.model_copy(update={"state_max_age_ms": 0}),
+            "spark": keyspace_settings.spark.model_copy(update={"checkpoint_root": str(tmp_path / "checkpoints")}),
         }
     )
     migrations.migrate(settings)
@@ -126,6 +130,7 @@ def test_a_new_checkpoint_from_the_watermark_answers_every_minute_above_it_exact
         "TRENDS_SPEED__ALLOWED_LATENESS_S": "3600",
         "TRENDS_SPARK__CHECKPOINT_ROOT": str(checkpoints),
     }
+    assert console_checkpoint(settings)["exists"] is False  # the console says so before the start
     t0 = time.monotonic()
     proc = subprocess.run(
         [TRENDS, "speed", "run", "--available-now", "--from-watermark"],
@@ -133,6 +138,8 @@ def test_a_new_checkpoint_from_the_watermark_answers_every_minute_above_it_exact
     )  # fmt: skip
     caught_up_s = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = console_checkpoint(settings)
+    assert (seen["exists"], seen["from_watermark"]) == (True, True), seen
     recorded = json.loads((checkpoints / query / "trends_start.json").read_text())
     assert recorded["since"] == W.isoformat()
     assert {int(p): o for p, o in recorded["offsets"].items()} == expected_start
@@ -143,6 +150,38 @@ def test_a_new_checkpoint_from_the_watermark_answers_every_minute_above_it_exact
         f"{topic_size} records ({read / topic_size:.1%})"
     )
 
+    assert_exact_above_watermark(settings, events, truth, [W])
+
+    # The checkpoint is lost: the console says so, and a start configured to (the setting the stack's speed
+    # service gets) begins a new epoch from the watermark by itself. Still no gap, still exact.
+    shutil.rmtree(checkpoints / query)
+    seen = console_checkpoint(settings)
+    assert seen["exists"] is False and "NO CHECKPOINT" in seen["why"], seen
+    more = minute_events(W + 2 * HOUR + 5 * MINUTE, W + 2 * HOUR + 9 * MINUTE, 10, "d")
+    produce_events(settings, more, partitions=2)
+    events += more
+    truth.update(floor(e.ts, MINUTE) for e in more)
+    proc = subprocess.run(
+        [TRENDS, "speed", "run", "--available-now"], env={**env, "TRENDS_SPEED__FROM_WATERMARK": "true"},
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    read = int(re.search(r"batches, (\d+) rows read", proc.stderr).group(1))  # type: ignore[union-attr]
+    assert read == sum(ends[p] - expected_start[p] for p in ends) + len(more)
+    assert_exact_above_watermark(settings, events, truth, [W, W])
+
+
+def console_checkpoint(settings: Settings) -> dict[str, Any]:
+    with session(settings) as sess:
+        answer = console.build(ViewReader(settings, sess), H0, H0 + 6 * HOUR)
+    return answer["speed"]["checkpoint"]  # type: ignore[no-any-return]
+
+
+def assert_exact_above_watermark(
+    settings: Settings, events: list[Event], truth: Counter[datetime], covered_from: list[datetime]
+) -> None:
+    """No speed row below the watermark; every minute from H0 to the last event answered exactly, no gap."""
+    query = settings.speed.query_name
     end = floor(max(e.ts for e in events), MINUTE) + MINUTE
     with session(settings) as sess:
         reader = ViewReader(settings, sess)
@@ -150,8 +189,8 @@ def test_a_new_checkpoint_from_the_watermark_answers_every_minute_above_it_exact
         # records below the watermark were skipped: the speed view holds no row of those hours
         assert all(not speed.hour_minutes(GLOBAL_SLICE, H0 + i * HOUR) for i in range(3))
         epochs = speed.epochs(query)
-        assert [e.covered_from for e in epochs] == [W]
-        assert epochs[0].starting_offsets.startswith(f"watermark {W.isoformat()}")
+        assert [e.covered_from for e in epochs] == covered_from
+        assert all(e.starting_offsets.startswith(f"watermark {W.isoformat()}") for e in epochs)
         w = window.load(reader, H0, end, GLOBAL_SLICE, coarsest="minute")
         assert w.provenance.gaps == [], w.provenance.gaps
         layers = {(s["start"], s["end"], s["layer"]) for s in w.provenance.spans}
@@ -162,3 +201,69 @@ def test_a_new_checkpoint_from_the_watermark_answers_every_minute_above_it_exact
     assert not wrong, sorted(wrong.items())[:10]
     assert len(counts) == int((end - H0) / MINUTE)
     assert w.merged.events == len(events)
+
+
+def test_a_restart_from_the_watermark_behind_a_year_of_history_reads_under_one_percent_of_the_topic(
+    stack_up: Settings, new_topic: Callable[..., str], keyspace_settings: Settings, tmp_path: Path, spark: Any
+) -> None:
+    """The cost of a lost checkpoint: a year of (sparse) history before live events, the watermark at the live hour."""
+    topic = new_topic(partitions=2)
+    query = f"wm_{uuid.uuid4().hex[:8]}"
+    now = datetime.now(UTC)
+    live_from = floor(now - 20 * MINUTE, HOUR)  # the batch watermark: every hour before it is computed
+    settings = keyspace_settings.model_copy(
+        update={
+            "kafka": keyspace_settings.kafka.model_copy(update={"events_topic": topic}),
+            "speed": keyspace_settings.speed.model_copy(update={"query_name": query}),
+            "batch": keyspace_settings.batch.model_copy(update={"lateness_s": 300, "grace_s": 300}),
+            "serving": keyspace_settings.serving.model_copy(update={"state_max_age_ms": 0}),
+        }
+    )
+    migrations.migrate(settings)
+    history = Truth()
+    produced = produce_history(settings, history_config(live_from - timedelta(days=365), 365, rate=0.01), history)
+    live = minute_events(live_from, floor(now, MINUTE), 6, "live")
+    produce_events(settings, live, partitions=2)
+    t0 = time.monotonic()
+    job.run(settings, live_from - timedelta(days=365), live_from, spark=spark)
+    batch_s = time.monotonic() - t0
+    with session(settings) as sess:
+        from views.store.pointers import PointerStore
+
+        assert PointerStore(settings, sess).watermark().mark == live_from
+    topic_size = produced + sum(history.dups.values()) + len(live)
+
+    env = {
+        **os.environ,
+        "TRENDS_KAFKA__EVENTS_TOPIC": topic,
+        "TRENDS_CASSANDRA__KEYSPACE": settings.cassandra.keyspace,
+        "TRENDS_SPEED__QUERY_NAME": query,
+        "TRENDS_METRICS__SPEED_PORT": "0",
+        "TRENDS_SPEED__ALLOWED_LATENESS_S": "3600",
+        "TRENDS_SPARK__CHECKPOINT_ROOT": str(tmp_path / "checkpoints"),
+        "TRENDS_SPEED__FROM_WATERMARK": "true",
+    }
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [TRENDS, "speed", "run", "--available-now"], env=env, capture_output=True, text=True, timeout=300,
+        check=False,
+    )  # fmt: skip
+    caught_up_s = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    read = int(re.search(r"batches, (\d+) rows read", proc.stderr).group(1))  # type: ignore[union-attr]
+    print(
+        f"\na year of history ({produced + sum(history.dups.values())} records) + {len(live)} live: batch layer "
+        f"{batch_s:.0f} s; from the watermark {live_from:%H:%M}: caught up in {caught_up_s:.1f} s (JVM start "
+        f"included), read {read} of the topic's {topic_size} records ({read / topic_size:.2%})"
+    )
+    assert read == len(live)
+    assert read < topic_size / 100
+    assert caught_up_s < 60
+    truth = Counter(floor(e.ts, MINUTE) for e in live)
+    end = floor(now, MINUTE)
+    with session(settings) as sess:
+        w = window.load(ViewReader(settings, sess), live_from, end, GLOBAL_SLICE, coarsest="minute")
+        assert w.provenance.gaps == [], w.provenance.gaps
+        counts = {p["start"]: p["count"] for p in queries.series(w, "minute").points}
+    assert counts == {m: truth[m] for m in counts}
+    assert len(counts) == int((end - live_from) / MINUTE)
