@@ -77,9 +77,12 @@ def run(
 @speed.command()
 @click.pass_obj
 def status(settings: Settings) -> None:
-    """Show the speed view's freshness: newest event time written, watermark, last batch."""
+    """Show the speed view's freshness (newest event time written, watermark, last batch) and the checkpoint."""
     from infra.cassandra import session
+    from infra.checkpoints import checkpoint_state
     from views.store.speed import SpeedRows
+
+    click.echo(f"{settings.speed.query_name}: {checkpoint_state(settings).describe()}")
 
     with session(settings) as sess:
         rows = SpeedRows(settings, sess).progress()
