@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from batch_layer import horizon, indexer, tasks
+from batch_layer import horizon, tasks
 from batch_layer.backfill import BackfillFailedError, Follower, index_events
 from infra import migrations, topics
 from infra.cassandra import session
@@ -35,6 +35,7 @@ from stack.airflow.config import AirflowConfig
 from stack.process import child_env
 from stack.services.pipeline import ApiService
 from views.buckets import HOUR, MINUTE, closed_until, floor, utc
+from views.indexing import indexer
 from views.store.batch import BatchRows
 from views.store.pointers import PointerStore
 

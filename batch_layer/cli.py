@@ -98,7 +98,7 @@ def index(settings: Settings, rebuild: bool, force: bool) -> None:
     meanwhile; batch runs and pointers are kept, hours whose count differs afterwards turn stale.
     """
     from batch_layer.horizon import horizon
-    from batch_layer.indexer import rebuild_index, run_index
+    from views.indexing.indexer import rebuild_index, run_index
 
     if force and not rebuild:
         msg = "--force only goes with --rebuild"

@@ -1,7 +1,7 @@
 """The batch layer's recompute: closed hours from exactly the Kafka offsets that hold them, many hours per Spark pass.
 
 Orchestration only; each step is a module it calls down into, and data flows one way:
-index (:mod:`batch_layer.indexer`: bring the event-time index up to date; :mod:`batch_layer.horizon`: is the range
+index (:mod:`views.indexing.indexer`: bring the event-time index up to date; :mod:`batch_layer.horizon`: is the range
 closed) -> plan (:mod:`batch_layer.offsets`: refuse incomplete hours, the hours' indexed spans as offset ranges;
 :mod:`batch_layer.hours`: passes bounded by events and hours) -> per pass: compute (:mod:`batch_layer.compute`:
 the Kafka batch source over the ranges with ``failOnDataLoss``, :mod:`batch_layer.transform`, the hourly and daily
@@ -25,12 +25,12 @@ from batch_layer import compute, horizon, load, offsets
 from batch_layer.code_version import code_version
 from batch_layer.compute import Computed
 from batch_layer.hours import chunks, hours_of, taper
-from batch_layer.indexer import run_index
 from batch_layer.report import RunProgress, RunResult
 from batch_layer.store import BatchStore
 from infra.cassandra import session
 from infra.settings import Settings
 from views.buckets import HOUR
+from views.indexing.indexer import run_index
 from views.store.index import IndexStore
 from views.store.losses import Loss
 

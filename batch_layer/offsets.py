@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from batch_layer import kafka_topic
 from infra.errors import TrendsError
 from infra.settings import Settings
 from views import buckets
 from views.buckets import HOUR
+from views.indexing import kafka_topic
 from views.store.index import Horizon, IndexStore, OffsetSpan
 from views.store.losses import Loss, LossStore
 

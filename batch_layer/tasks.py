@@ -13,10 +13,10 @@ from datetime import date, datetime
 
 from batch_layer import horizon, offsets
 from batch_layer.hours import chunks, hours_between
-from batch_layer.indexer import run_index
 from infra.cassandra import session
 from infra.settings import Settings
 from views.buckets import HOUR
+from views.indexing.indexer import run_index
 from views.store.index import IndexStore
 from views.store.losses import LossStore
 from views.store.pointers import PointerStore

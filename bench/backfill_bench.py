@@ -8,7 +8,7 @@ topic and keyspaces, deleted at the end.
 1. A topic like the events topic (its partition count, ``retention.ms=-1``) gets this week's live events first,
    then a year of history (the generator's daily cycle: every night 00-07 UTC empty, so a third of the hours, and
    every 7th day empty), replayed behind them — the case offset-by-timestamp cannot plan.
-2. The indexer (``batch_layer.indexer.run_index``) is timed beside a bare Spark read + count of all the topic's
+2. The indexer (``views.indexing.indexer.run_index``) is timed beside a bare Spark read + count of all the topic's
    offsets (warm session): ratio = bare s / indexer s (goal >= 0.5).
 3. (a) ``trends batch run --start Y --end Y+1`` as a subprocess, end to end (Spark start, index catch-up, chunked
    passes, Cassandra writes, lineage, watermark); goal <= 120 s. (b) ``trends_backfill`` triggered through the REST
@@ -32,7 +32,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from batch_layer import indexer, offsets
+from batch_layer import offsets
 from batch_layer.store import BatchStore
 from infra import migrations, topics
 from infra.airflow.client import AirflowClient
@@ -44,6 +44,7 @@ from ingestion.generator import GeneratorConfig, SyntheticStream
 from stack import control
 from views.buckets import month_key
 from views.event import Event
+from views.indexing import indexer
 from views.store.batch import BatchRows
 from views.store.index import IndexStore, OffsetSpan
 

@@ -7,7 +7,7 @@ Run: ``.venv/bin/python bench/batch_bench.py [--events 1000000] [--repeat 2] [--
    ``bench/speed_bench.py``, unique ids) spread over ONE historical UTC hour a few days ago, then one later event
    into EVERY partition, past end + grace, so the hour counts as closed (``batch_layer.offsets.check_closed``).
 2. In one SparkSession, a warm-up of everything measured below on a small topic (index, bare read, recompute).
-3. The event-time index of the topic is built (``batch_layer.indexer.run_index``, timed warm: the indexer's figure)
+3. The event-time index of the topic is built (``views.indexing.indexer.run_index``, timed warm: the indexer's figure)
    and compared with a bare read + count of the same records, also warm.
 4. Alternately and ``--repeat`` times each:
    - bare: ``spark.read.format("kafka")`` over exactly the offsets the index plans for the hour
@@ -41,13 +41,14 @@ from confluent_kafka import Producer
 # bench/ is the script's folder, hence on sys.path: the same event shape as the speed layer bench.
 from speed_bench import event_json
 
-from batch_layer import compute, horizon, indexer, job, load, offsets, report, transform
+from batch_layer import compute, horizon, job, load, offsets, report, transform
 from batch_layer.store import BatchStore
 from infra import migrations, topics
 from infra.cassandra import session
 from infra.settings import Settings
 from views.aggregation import GLOBAL_SLICE
 from views.buckets import HOUR, utc
+from views.indexing import indexer
 from views.store.batch import BatchRows
 from views.store.index import IndexStore
 from views.store.pointers import PointerStore

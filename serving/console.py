@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
+from infra.checkpoints import CheckpointState, checkpoint_state
 from infra.dag_contract import BACKFILL_DAG, CHUNKS_TASK, END_PARAM, ONLY_MISSING_PARAM, RECOMPUTE_TASK, START_PARAM
 from infra.settings import Settings
 from serving import params
@@ -417,6 +418,7 @@ def build(reader: ViewReader, start: datetime, end: datetime, now: datetime | No
         },
         "speed": {
             "query": settings.speed.query_name,
+            "checkpoint": _checkpoint(checkpoint_state(settings)),
             "fresh_until": newest,
             "newest_event": cov.speed_newest_event,
             "updated_at": cov.speed_updated_at,
@@ -440,6 +442,12 @@ def build(reader: ViewReader, start: datetime, end: datetime, now: datetime | No
         "airflow": _wait(airflow, SLOW_SOURCE_WAIT_S, "Airflow"),
         "dead_letters": _wait(dlq, SLOW_SOURCE_WAIT_S, "Kafka"),
     }
+
+
+def _checkpoint(st: CheckpointState) -> dict[str, Any]:
+    """Return the speed checkpoint as this host sees it (none: the next start is a new epoch, from where)."""
+    return {"location": st.location, "exists": st.exists, "last_batch": st.last_batch,
+            "from_watermark": st.from_watermark, "next_start": st.next_start, "why": st.describe()}  # fmt: skip
 
 
 def _strip(

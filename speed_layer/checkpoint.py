@@ -60,13 +60,14 @@ def refusal(checkpoint: str, recorded: dict[str, Any], current: dict[str, Any]) 
         f"({'; '.join(differences(recorded, current))}). Its state holds sketches of the old definition, which "
         "the job would merge with new ones. Either restore the settings (TRENDS_VIEWS__*), or start a new "
         "checkpoint: stop the speed job, move the checkpoint folder aside (or set TRENDS_SPEED__QUERY_NAME to a new "
-        "name), start the job again (it reads from TRENDS_SPEED__STARTING_OFFSETS; earlier minutes above the batch "
-        "watermark are gaps until the batch layer covers them), and recompute with `trends batch run --start ... "
-        "--end ...` the hours to be served under the new definition. See docs/runbook.md, 'Upgrades'."
+        "name), start the job again with --from-watermark (or TRENDS_SPEED__FROM_WATERMARK=true: it starts at the "
+        "batch watermark, no gap above it; without it, it reads from TRENDS_SPEED__STARTING_OFFSETS), and "
+        "recompute with `trends batch run --start ... --end ...` the hours to be served under the new definition. "
+        "See docs/runbook.md, 'Upgrades'."
     )
 
 
-class _HadoopFiles:
+class CheckpointFiles:
     """Small text files under a checkpoint, on whatever file system it lives (local, hdfs://, s3a://)."""
 
     def __init__(self, spark: Any, root: str) -> None:
@@ -76,12 +77,15 @@ class _HadoopFiles:
         self.fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
 
     def path(self, name: str) -> Any:
+        """Return the Hadoop path of a file under the root."""
         return self.jvm.org.apache.hadoop.fs.Path(f"{self.root}/{name}")
 
     def exists(self, name: str) -> bool:
+        """Tell whether a file or folder exists under the root."""
         return bool(self.fs.exists(self.path(name)))
 
     def read(self, name: str) -> str:
+        """Return a file's text."""
         stream = self.fs.open(self.path(name))
         try:
             return str(self.jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
@@ -89,6 +93,7 @@ class _HadoopFiles:
             stream.close()
 
     def write(self, name: str, text: str) -> None:
+        """Write a file's text (overwriting)."""
         out = self.fs.create(self.path(name), True)
         try:
             out.write(bytearray(text.encode()))
@@ -105,7 +110,7 @@ def check_view_definition(spark: Any, settings: Settings, checkpoint: str) -> st
     :raises ViewDefinitionChangedError: when the checkpoint was started with another definition.
     """
     current = view_definition(settings)
-    files = _HadoopFiles(spark, checkpoint)
+    files = CheckpointFiles(spark, checkpoint)
     if files.exists(DEFINITION_FILE):
         recorded = json.loads(files.read(DEFINITION_FILE))
         if recorded.get("fingerprint") != fingerprint(current):

@@ -17,6 +17,12 @@ def speed() -> None:
 @click.option("--trigger", type=click.FloatRange(min=0.1), help="Micro-batch interval in seconds (setting default).")
 @click.option("--max-offsets", type=click.IntRange(min=1), help="Most records per micro-batch (setting default).")
 @click.option("--starting-offsets", help="earliest, latest or per-partition JSON; only for a query without checkpoint.")
+@click.option(
+    "--from-watermark",
+    is_flag=True,
+    help="A new checkpoint starts at the batch watermark (offsets from the event-time index, indexed first); "
+    "records below it are skipped. Same as TRENDS_SPEED__FROM_WATERMARK=true; ignored once a checkpoint exists.",
+)
 @click.option("--max-seconds", type=click.FloatRange(min=1), help="Stop gracefully after this many seconds.")
 @click.pass_obj
 def run(
@@ -25,6 +31,7 @@ def run(
     trigger: float | None,
     max_offsets: int | None,
     starting_offsets: str | None,
+    from_watermark: bool,
     max_seconds: float | None,
 ) -> None:
     """Run the streaming job until Ctrl-C/SIGTERM (the running micro-batch finishes first).
@@ -40,6 +47,7 @@ def run(
             "trigger_seconds": trigger,
             "max_offsets_per_trigger": max_offsets,
             "starting_offsets": starting_offsets,
+            "from_watermark": from_watermark or None,
         }.items()
         if v is not None
     }
@@ -51,6 +59,13 @@ def run(
         err=True,
     )
     summary = run_job(settings, available_now=available_now, max_seconds=max_seconds)
+    if summary.begin is not None:
+        b = summary.begin
+        click.echo(
+            f"checkpoint started from the batch watermark {b.since.isoformat()}: offsets {b.spark_offsets()}, "
+            f"{b.to_read} of the topic's {b.topic_records} records after them when it started",
+            err=True,
+        )
     click.echo(
         f"stopped after {summary.seconds:.0f} s: {summary.batches} batches, {summary.input_rows} rows read, "
         f"{summary.dropped_late_rows} dropped as too late, {summary.unparseable_rows} unparseable, "
@@ -62,9 +77,12 @@ def run(
 @speed.command()
 @click.pass_obj
 def status(settings: Settings) -> None:
-    """Show the speed view's freshness: newest event time written, watermark, last batch."""
+    """Show the speed view's freshness (newest event time written, watermark, last batch) and the checkpoint."""
     from infra.cassandra import session
+    from infra.checkpoints import checkpoint_state
     from views.store.speed import SpeedRows
+
+    click.echo(f"{settings.speed.query_name}: {checkpoint_state(settings).describe()}")
 
     with session(settings) as sess:
         rows = SpeedRows(settings, sess).progress()

@@ -13,15 +13,18 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from infra.checkpoints import speed_checkpoint
 from infra.settings import Settings
 from infra.spark import get_spark, kafka_options
-from speed_layer.checkpoint import ViewDefinitionChangedError, check_view_definition
+from speed_layer.checkpoint import check_view_definition
 from speed_layer.metrics import PARSE_METRICS, BatchMetrics, MetricsRegistry, serve_metrics
 from speed_layer.sink import SpeedViewSink
+from speed_layer.start import StreamStart, resolve_start
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -30,14 +33,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def extract(spark: SparkSession, settings: Settings) -> DataFrame:
-    """Return the streaming frame of raw records of the events topic."""
+def extract(spark: SparkSession, settings: Settings, start: StreamStart | None = None) -> DataFrame:
+    """Return the streaming frame of raw records of the events topic (from ``start``'s offsets when given)."""
     speed = settings.speed
     return (
         spark.readStream.format("kafka")
         .options(**kafka_options(settings.kafka))
         .option("subscribe", settings.kafka.events_topic)
-        .option("startingOffsets", speed.starting_offsets)
+        .option("startingOffsets", start.spark_offsets() if start else speed.starting_offsets)
         .option("maxOffsetsPerTrigger", str(speed.max_offsets_per_trigger))
         # Offsets deleted by retention before we read them are data loss: fail loudly, never skip silently.
         .option("failOnDataLoss", "true")
@@ -45,8 +48,12 @@ def extract(spark: SparkSession, settings: Settings) -> DataFrame:
     )
 
 
-def transform(records: DataFrame, settings: Settings) -> DataFrame:
-    """Parse, count unparseable and future rows, watermark, dedupe ids within the watermark, aggregate."""
+def transform(records: DataFrame, settings: Settings, since: datetime | None = None) -> DataFrame:
+    """Parse, count unparseable and future rows, watermark, dedupe ids within the watermark, aggregate.
+
+    :arg since: skip events before it (a start from the batch watermark: the batch view holds them), before they
+        reach the watermark, the dedupe state or the aggregation.
+    """
     from pyspark.sql import functions as F  # noqa: PLC0415
 
     from views.aggregation import aggregate  # noqa: PLC0415
@@ -64,6 +71,8 @@ def transform(records: DataFrame, settings: Settings) -> DataFrame:
         F.sum(F.when(future, 1).otherwise(0)).alias("future"),
     )
     events = valid_events(parsed.where(~future))
+    if since is not None:
+        events = events.where(F.col("ts") >= F.lit(since))
     return aggregate(dedupe(events, settings), settings.views.slice_dims, settings.views.top_k_items)
 
 
@@ -75,7 +84,7 @@ def dedupe(events: DataFrame, settings: Settings) -> DataFrame:
 
 def checkpoint_location(settings: Settings) -> str:
     """Return the durable checkpoint folder (offsets, commits, state) of the speed query."""
-    return f"{settings.checkpoint_root}/{settings.speed.query_name}"
+    return speed_checkpoint(settings)
 
 
 @dataclass
@@ -89,6 +98,7 @@ class RunSummary:
     seconds: float
     stopped_by_signal: bool
     future_rows: int = 0
+    begin: StreamStart | None = None  # the checkpoint's start from the batch watermark, if it has one
 
 
 class _ProgressListener:
@@ -137,10 +147,18 @@ def _make_spark_listener(adapter: _ProgressListener) -> Any:
 
 
 def start(
-    spark: SparkSession, settings: Settings, sink: SpeedViewSink, *, available_now: bool = False
+    spark: SparkSession,
+    settings: Settings,
+    sink: SpeedViewSink,
+    *,
+    available_now: bool = False,
+    begin: StreamStart | None = None,
 ) -> StreamingQuery:
-    """Start the streaming query (processing-time trigger, or ``availableNow`` to drain what is there and stop)."""
-    view = transform(extract(spark, settings), settings)
+    """Start the streaming query (processing-time trigger, or ``availableNow`` to drain what is there and stop).
+
+    :arg begin: the checkpoint's start from the batch watermark (:mod:`speed_layer.start`), if it has one.
+    """
+    view = transform(extract(spark, settings, begin), settings, begin.since if begin else None)
     writer = (
         view.writeStream.queryName(settings.speed.query_name)
         .outputMode("update")
@@ -187,13 +205,18 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
     spark = get_spark(settings, "speed")
     try:  # a checkpoint whose state was built by another view definition is refused before anything starts
         check_view_definition(spark, settings, checkpoint_location(settings))
-    except ViewDefinitionChangedError:
+        begin = resolve_start(spark, settings, checkpoint_location(settings))
+    except Exception:
         spark.stop()
         raise
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     registry = MetricsRegistry(settings.speed.query_name)
     sink = SpeedViewSink(
-        settings, settings.speed.query_name, settings.speed.view_ttl_s, checkpoint=checkpoint_location(settings)
+        settings,
+        settings.speed.query_name,
+        settings.speed.view_ttl_s,
+        checkpoint=checkpoint_location(settings),
+        begin=begin,
     )
     adapter = _ProgressListener(
         registry,
@@ -206,7 +229,7 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
     port = settings.metrics.speed_port
     server = serve_metrics(registry, settings.metrics.host, port) if port else None
     started = time.monotonic()
-    query = start(spark, settings, sink, available_now=available_now)
+    query = start(spark, settings, sink, available_now=available_now, begin=begin)
     try:
         while query.isActive:
             if stop.is_set() or (max_seconds is not None and time.monotonic() - started > max_seconds):
@@ -233,4 +256,5 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
         future_rows=registry.future_total,
         seconds=time.monotonic() - started,
         stopped_by_signal=stop.is_set(),
+        begin=begin,
     )

@@ -11,7 +11,8 @@ The sink also records what it has processed (``views.store.speed``: coverage), s
 only where this layer counted it: per batch, in this order, the hours it is about to write (before any row, so a
 row can never outlive its hour's record), the rows, the events counted per minute and slice, and how far the
 *epoch* (the checkpoint's lifetime: Spark's query id) has read. A new epoch started at ``latest`` (or on offsets
-of its own) counts minutes completely only from the minute after its start; its rows of earlier minutes would
+of its own) counts minutes completely only from the minute after its start (one started from the batch watermark,
+:mod:`speed_layer.start`, from the watermark's hour); its rows of earlier minutes would
 overwrite a previous epoch's complete rows with partial ones, so they are not written (the batch layer has them).
 """
 
@@ -32,6 +33,8 @@ from views.store.speed import Epoch, SpeedRows
 if TYPE_CHECKING:
     from cassandra.cluster import Cluster
     from pyspark.sql import DataFrame
+
+    from speed_layer.start import StreamStart
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +66,7 @@ class SpeedViewSink:
     ttl_seconds: int
     epoch_id: str | None = None  # Spark's query id; read from the batch's thread when not given
     checkpoint: str | None = None  # the query's checkpoint: when its initial offsets were resolved is the start
+    begin: StreamStart | None = None  # a start from the batch watermark: the epoch counts from its hour
     _cluster: Cluster | None = field(default=None, init=False, repr=False)
     _rows: SpeedRows | None = field(default=None, init=False, repr=False)
     _epoch: Epoch | None = field(default=None, init=False, repr=False)
@@ -119,7 +123,9 @@ class SpeedViewSink:
         epoch = known.get(self.epoch_id)
         if epoch is None:
             starting = self.settings.speed.starting_offsets
-            if batch_id == 0 and starting == "earliest":
+            if batch_id == 0 and self.begin is not None:  # every record at or above its hour is read
+                covered_from, starting = self.begin.since, self.begin.describe()
+            elif batch_id == 0 and starting == "earliest":
                 covered_from = None
             elif batch_id == 0:
                 covered_from = floor(self.started_at, MINUTE) + MINUTE

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from typing_extensions import override
 
+from infra.checkpoints import checkpoint_state
 from infra.errors import StackError
 from infra.security import exposure_problem
 from infra.settings import SECRETS_DIR_ENV
@@ -68,7 +69,8 @@ class SpeedService(PipelineService):
     """``trends speed run`` in the background, under :mod:`stack.supervisor`: ready once its /metrics answers.
 
     A run that exits non-zero (a write error, Cassandra down, a crash) is restarted with exponential back-off
-    (``stack.speed_restart_*``); ``status`` shows the restarts, and the job exports them as a metric.
+    (``stack.speed_restart_*``); ``status`` shows the restarts, and the job exports them as a metric. ``status``
+    also says whether the job has a checkpoint, and where it starts without one (``speed.from_watermark``).
     """
 
     name = "speed"
@@ -102,9 +104,10 @@ class SpeedService(PipelineService):
     def status(self) -> ServiceStatus:
         base = super().status()
         state = self.supervisor_state()
+        checkpoint = checkpoint_state(self.settings).describe()
         if state is None or base.pid is None:
-            return base
-        return dataclasses.replace(base, detail=state.describe())
+            return dataclasses.replace(base, detail=checkpoint)
+        return dataclasses.replace(base, detail=f"{state.describe()}; {checkpoint}")
 
     @property
     @override

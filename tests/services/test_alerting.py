@@ -25,13 +25,14 @@ import pytest
 import yaml
 from confluent_kafka import Producer
 
-from batch_layer import horizon, indexer
+from batch_layer import horizon
 from infra import migrations
 from infra.cassandra import session
 from infra.settings import Settings
 from stack.services.prometheus import RULES_FILE, BatchExporterService, PrometheusService
 from tests.helpers import free_port
 from views.buckets import HOUR, closed_until
+from views.indexing import indexer
 from views.store.pointers import PointerStore
 
 pytestmark = [pytest.mark.alerting]  # 2.5 min: make test-alerting, kept out of make test

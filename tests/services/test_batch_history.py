@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from batch_layer import indexer, job, tasks
+from batch_layer import job, tasks
 from batch_layer.store import BatchStore
 from infra import migrations
 from infra.cassandra import session, table
@@ -30,6 +30,7 @@ from tests.helpers import Truth, history_config, produce_events, produce_history
 from views import sketches
 from views.buckets import as_date, month_key
 from views.event import Event
+from views.indexing import indexer
 from views.store.index import IndexStore
 from views.store.pointers import fingerprint_of
 

@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from batch_layer import indexer, job, offsets
+from batch_layer import job, offsets
 from batch_layer.hours import hours_between
 from batch_layer.store import BatchStore
 from infra import migrations
@@ -24,6 +24,7 @@ from infra.settings import Settings
 from tests.helpers import speed_drain
 from views import sketches
 from views.event import Event
+from views.indexing import indexer
 
 pytestmark = pytest.mark.spark
 

@@ -23,13 +23,14 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from batch_layer import indexer, job, offsets, tasks
+from batch_layer import job, offsets, tasks
 from infra import migrations
 from infra.cassandra import session, table
 from infra.settings import Settings
 from stack.airflow.service import Airflow
 from tests.helpers import chromium, free_port, serve, speed_drain
 from views.event import Event
+from views.indexing import indexer
 from views.store.checks import Checks
 from views.store.losses import LossStore
 from views.store.pointers import PointerStore

@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from batch_layer import horizon, indexer, job, offsets
+from batch_layer import horizon, job, offsets
 from infra import migrations
 from infra.cassandra import session, table
 from infra.settings import Settings
 from tests.helpers import speed_drain
 from views.event import Event
+from views.indexing import indexer
 
 pytestmark = [pytest.mark.spark, pytest.mark.faults]  # make test-faults (slow: TTLs, restarts, a browser)
 

@@ -19,12 +19,12 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from batch_layer import indexer
 from infra import migrations
 from infra.cassandra import session, table
 from infra.settings import Settings
 from ingestion.producer import EventProducer
 from views.event import Event
+from views.indexing import indexer
 from views.store.index import IndexStore, OffsetSpan
 
 pytestmark = pytest.mark.install  # make test-install (installs and upgrades)

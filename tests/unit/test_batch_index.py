@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from batch_layer.hours import chunks, taper
-from batch_layer.index_spans import HOUR_MS, PartitionIndexer
 from batch_layer.offsets import HourPlan, Plan, Range, coalesce
+from views.indexing.spans import HOUR_MS, PartitionIndexer
 from views.store.index import OffsetSpan, PartitionState, dt_to_ms
 from views.store.index import index_horizon as horizon_of
 

@@ -8,10 +8,10 @@ from typing import NamedTuple
 import datasketches as ds
 import pytest
 
-from batch_layer.index_spans import PartitionIndexer
 from batch_layer.offsets import LossNotAcceptedError, refuse_loss
 from batch_layer.reconcile import Reconciliation, beyond, compare
 from views import sketches
+from views.indexing.spans import PartitionIndexer
 from views.store.index import PartitionState, dt_to_ms
 from views.store.losses import Loss, incomplete_hours, loss_bound
 from views.store.pointers import Watermark, pin_problem, pinned_hours

@@ -1,6 +1,6 @@
 """The event-time index's storage: its spans, hour totals and per-partition checkpoint, written and read.
 
-The indexer (:mod:`batch_layer.indexer`) writes these tables and the batch layer plans its passes from them;
+The indexer (:mod:`views.indexing.indexer`) writes these tables and the batch layer plans its passes from them;
 serving reads the checkpoint too (the console's horizon), and may not import the batch layer, so the tables, their
 rows and the horizon rule live here, below both. Every write is an idempotent upsert.
 """

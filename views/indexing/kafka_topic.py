@@ -1,4 +1,4 @@
-"""What the batch layer asks Kafka of the events topic, and the consumer the indexer reads it with.
+"""What the indexer and the batch planner ask Kafka of the events topic, and the consumer the indexer reads with.
 
 Its partitions, its retention, the oldest offsets kept, the first record time of an offset range.
 

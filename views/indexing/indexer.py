@@ -7,7 +7,7 @@ the batch layer indexes the log itself: one pass over the offsets not indexed ye
 sets the record timestamp to the event time (the contract, see ``docs/layers.md``); a record whose JSON time
 names another hour is counted as *outside* in the lineage of the hour its timestamp names, never lost silently.
 
-The spans come from :mod:`batch_layer.index_spans`, the tables are :mod:`views.store.index`'s. The checkpoint per
+The spans come from :mod:`views.indexing.spans`, the tables are :mod:`views.store.index`'s. The checkpoint per
 partition (next offset, newest record time, spans still open) is written after the spans it covers, and spans are
 keyed by their first offset: killed at any point, a rerun from the checkpoint writes the same rows again and ends
 with the same index. Cost: O(new records), no Spark.
@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from batch_layer import kafka_topic
-from batch_layer.index_spans import PartitionIndexer
 from infra.cassandra import session
 from infra.errors import TrendsError
 from infra.settings import Settings
+from views.indexing import kafka_topic
+from views.indexing.spans import PartitionIndexer
 from views.store.index import IndexStore, OffsetSpan, PartitionState, ms_to_dt
 from views.store.losses import Loss, loss_bound
 
