@@ -1,8 +1,9 @@
 """``trends batch backfill`` against a real Airflow running the real ``trends_backfill`` DAG (real Kafka, Spark and
 Cassandra): 30 days of generated history backfilled exactly, then the same range with Cassandra stopped mid-run.
 
-The module runs its own Cassandra node (free ports, a data dir under tmp) and its own Airflow, so stopping Cassandra
-never touches the shared stack; Kafka is the session's (a topic of the module's own). Airflow's retry delay is
+The module runs its own Cassandra node (free ports, a data dir under tmp) and its own Airflow
+(:mod:`tests.airflow_stack`, shared with the network suite's Airflow links), so stopping Cassandra never touches
+the shared stack; Kafka is the session's (a topic of the module's own). Airflow's retry delay is
 capped at a few seconds (``[core] max_task_retry_delay``) so the DAG's four tries of a failing chunk take about a
 minute instead of the production back-off's seven; the number of tries is the DAG's own. Its REST tokens live
 30 s (``[api_auth] jwt_expiration_time``; +10 s leeway), so a `--wait` that logs in must renew its token mid-run.
@@ -10,107 +11,41 @@ minute instead of the production back-off's seven; the number of tries is the DA
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
-from pathlib import Path
+from datetime import UTC, datetime
 
 import pytest
 
 from batch_layer.store import BatchStore
-from infra import migrations, topics
 from infra.airflow.client import AirflowClient
 from infra.cassandra import session
 from infra.settings import Settings
-from infra.settings_env import to_env
 from stack import control
-from tests.helpers import Truth, free_port, history_config, produce_events, produce_history
-from views.buckets import month_key
-from views.event import Event
-from views.store.batch import BatchRows
+from tests.airflow_stack import DAY, TRENDS, Backfill, private_backfill
 
 pytestmark = [pytest.mark.spark, pytest.mark.backfill]  # 3-7 min: make test-backfill, kept out of make test
 
-TRENDS = str(Path(sys.executable).parent / "trends")
-REPO_DAGS = Path(__file__).resolve().parents[2] / "dags"
-DAY = timedelta(days=1)
 START = datetime(2025, 9, 1, tzinfo=UTC)
 DAYS = 30
 END = START + DAYS * DAY
-PARTITIONS = 2
-
-
-@dataclass
-class Backfill:
-    """The module's private Cassandra + Airflow, the topic holding the history, and what was produced."""
-
-    settings: Settings
-    truth: Truth
-    produced: int  # records in the range, re-sent duplicates included (what the index counts)
-    early_token: tuple[str, float]  # a REST token from the token endpoint, and when (monotonic) it was issued
-
-    def env(self, **extra: str) -> dict[str, str]:
-        """Return the environment of a `trends` process that talks to this stack."""
-        return {**os.environ, **to_env(self.settings), **extra}
-
-    def cli(self, *args: str, timeout: float = 900, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [TRENDS, "batch", "backfill", *args], env=self.env(**env), capture_output=True, text=True,
-            timeout=timeout, check=False,
-        )  # fmt: skip
-
-    def day_counts(self) -> dict[date, int]:
-        days = [(START + i * DAY).date() for i in range(DAYS)]
-        with session(self.settings) as sess:
-            rows = BatchRows(self.settings, sess)
-            got = {d: r.events for m in {month_key(d) for d in days} for d, r in rows.month_days("*", m).items()}
-        return {d: got.get(d, 0) for d in days}
 
 
 @pytest.fixture(scope="module")
 def backfill_stack(stack_up: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backfill]:
-    root = tmp_path_factory.mktemp("backfill")
-    topic = f"test.backfill.{uuid.uuid4().hex[:8]}"
-    settings = Settings(
-        data_dir=root / "data",
-        kafka=stack_up.kafka.model_copy(update={"events_topic": topic}).model_dump(),
-        cassandra={"port": free_port(), "keyspace": "trends"},
-        stack={"cassandra_storage_port": free_port(), "cassandra_jmx_port": free_port(), "cassandra_heap": "768M"},
+    with private_backfill(
+        stack_up,
+        tmp_path_factory.mktemp("backfill"),
+        start=START,
+        days=DAYS,
         # 15-day chunks: 2 mapped spark-submits side by side (a third would double the test's time).
         batch={"lateness_s": 300, "grace_s": 300, "chunk_hours": 15 * 24, "backfill_parallelism": 2},
-        airflow={
-            "api_port": free_port(),
-            "dags_folder": REPO_DAGS,
-            "config": {"AIRFLOW__CORE__MAX_TASK_RETRY_DELAY": "3", "AIRFLOW__API_AUTH__JWT_EXPIRATION_TIME": "30"},
-        },
-    )
-    spec = topics.TopicSpec(topic, PARTITIONS, stack_up.kafka.replication_factor, {"retention.ms": "-1"})
-    topics.ensure_topics(stack_up.kafka, [spec])
-    try:
-        t0 = time.monotonic()
-        control.up(settings, ["cassandra", "airflow"])
-        migrations.migrate(settings)
-        print(f"private Cassandra + Airflow up in {time.monotonic() - t0:.1f} s")
-        truth = Truth()
-        produced = produce_history(settings, history_config(start=START, days=DAYS, rate=0.02), truth)
-        produced += sum(truth.dups.values())
-        # Every partition moves past the range's end + grace, so the range is closed.
-        closers = [Event(id=f"closer{p}", ts=END + timedelta(hours=2), item="#c") for p in range(PARTITIONS)]
-        produce_events(settings, closers, partitions=PARTITIONS)
-        af = AirflowClient(settings)
-        early = (af.token(), time.monotonic())
-        af.wait_dag(early[0], "trends_backfill")
-        yield Backfill(settings, truth, produced, early)
-    finally:
-        control.down(settings, ["airflow", "cassandra"])
-        topics.delete_topics(stack_up.kafka, [topic])
+        airflow_config={"AIRFLOW__CORE__MAX_TASK_RETRY_DELAY": "3", "AIRFLOW__API_AUTH__JWT_EXPIRATION_TIME": "30"},
+    ) as bf:
+        yield bf
 
 
 def test_backfill_wait_over_30_days_is_exact(backfill_stack: Backfill) -> None:
