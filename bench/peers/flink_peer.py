@@ -3,6 +3,8 @@
 Per 1-minute event-time bucket and slice (global, origin), after an exact dedupe by event id, exactly once
 (checkpoints; the results reach this client through Flink's collect sink, which hands out only checkpointed rows):
 
+* ``--variant sketch``: the speed layer's sketches as Java UDFs on datasketches-java 6.2.0 (``bench/peers/udf``:
+  HLL lg_k 12, KLL k 200, frequent strings of Spark's size), so the work equals the speed layer's.
 * ``--variant sql``: Flink's built-ins as a user writes them first: ``COUNT(*)``, exact ``COUNT(DISTINCT user)``
   (Flink refuses ``APPROX_COUNT_DISTINCT`` in streaming mode), exact ``PERCENTILE(value, q)`` and a Top-N of the
   items by count. The dedupe is Flink's window deduplication (``ROW_NUMBER() OVER (PARTITION BY window, id)``):
@@ -69,7 +71,22 @@ FROM (
   )
 ) WHERE rk <= {top}"""
 
+SKETCH_FUNCTIONS = {
+    "hll_sketch": "trends.bench.peers.HllSketchAgg",
+    "kll_sketch": "trends.bench.peers.KllSketchAgg",
+    "items_sketch": "trends.bench.peers.ItemsSketchAgg",
+}
+
+SKETCHES = """
+SELECT window_start, slice, COUNT(*) AS events, hll_sketch(`user`) AS users_hll, kll_sketch(`value`) AS values_kll,
+  items_sketch(item) AS items_fi
+FROM sliced GROUP BY window_start, window_end, slice"""
+
 UPSERT = "INSERT INTO {table} (system, slice, bucket_start, events, exact) VALUES (?, ?, ?, ?, ?)"
+UPSERT_SKETCHES = (
+    "INSERT INTO {table} (system, slice, bucket_start, events, users_hll, values_kll, items_fi) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
 
 
 def environment(jars: list[str], parallelism: int, checkpoint_s: float) -> Any:
@@ -126,7 +143,7 @@ def main() -> None:
     parser.add_argument("--topic", required=True)
     parser.add_argument("--group", required=True)
     parser.add_argument("--jars", required=True, help="';'-separated jar files")
-    parser.add_argument("--variant", choices=["sql"], default="sql")
+    parser.add_argument("--variant", choices=["sql", "sketch"], default="sql")
     parser.add_argument("--sink", choices=["null", "cassandra"], required=True)
     parser.add_argument("--out", required=True, help="the summaries, written after the job (both sinks)")
     parser.add_argument("--cassandra", default="127.0.0.1:9042")
@@ -141,9 +158,17 @@ def main() -> None:
     t_env = environment(args.jars.split(";"), args.parallelism, args.checkpoint_s)
     t_env.execute_sql(SOURCE.format(topic=args.topic, bootstrap=args.bootstrap, group=args.group))
     t_env.execute_sql(SLICED)
-    table = t_env.sql_query(f"{STATS} UNION ALL {TOP.format(top=int(args.top))}")
+    if args.variant == "sketch":
+        for name, cls in SKETCH_FUNCTIONS.items():
+            t_env.execute_sql(f"CREATE TEMPORARY FUNCTION {name} AS '{cls}' LANGUAGE JAVA")
+        table = t_env.sql_query(SKETCHES)
+    else:
+        table = t_env.sql_query(f"{STATS} UNION ALL {TOP.format(top=int(args.top))}")
     if args.explain:
         print(table.explain(), file=sys.stderr)
+    if args.variant == "sketch":
+        sketch_job(args, table)
+        return
     write: Any = None
     if args.sink == "cassandra":
         from cassandra.cluster import Cluster
@@ -169,6 +194,33 @@ def main() -> None:
     with Path(args.out).open("w") as out:
         for key in rows.stats:
             out.write(json.dumps(rows.summary(key)) + "\n")
+    print(json.dumps({"seconds": seconds}), flush=True)
+
+
+def sketch_job(args: argparse.Namespace, table: Any) -> None:
+    """Run the sketch variant: rows are final per window (append-only), written as they come."""
+    insert: Any = None
+    if args.sink == "cassandra":
+        from cassandra.cluster import Cluster
+
+        host, port = args.cassandra.rsplit(":", 1)
+        sess = Cluster([host], port=int(port)).connect()
+        insert = sess.prepare(UPSERT_SKETCHES.format(table=f"{args.keyspace}.peer_view"))
+        insert.is_idempotent = True
+    kept: list[tuple[int, str, int, bytes, bytes, bytes]] = []
+    print("ready", flush=True)
+    t0 = time.monotonic()
+    with table.execute().collect() as results:
+        for row in results:
+            bucket = int(row[0].timestamp()) if hasattr(row[0], "timestamp") else int(row[0]) // 1000
+            values = (bucket, row[1], row[2], bytes(row[3]), bytes(row[4]), bytes(row[5]))
+            if insert is not None:
+                sess.execute(insert, (args.system, values[1], bucket * 1000, *values[2:]))
+            kept.append(values)
+    seconds = time.monotonic() - t0
+    with Path(args.out).open("w") as out:
+        for bucket, slice_name, events, hll, kll, fi in kept:
+            out.write(json.dumps(summary.of_blobs(bucket, slice_name, events, hll, kll, fi)) + "\n")
     print(json.dumps({"seconds": seconds}), flush=True)
 
 

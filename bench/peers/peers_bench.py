@@ -312,7 +312,7 @@ def run_flink(
     settings: Settings, topic: str, run: str, variant: str, sink: str, work: Path, parallelism: int
 ) -> tuple[float, list[dict[str, Any]]]:
     """Run the Flink peer (a bounded read of the topic); return (its job's seconds, checked rows)."""
-    from peer_jars import flink_jars
+    from peer_jars import flink_jars, udf_jar
 
     system = f"flink-{variant}-{sink}"
     out = work / f"{system}.jsonl"
@@ -327,7 +327,7 @@ def run_flink(
         "--group",
         f"bench-peers-{run}-{system}",
         "--jars",
-        ";".join(str(j) for j in flink_jars(settings)),
+        ";".join(str(j) for j in [*flink_jars(settings), udf_jar(settings)]),
         "--variant",
         variant,
         "--sink",
@@ -359,7 +359,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--duplicates", type=float, default=0.01, help="fraction of events sent twice")
-    parser.add_argument("--systems", default="speed,flink-sql,quix", help="comma-separated: speed, flink-sql, quix")
+    parser.add_argument(
+        "--systems",
+        default="speed,flink-sql,flink-sketch,quix",
+        help="comma-separated: speed, flink-sql, flink-sketch, quix",
+    )
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 2, help="quixstreams processes")
     parser.add_argument("--quix-fetch-bytes", type=int, default=0, help="max.partition.fetch.bytes (0: default)")
     parser.add_argument("--quix-grace-minutes", type=float, default=10.0)
@@ -411,14 +415,15 @@ def main() -> None:
             result = check.check(speed_rows(settings), truth)
             results.append(("speed layer (Cassandra)", rates["speed layer"], result))
             print(f"  speed layer {rates['speed layer']:,.0f} rows/s, {result.line()}, {load()}")
-        for variant in ("sql",):
+        for variant in ("sql", "sketch"):
             if f"flink-{variant}" not in systems:
                 continue
             for sink in args.flink_sinks.split(","):
                 print(f"flink {variant} ({sink}), {load()}")
                 seconds, rows = run_flink(settings, topic, run, variant, sink, work, args.processes)
                 result = check.check(rows, truth)
-                results.append((f"Flink SQL {variant} p{args.processes} ({sink})", records / seconds, result))
+                label = "built-ins" if variant == "sql" else "sketch UDFs"
+                results.append((f"Flink SQL {label} p{args.processes} ({sink})", records / seconds, result))
                 print(f"  flink {variant} {sink}: {seconds:.1f} s, {records / seconds:,.0f} rows/s, {result.line()}")
         if "quix" in systems:
             for sink in args.quix_sinks.split(","):
