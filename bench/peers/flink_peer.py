@@ -11,7 +11,8 @@ Per 1-minute event-time bucket and slice (global, origin), after an exact dedupe
   an id always carries the same event time here, so every copy falls in one window and the dedupe is exact.
 
 The source is the bench topic read from the earliest to the latest offset at start (``scan.bounded.mode``), so the
-job ends by itself and its time is clean; the watermark is each partition's event time less a minute.
+job ends by itself and its time is clean; the watermark is each partition's event time less a minute. With
+``--live`` (the freshness run) the job reads on, its watermark a couple of seconds behind.
 
 Sinks: ``null`` keeps the rows in memory and writes their summaries to a file once the job is over (not timed);
 ``cassandra`` upserts each row with the DataStax driver as it arrives (Flink's Cassandra connector has no build for
@@ -36,12 +37,13 @@ SOURCE = """
 CREATE TABLE events (
   id STRING, ts STRING, item STRING, `user` STRING, `value` DOUBLE, dims MAP<STRING, STRING>,
   rt TIMESTAMP_LTZ(3) METADATA FROM 'timestamp' VIRTUAL,
-  WATERMARK FOR rt AS rt - INTERVAL '1' MINUTE
+  WATERMARK FOR rt AS rt - INTERVAL '{delay_s}' SECOND
 ) WITH (
   'connector' = 'kafka', 'topic' = '{topic}', 'properties.bootstrap.servers' = '{bootstrap}',
-  'properties.group.id' = '{group}', 'scan.startup.mode' = 'earliest-offset', 'scan.bounded.mode' = 'latest-offset',
+  'properties.group.id' = '{group}', 'scan.startup.mode' = 'earliest-offset', {bounded}
   'format' = 'json', 'json.ignore-parse-errors' = 'true'
 )"""
+BOUNDED = "'scan.bounded.mode' = 'latest-offset',"
 
 SLICED = """
 CREATE VIEW sliced AS
@@ -99,6 +101,7 @@ def environment(jars: list[str], parallelism: int, checkpoint_s: float) -> Any:
     conf.set("parallelism.default", str(parallelism))
     conf.set("execution.checkpointing.interval", f"{int(checkpoint_s * 1000)} ms")
     conf.set("execution.checkpointing.mode", "EXACTLY_ONCE")
+    conf.set("table.exec.source.idle-timeout", "5 s")  # a partition without records holds no window back
     return t_env
 
 
@@ -153,10 +156,19 @@ def main() -> None:
     parser.add_argument("--checkpoint-s", type=float, default=5.0)
     parser.add_argument("--top", type=int, default=summary.TOP_LISTED)
     parser.add_argument("--explain", action="store_true")
+    parser.add_argument("--live", action="store_true", help="read on past the end (the freshness run)")
+    parser.add_argument("--watermark-delay-s", type=float, default=60.0)
     args = parser.parse_args()
 
     t_env = environment(args.jars.split(";"), args.parallelism, args.checkpoint_s)
-    t_env.execute_sql(SOURCE.format(topic=args.topic, bootstrap=args.bootstrap, group=args.group))
+    source = SOURCE.format(
+        topic=args.topic,
+        bootstrap=args.bootstrap,
+        group=args.group,
+        delay_s=f"{args.watermark_delay_s:.3f}",
+        bounded="" if args.live else BOUNDED,
+    )
+    t_env.execute_sql(source)
     t_env.execute_sql(SLICED)
     if args.variant == "sketch":
         for name, cls in SKETCH_FUNCTIONS.items():

@@ -31,6 +31,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ ROOT = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(ROOT)]
 
 import check  # noqa: E402
+import freshness  # noqa: E402
 import summary  # noqa: E402
 
 from bench.speed_bench import BARE, event_json, throughput  # noqa: E402
@@ -355,6 +357,108 @@ def run_flink(
     return seconds, rows
 
 
+def fresh_counts(settings: Settings, system: str) -> Callable[[], dict[int, int]]:
+    """Return a reader of the global slice's minute counts of one system (the speed layer's view or peer_view)."""
+    from infra.cassandra import make_cluster
+
+    sess = make_cluster(settings).connect()
+    ks = settings.cassandra.keyspace
+    if system == "speed":
+        stmt = sess.prepare(f"SELECT bucket_start, events FROM {ks}.speed_view WHERE slice = '*' AND day IN ?")
+
+        def read() -> dict[int, int]:
+            today = datetime.now(UTC).date()
+            rows = sess.execute(stmt, ([today - timedelta(days=1), today, today + timedelta(days=1)],))
+            return {int(r.bucket_start.replace(tzinfo=UTC).timestamp()): r.events for r in rows}
+
+        return read
+    stmt = sess.prepare(f"SELECT bucket_start, events FROM {ks}.peer_view WHERE system = ? AND slice = '*'")
+
+    def read_peer() -> dict[int, int]:
+        rows = sess.execute(stmt, (system,))
+        return {int(r.bucket_start.replace(tzinfo=UTC).timestamp()): r.events for r in rows}
+
+    return read_peer
+
+
+def run_freshness(
+    settings: Settings, run: str, work: Path, systems: list[str], rate: float, seconds: float, processes: int
+) -> dict[str, tuple[str, freshness.Freshness]]:
+    """Measure each system's freshness in turn on a topic of its own; return its interval and the outcome."""
+    from peer_jars import flink_jars, udf_jar
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    peer_python = str(PEERS_VENV / "bin" / "python")
+    cassandra = f"{settings.cassandra.contact_points[0]}:{settings.cassandra.port}"
+    out: dict[str, tuple[str, freshness.Freshness]] = {}
+    for system in systems:
+        topic = f"bench.peers.fresh.{system}.{run}"
+        topics.ensure_topics(settings.kafka, [topics.TopicSpec(topic, settings.kafka.partitions, 1, {})])
+        name = f"fresh-{system}"
+        common = ["--bootstrap", settings.kafka.bootstrap_servers, "--topic", topic, "--group", f"{name}-{run}"]
+        cassandra_args = ["--cassandra", cassandra, "--keyspace", settings.cassandra.keyspace, "--system", name]
+        if system == "speed":
+            interval = "trigger 1 s"
+            cmds = [[str(ROOT / ".venv" / "bin" / "trends"), "speed", "run", "--trigger", "1"]]
+            cmds[0] += ["--starting-offsets", "earliest"]
+            speed_env = {
+                **os.environ,
+                "TRENDS_KAFKA__EVENTS_TOPIC": topic,
+                "TRENDS_CASSANDRA__KEYSPACE": settings.cassandra.keyspace,
+                "TRENDS_SPEED__QUERY_NAME": f"bench_fresh_{run}",
+                "TRENDS_METRICS__SPEED_PORT": "0",
+                "TRENDS_VIEWS__SLICE_DIMS": '["origin"]',
+                "TRENDS_SPARK__CHECKPOINT_ROOT": str(work / "fresh-checkpoints"),
+            }
+            envs = [speed_env]
+            reader = fresh_counts(settings, "speed")
+        elif system.startswith("flink"):
+            variant = system.removeprefix("flink-")
+            interval = "checkpoint 1 s, watermark 2 s behind"
+            jar_list = ";".join(str(j) for j in [*flink_jars(settings), udf_jar(settings)])
+            cmd = [peer_python, str(HERE / "flink_peer.py"), *common, "--jars", jar_list, "--variant", variant]
+            cmd += ["--sink", "cassandra", "--out", str(work / f"{name}.jsonl"), *cassandra_args]
+            cmd += ["--live", "--watermark-delay-s", "2", "--checkpoint-s", "1", "--parallelism", str(processes)]
+            cmds, envs = [cmd], [env]
+            reader = fresh_counts(settings, name)
+        else:
+            interval = "commit 1 s, grace 2 s"
+            cmds, envs = [], []
+            for n in range(processes):
+                cmd = [peer_python, str(HERE / "quix_peer.py"), *common, "--sink", "cassandra", *cassandra_args]
+                cmd += ["--state-dir", str(work / f"fresh-quix-{n}"), "--commit-interval", "1"]
+                cmd += ["--grace-minutes", str(2 / 60)]
+                cmds.append(cmd)
+                envs.append(env)
+            reader = fresh_counts(settings, name)
+        procs = []
+        for n, (cmd, cmd_env) in enumerate(zip(cmds, envs, strict=True)):
+            log = (work / f"{name}-{n}.log").open("wb")
+            procs.append(subprocess.Popen(cmd, env=cmd_env, stdout=log, stderr=subprocess.STDOUT, cwd=HERE))
+        try:
+            print(f"freshness of {system} ({interval}), {load()}")
+            result = freshness.measure(settings, topic, rate, seconds, reader)
+        finally:
+            stop(procs)
+        print(f"  {system}: {result.line()}, {load()}")
+        out[system] = (interval, result)
+    return out
+
+
+def print_table(rates: dict[str, float], results: list[tuple[str, float, check.Result]]) -> None:
+    """Print each system's rows/s beside the bare read's and the speed layer's, with its exactness."""
+    bare = rates.get(BARE)
+    if bare:
+        print(f"  {BARE:34} {bare:>10,.0f} rows/s  (baseline)")
+    speed = rates.get("speed layer")
+    for name, rate, result in results:
+        ratio = f"{rate / bare:.2f} of bare" if bare else ""
+        vs = f"speed layer / it {speed / rate:.2f}" if speed and not name.startswith("speed") else ""
+        print(f"  {name:34} {rate:>10,.0f} rows/s  {ratio:12} {vs:24} {result.line()}")
+        for note in result.notes[:5]:
+            print(f"      {note}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -369,6 +473,11 @@ def main() -> None:
     parser.add_argument("--quix-grace-minutes", type=float, default=10.0)
     parser.add_argument("--quix-sinks", default="null,cassandra")
     parser.add_argument("--flink-sinks", default="null,cassandra")
+    parser.add_argument("--freshness-seconds", type=float, default=60, help="sampled span per system (0: skip)")
+    parser.add_argument(
+        "--freshness-systems", default="speed,flink-sketch,flink-sql,quix", help="comma-separated, as --systems"
+    )
+    parser.add_argument("--freshness-rate", type=float, default=0, help="events/s (0: half the slowest's rows/s)")
     parser.add_argument("--keep", action="store_true", help="keep the topics and keyspaces")
     args = parser.parse_args()
     systems = set(args.systems.split(","))
@@ -434,16 +543,22 @@ def main() -> None:
                     f"  quixstreams {sink}: {seconds:.1f} s, {records / seconds:,.0f} rows/s, {result.line()}, {load()}"
                 )
         print(f"\npeers over {records:,} records ({args.events:,} events), {load()}:")
-        bare = rates.get(BARE)
-        if bare:
-            print(f"  {BARE:34} {bare:>10,.0f} rows/s  (baseline)")
-        speed = rates.get("speed layer")
-        for name, rate, result in results:
-            ratio = f"{rate / bare:.2f} of bare" if bare else ""
-            vs = f"speed layer / it {speed / rate:.2f}" if speed and not name.startswith("speed") else ""
-            print(f"  {name:34} {rate:>10,.0f} rows/s  {ratio:12} {vs:24} {result.line()}")
-            for note in result.notes[:5]:
-                print(f"      {note}")
+        print_table(rates, results)
+        if args.freshness_seconds > 0:
+            slowest = min((rate for _, rate, _ in results), default=0.0)
+            fresh_rate = args.freshness_rate or slowest / 2
+            print(f"\nfreshness at {fresh_rate:,.0f} events/s (half the slowest's {slowest:,.0f} rows/s), {load()}")
+            fresh = run_freshness(
+                settings,
+                run,
+                work,
+                args.freshness_systems.split(","),
+                fresh_rate,
+                args.freshness_seconds,
+                args.processes,
+            )
+            for system, (interval, outcome) in fresh.items():
+                print(f"  {system:14} {interval:40} {outcome.line()}")
     finally:
         if not args.keep:
             cleanup(settings, run, [keyspace, f"{keyspace}_warm"])
