@@ -64,6 +64,7 @@ CREATE TABLE IF NOT EXISTS {keyspace}.peer_view (
 CLOSING_EVENTS = 30
 CLOSING_AFTER = timedelta(minutes=35)  # past the grace + the window; Kafka refuses over 1 h ahead
 STALL_S = 90.0
+FLINK_TIMEOUT_S = 900
 
 
 def load() -> str:
@@ -346,7 +347,9 @@ def run_flink(
         str(parallelism),
     ]
     with (work / f"{system}.log").open("wb") as log:
-        proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=log, timeout=3600, check=False, cwd=HERE)
+        proc = subprocess.run(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=log, timeout=FLINK_TIMEOUT_S, check=False, cwd=HERE
+        )
     lines = proc.stdout.decode().splitlines()
     if proc.returncode != 0 or not lines or not lines[-1].startswith("{"):
         tail = (work / f"{system}.log").read_text()[-3000:]
@@ -438,6 +441,9 @@ def run_freshness(
         try:
             print(f"freshness of {system} ({interval}), {load()}")
             result = freshness.measure(settings, topic, rate, seconds, reader)
+        except Exception as exc:  # noqa: BLE001 - one system's failure is printed, the others still run
+            print(f"  {system} FAILED: {exc}")
+            continue
         finally:
             stop(procs)
         print(f"  {system}: {result.line()}, {load()}")
@@ -529,7 +535,11 @@ def main() -> None:
                 continue
             for sink in args.flink_sinks.split(","):
                 print(f"flink {variant} ({sink}), {load()}")
-                seconds, rows = run_flink(settings, topic, run, variant, sink, work, args.processes)
+                try:
+                    seconds, rows = run_flink(settings, topic, run, variant, sink, work, args.processes)
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    print(f"  flink {variant} {sink} FAILED: {str(exc)[-500:]}")
+                    continue
                 result = check.check(rows, truth)
                 label = "built-ins" if variant == "sql" else "sketch UDFs"
                 results.append((f"Flink SQL {label} p{args.processes} ({sink})", records / seconds, result))
