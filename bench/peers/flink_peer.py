@@ -91,7 +91,7 @@ UPSERT_SKETCHES = (
 )
 
 
-def environment(jars: list[str], parallelism: int, checkpoint_s: float) -> Any:
+def environment(jars: list[str], parallelism: int, checkpoint_s: float, checkpoint_dir: str) -> Any:
     """Return a streaming TableEnvironment with the Kafka connector, checkpoints and the bench's parallelism."""
     from pyflink.table import EnvironmentSettings, TableEnvironment
 
@@ -101,6 +101,10 @@ def environment(jars: list[str], parallelism: int, checkpoint_s: float) -> Any:
     conf.set("parallelism.default", str(parallelism))
     conf.set("execution.checkpointing.interval", f"{int(checkpoint_s * 1000)} ms")
     conf.set("execution.checkpointing.mode", "EXACTLY_ONCE")
+    # Checkpoints in the JobManager's memory are capped at 5 MB: a minute of exact distincts passes that and every
+    # checkpoint fails, the job restarting forever. Files, as any deployment would have.
+    conf.set("execution.checkpointing.storage", "filesystem")
+    conf.set("execution.checkpointing.dir", Path(checkpoint_dir).resolve().as_uri())
     conf.set("table.exec.source.idle-timeout", "5 s")  # a partition without records holds no window back
     return t_env
 
@@ -155,12 +159,13 @@ def main() -> None:
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--checkpoint-s", type=float, default=5.0)
     parser.add_argument("--top", type=int, default=summary.TOP_LISTED)
+    parser.add_argument("--checkpoint-dir", required=True)
     parser.add_argument("--explain", action="store_true")
     parser.add_argument("--live", action="store_true", help="read on past the end (the freshness run)")
     parser.add_argument("--watermark-delay-s", type=float, default=60.0)
     args = parser.parse_args()
 
-    t_env = environment(args.jars.split(";"), args.parallelism, args.checkpoint_s)
+    t_env = environment(args.jars.split(";"), args.parallelism, args.checkpoint_s, args.checkpoint_dir)
     source = SOURCE.format(
         topic=args.topic,
         bootstrap=args.bootstrap,

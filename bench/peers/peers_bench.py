@@ -345,6 +345,8 @@ def run_flink(
         system,
         "--parallelism",
         str(parallelism),
+        "--checkpoint-dir",
+        str(work / f"{system}-checkpoints"),
     ]
     with (work / f"{system}.log").open("wb") as log:
         proc = subprocess.run(
@@ -422,6 +424,7 @@ def run_freshness(
             cmd = [peer_python, str(HERE / "flink_peer.py"), *common, "--jars", jar_list, "--variant", variant]
             cmd += ["--sink", "cassandra", "--out", str(work / f"{name}.jsonl"), *cassandra_args]
             cmd += ["--live", "--watermark-delay-s", "2", "--checkpoint-s", "1", "--parallelism", str(processes)]
+            cmd += ["--checkpoint-dir", str(work / f"{name}-checkpoints")]
             cmds, envs = [cmd], [env]
             reader = fresh_counts(settings, name)
         else:
