@@ -530,6 +530,8 @@ def main() -> None:
             fill(warmup, warm_topic, 50_000, args.duplicates)
             print(f"spark (bare read, speed layer), {load()}")
             rates = throughput(settings, warmup, records)
+            for name, rate in rates.items():
+                print(f"  {name:34} {rate:>10,.0f} rows/s")
             result = check.check(speed_rows(settings), truth)
             results.append(("speed layer (Cassandra)", rates["speed layer"], result))
             print(f"  speed layer {rates['speed layer']:,.0f} rows/s, {result.line()}, {load()}")
