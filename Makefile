@@ -8,7 +8,7 @@ JARS := $(VENV)/.jars
 BROWSER := $(VENV)/.browser
 GOTOOLS := $(VENV)/.gotools
 
-.PHONY: help setup demo test test-unit test-services test-faults test-reliability test-cluster test-alerting test-backfill test-install test-network gotools lint docs-check docs format lock stack-down clean
+.PHONY: bench-peers help setup demo test test-unit test-services test-faults test-reliability test-cluster test-alerting test-backfill test-install test-network gotools lint docs-check docs format lock stack-down clean
 
 help:
 	@echo "make demo        set up, start the stack and run the whole pipeline (stream, Airflow backfill, API, dashboard)"
@@ -22,6 +22,7 @@ help:
 	@echo "make test-tls          the pipeline over TLS and SASL_SSL on a private TLS stack (not part of make test)"
 	@echo "make test-network      network faults (latency, black hole, reset, bandwidth, slicer) through Toxiproxy between the components (not part of make test)"
 	@echo "make test-alerting     the alert rules (promtool) and a real Prometheus firing the watermark-lag alert (not part of make test)"
+	@echo "make bench-peers   the speed layer beside Flink and quixstreams on the same events, each checked exact first (.venv-peers; ~35 min)"
 	@echo "make gotools     build promtool, prometheus and toxiproxy from Go modules into ~/.cache/trends/bin (once, ~6 min)"
 	@echo "make lint        ruff check, ruff format --check, mypy, lint-imports (the layering contracts)"
 	@echo "make docs-check  build the docs site with mkdocs --strict (broken links, missing pages fail; part of make test)"
@@ -127,6 +128,20 @@ test-alerting: setup $(GOTOOLS)
 test-network: setup $(GOTOOLS)
 	$(BIN)/pytest -m network tests/network
 
+# The peers bench (bench/peers/): Flink and quixstreams in their own venv (never the pipeline's dependencies), their
+# jars fetched with Maven from bench/peers/pom.xml into the jar cache, then the bench against the local stack.
+# BENCH_ARGS passes options on (e.g. BENCH_ARGS="--events 200000 --systems speed,quix").
+PEERS_VENV ?= .venv-peers
+$(PEERS_VENV)/.installed: bench/peers/requirements.txt bench/peers/constraints.txt
+	rm -rf $(PEERS_VENV) && $(PY) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install --quiet --disable-pip-version-check -c bench/peers/constraints.txt -r bench/peers/requirements.txt
+	touch $@
+
+bench-peers: setup $(PEERS_VENV)/.installed
+	$(BIN)/trends stack up
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/peers/peer_jars.py
+	PYTHONPATH=$(CURDIR) $(BIN)/python bench/peers/peers_bench.py $(BENCH_ARGS)
+
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -166,4 +181,4 @@ stack-down: $(INSTALLED)
 	$(BIN)/trends stack down
 
 clean:
-	rm -rf $(VENV) $(CORE_VENV) $(AIRFLOW_VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info
+	rm -rf $(VENV) $(CORE_VENV) $(AIRFLOW_VENV) $(PEERS_VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info
