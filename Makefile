@@ -8,7 +8,7 @@ JARS := $(VENV)/.jars
 BROWSER := $(VENV)/.browser
 GOTOOLS := $(VENV)/.gotools
 
-.PHONY: help setup demo test test-unit test-services test-faults test-reliability test-cluster test-alerting test-backfill test-install test-network gotools lint docs-check docs format lock stack-down clean
+.PHONY: help setup demo test test-unit test-services test-faults test-reliability test-cluster test-alerting test-backfill test-install test-network test-soak gotools lint docs-check docs format lock stack-down clean
 
 help:
 	@echo "make demo        set up, start the stack and run the whole pipeline (stream, Airflow backfill, API, dashboard)"
@@ -21,6 +21,7 @@ help:
 	@echo "make test-install      pip install . (no extras, no Airflow) in .venv-core: ingest, speed, batch, serve work"
 	@echo "make test-tls          the pipeline over TLS and SASL_SSL on a private TLS stack (not part of make test)"
 	@echo "make test-network      network faults (latency, black hole, reset, bandwidth, slicer) through Toxiproxy between the components (not part of make test)"
+	@echo "make test-soak         the whole stack for SOAK_MINUTES (default 60) at a steady rate, a fault every 10 min, resources bounded (not part of make test)"
 	@echo "make test-alerting     the alert rules (promtool) and a real Prometheus firing the watermark-lag alert"
 	@echo "make gotools     build promtool, prometheus and toxiproxy from Go modules into ~/.cache/trends/bin (once, ~6 min)"
 	@echo "make lint        ruff check, ruff format --check, mypy, lint-imports (the layering contracts)"
@@ -125,6 +126,14 @@ test-alerting: setup $(GOTOOLS)
 # artifacts/network.md (link x fault -> what the component did, recovery time, counts after).
 test-network: setup $(GOTOOLS)
 	$(BIN)/pytest -m network tests/network
+
+# The soak: a private stack (Kafka, Cassandra, Airflow's scheduler with the hourly DAG, the speed service, the API
+# with 2 workers) at a steady rate for SOAK_MINUTES (default 60; SOAK_MINUTES=10 scales the fault interval and the
+# warm-up with it), a fault every 10 minutes; resources sampled every 30 s and bounded; writes artifacts/soak.md and
+# its plots. Under the services lock, so it never overlaps another engineer's service tests on this machine.
+SOAK_LOCK ?= /tmp/trends-services.lock
+test-soak: setup
+	flock $(SOAK_LOCK) $(BIN)/pytest -m soak -s tests/soak
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
