@@ -8,7 +8,7 @@ JARS := $(VENV)/.jars
 BROWSER := $(VENV)/.browser
 GOTOOLS := $(VENV)/.gotools
 
-.PHONY: bench-peers help setup demo test test-unit test-services test-faults test-reliability test-cluster test-alerting test-backfill test-install test-network gotools lint docs-check docs format lock stack-down clean
+.PHONY: bench-peers help setup demo test test-unit test-services test-faults test-reliability test-cluster test-alerting test-backfill test-install test-network test-soak gotools lint docs-check docs format lock stack-down clean
 
 help:
 	@echo "make demo        set up, start the stack and run the whole pipeline (stream, Airflow backfill, API, dashboard)"
@@ -21,6 +21,7 @@ help:
 	@echo "make test-install      pip install . (no extras, no Airflow) in .venv-core: ingest, speed, batch, serve work"
 	@echo "make test-tls          the pipeline over TLS and SASL_SSL on a private TLS stack (not part of make test)"
 	@echo "make test-network      network faults (latency, black hole, reset, bandwidth, slicer) through Toxiproxy between the components (not part of make test)"
+	@echo "make test-soak         the whole stack for SOAK_MINUTES (default 60) at a steady rate, a fault every 10 min, resources bounded (not part of make test)"
 	@echo "make test-alerting     the alert rules (promtool) and a real Prometheus firing the watermark-lag alert (not part of make test)"
 	@echo "make bench-peers   the speed layer beside Flink and quixstreams on the same events, each checked exact first (.venv-peers; ~35 min)"
 	@echo "make gotools     build promtool, prometheus and toxiproxy from Go modules into ~/.cache/trends/bin (once, ~6 min)"
@@ -141,6 +142,14 @@ bench-peers: setup $(PEERS_VENV)/.installed
 	$(BIN)/trends stack up
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/peers/peer_jars.py
 	PYTHONPATH=$(CURDIR) $(BIN)/python bench/peers/peers_bench.py $(BENCH_ARGS)
+
+# The soak: a private stack (Kafka, Cassandra, Airflow's scheduler with the hourly DAG, the speed service, the API
+# with 2 workers) at a steady rate for SOAK_MINUTES (default 60; SOAK_MINUTES=10 scales the fault interval and the
+# warm-up with it), a fault every 10 minutes; resources sampled every 30 s and bounded; writes artifacts/soak.md and
+# its plots. Under the services lock, so it never overlaps another engineer's service tests on this machine.
+SOAK_LOCK ?= /tmp/trends-services.lock
+test-soak: setup
+	flock $(SOAK_LOCK) $(BIN)/pytest -m soak -s tests/soak
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

@@ -43,11 +43,16 @@ def _declared(*extras: str) -> set[str]:
     return names
 
 
-def _imports(folders: list[str]) -> dict[str, set[str]]:
+PEERS = ROOT / "bench" / "peers"  # `make bench-peers`: Flink and quixstreams in a venv of their own
+
+
+def _imports(folders: list[str], skip: Path | None = None) -> dict[str, set[str]]:
     """Return top-level module name -> files importing it (absolute imports, lazy ones inside functions too)."""
     out: dict[str, set[str]] = {}
     for folder in folders:
         for path in (ROOT / folder).rglob("*.py"):
+            if skip is not None and path.is_relative_to(skip):
+                continue
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 if isinstance(node, ast.Import):
                     names = [a.name for a in node.names]
@@ -69,9 +74,9 @@ def _distributions(module: str) -> set[str]:
     return {_name(d) for d in metadata.packages_distributions().get(module, [])}
 
 
-def _undeclared(folders: list[str], declared: set[str]) -> dict[str, str]:
+def _undeclared(folders: list[str], declared: set[str], skip: Path | None = None) -> dict[str, str]:
     missing = {}
-    for module, files in sorted(_third_party(_imports(folders)).items()):
+    for module, files in sorted(_third_party(_imports(folders, skip)).items()):
         dists = _distributions(module)
         if not dists:
             missing[module] = f"not installed (imported by {sorted(files)})"
@@ -95,7 +100,20 @@ def test_the_dag_files_need_only_the_airflow_extra() -> None:
 
 
 def test_tests_and_benches_need_only_the_dev_extra() -> None:
-    assert _undeclared(["tests", "bench"], _declared("airflow", "dev")) == {}
+    assert _undeclared(["tests", "bench"], _declared("airflow", "dev"), skip=PEERS) == {}
+
+
+def test_the_peers_bench_needs_only_the_dev_extra_and_its_own_requirements() -> None:
+    """The peers are never the pipeline's dependencies: what bench/peers imports beyond [dev] is in its requirements."""
+    own = {p.stem for p in PEERS.rglob("*.py")}
+    lines = (PEERS / "requirements.txt").read_text().splitlines()
+    required = {_name(line) for line in lines if line.strip() and not line.startswith("#")}
+    provided_by = {"pyflink": "apache-flink", "cassandra": "cassandra-driver"}  # module -> distribution
+    dev = _declared("airflow", "dev")
+    imported = {m for m in _third_party(_imports(["bench/peers"])) if m not in own}
+    assert {m for m in imported if provided_by.get(m, m) not in required and not _distributions(m) & dev} == set()
+    leaked = {"apache-flink", "quixstreams"} & _declared("airflow", "dev")
+    assert not leaked, f"a peer's package leaked into the pipeline's dependencies: {leaked}"
 
 
 def test_every_declared_dependency_is_used() -> None:

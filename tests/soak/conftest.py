@@ -1,0 +1,88 @@
+"""The soak's private stack: Kafka, Cassandra, Airflow (scheduler and the repo's DAGs), the speed service and the API.
+
+Everything runs from a data dir of its own on free ports, so the faults (a broker restart, Cassandra stopped) never
+touch the shared stack, and everything is stopped at the end. It differs from the defaults only where the soak needs
+it, each for a reason:
+
+* ``speed.trigger_seconds`` 1: the freshness goal of docs/benchmarks.md was measured with a 1 s trigger;
+* ``batch.lateness_s`` 60 and ``grace_s`` 120: an hour of live events closes 2 minutes after its end instead of an
+  hour, so the hourly DAG computes closed hours within the soak (the events are never late);
+* ``batch.heal_max_hours`` 2: a fresh keyspace has nothing below the seeded hour to heal;
+* ``spark.conf["spark.local.dir"]``: the speed job's RocksDB working copy in a folder the soak can measure;
+* ``serving.workers`` 2, as the issue asks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from infra import migrations, topics
+from infra.settings import Settings
+from stack import control
+from stack.airflow.config import AirflowConfig
+from tests.helpers import free_port
+from tests.soak.config import SoakConfig
+
+REPO_DAGS = Path(__file__).resolve().parents[2] / "dags"
+
+
+@dataclass
+class SoakStack:
+    """The private stack's settings, where the speed job's Spark temp files go, and the soak's knobs."""
+
+    settings: Settings
+    spark_local_dir: Path
+    config: SoakConfig
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.serving.port}"
+
+
+@pytest.fixture(scope="module")
+def soak_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoakStack]:
+    """Start the whole private stack (servers first, then Airflow beside them, then the speed job and the API)."""
+    cfg = SoakConfig.from_env()
+    root = tmp_path_factory.mktemp("soak")
+    local = root / "spark-local"
+    local.mkdir()
+    settings = Settings(
+        data_dir=root / "data",
+        kafka={"bootstrap_servers": f"127.0.0.1:{free_port()}", "partitions": 4},
+        cassandra={"port": free_port(), "keyspace": "trends"},
+        stack={
+            "kafka_controller_port": free_port(),
+            "cassandra_storage_port": free_port(),
+            "cassandra_jmx_port": free_port(),
+        },
+        spark={"conf": {"spark.local.dir": str(local)}},
+        speed={"trigger_seconds": 1.0, "allowed_lateness_s": cfg.lateness_s, "query_name": "soak"},
+        batch={"lateness_s": 60, "grace_s": 120, "heal_max_hours": 2},
+        views={"slice_dims": ["origin"]},
+        serving={"port": free_port(), "workers": 2},
+        metrics={"speed_port": free_port()},
+        airflow={"api_port": free_port(), "dags_folder": REPO_DAGS},
+    )
+    try:
+        t0 = time.monotonic()
+        control.up(settings, ["kafka", "cassandra", "airflow"])
+        topics.ensure_topics(settings.kafka)
+        migrations.migrate(settings)
+        print(f"private Kafka, Cassandra and Airflow up in {time.monotonic() - t0:.0f} s")
+        yield SoakStack(settings, local, cfg)
+    finally:
+        control.down(settings, ["api", "speed", "airflow", "kafka", "cassandra"])
+
+
+def unpause_batch_dag(settings: Settings) -> None:
+    """Unpause ``trends_batch`` once it is parsed: the scheduler then runs the latest closed hour, and each next one."""
+    af = AirflowConfig(settings)
+    client = af.client()
+    client.wait_dag(client.token(), "trends_batch", timeout_s=300)
+    done = af.cli("dags", "unpause", "trends_batch")
+    assert done.returncode == 0, done.stdout + done.stderr

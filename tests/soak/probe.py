@@ -1,0 +1,386 @@
+"""What the soak drives and reads while the stack runs: the producer, the dashboards' poller, freshness, the gauges.
+
+Every reader tolerates the faults it lives through (a stopped Cassandra, a restarting broker or API worker): a
+reading that fails is recorded as missing (None), never as zero.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import re
+import threading
+import time
+import urllib.request
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psutil
+from confluent_kafka import Producer
+
+from infra.cassandra import session, table
+from infra.settings import Settings
+from stack.airflow.config import SCHEDULER
+from stack.airflow.service import Airflow
+from stack.services.cassandra import Cassandra
+from stack.services.kafka import Kafka
+from stack.services.pipeline import ApiService, SpeedService
+from views.event import Event
+
+logger = logging.getLogger(__name__)
+
+HOUR = timedelta(hours=1)
+ORIGINS = ("JFK", "LAX", "SFO", "ORD", "ATL")
+BATCH_LINE = re.compile(rb"batch \d+: (\d+) rows in (\d+) ms")
+# What a dashboard asks, round-robin: the numbers, the trend, the chart (dashboard_refresh_s apart per viewer).
+DASHBOARD = (
+    "/api/v1/count?last=15m",
+    "/api/v1/trending?last=1h",
+    "/api/v1/top?last=1h&limit=10",
+    "/api/v1/series?last=1h&resolution=minute",
+    "/api/v1/users?last=1h",
+    "/api/v1/count?last=6h&slice=origin%3DJFK",
+)
+
+
+def hour_of(ts_ms: int) -> datetime:
+    """Return the UTC hour an event time (Unix ms) falls in."""
+    return datetime.fromtimestamp(ts_ms // 3_600_000 * 3600, UTC)
+
+
+def dir_bytes(path: Path, name_contains: str = "") -> int | None:
+    """Return the bytes of the files under ``path`` (only in folders whose name holds ``name_contains``)."""
+    if not path.exists():
+        return None
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        if name_contains and name_contains not in root:
+            continue
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(root, f)).st_size
+    return total
+
+
+class SteadyProducer:
+    """Produce events with live event times at a steady rate; count what the broker acknowledged, per hour.
+
+    Idempotent with acks=all and a 10-minute delivery timeout, so a broker restart delays deliveries instead of
+    failing or duplicating them. Every 100 ms one event's time is handed to :class:`Freshness`.
+    """
+
+    def __init__(self, settings: Settings, rate: float, on_sample: Any) -> None:
+        self.settings = settings
+        self.rate = rate
+        self.on_sample = on_sample
+        self.acked: Counter[datetime] = Counter()
+        self.failed: list[str] = []
+        self.sent = 0
+        self.last_ts_ms = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="soak-producer", daemon=True)
+        self._rng = random.Random(29)
+        self._items = [f"#s{i}" for i in range(500)]
+        self._weights = [1 / (i + 1) for i in range(len(self._items))]
+        self.began = 0.0
+        self.ended = 0.0
+        self.producer = Producer(
+            {
+                **settings.kafka.client_config(),
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "compression.type": "lz4",
+                "message.timeout.ms": 600_000,
+            }
+        )
+
+    def _delivered(self, err: Any, msg: Any) -> None:
+        if err is None:
+            self.acked[hour_of(msg.timestamp()[1])] += 1
+        else:
+            self.failed.append(str(err))
+
+    def send(self, ts: datetime) -> None:
+        """Produce one event with event time ``ts`` (record timestamp = event time, keyed by item)."""
+        rng = self._rng
+        e = Event(
+            id=f"soak-{self.sent}",
+            ts=ts,
+            item=rng.choices(self._items, self._weights)[0],
+            user=f"u{rng.randrange(20_000)}",
+            value=round(rng.lognormvariate(3, 1), 3),
+            dims={"origin": rng.choice(ORIGINS)},
+        )
+        while True:
+            try:
+                self.producer.produce(
+                    self.settings.kafka.events_topic,
+                    key=e.item,
+                    value=e.to_json(),
+                    timestamp=e.ts_ms,
+                    on_delivery=self._delivered,
+                )
+                break
+            except BufferError:
+                self.producer.poll(0.05)
+        self.sent += 1
+        self.last_ts_ms = max(self.last_ts_ms, e.ts_ms)
+
+    def seed(self, start: datetime, end: datetime, count: int) -> None:
+        """Produce ``count`` events over ``[start, end)`` in event-time order (the hour before the soak)."""
+        span_ms = int((end - start).total_seconds() * 1000)
+        for k in range(count):
+            self.send(start + timedelta(milliseconds=span_ms * k // count))
+            if k % 1000 == 0:
+                self.producer.poll(0)
+        assert self.producer.flush(300) == 0, "the seed was not delivered within 300 s"
+
+    def start(self) -> None:
+        self.began = time.monotonic()
+        self._thread.start()
+
+    def _run(self) -> None:
+        done = 0
+        next_sample = 0.0
+        while not self._stop.is_set():
+            elapsed = time.monotonic() - self.began
+            due = int(elapsed * self.rate)
+            now = datetime.now(UTC)
+            while done < due:
+                self.send(now)
+                done += 1
+            if elapsed >= next_sample and done:
+                self.on_sample(now.timestamp())
+                next_sample += 0.1
+            self.producer.poll(0)
+            time.sleep(0.01)
+        self.ended = time.monotonic()
+
+    def stop(self, timeout_s: float = 600) -> int:
+        """Stop producing and wait for every delivery report; return how many are still undelivered."""
+        self._stop.set()
+        self._thread.join(30)
+        return int(self.producer.flush(timeout_s))
+
+    @property
+    def achieved(self) -> float:
+        """Return the events/s sent during the steady phase (the seed excluded)."""
+        seconds = (self.ended or time.monotonic()) - self.began
+        return self.sent_steady / seconds if seconds > 0 else 0.0
+
+    sent_steady = 0  # set by the test after the seed (sent - seed)
+
+
+class Freshness:
+    """Time from an event's production until the speed view's newest event time reaches it (as bench/speed_bench.py).
+
+    The producer hands in one event time every 100 ms; the speed layer's progress row is polled every 200 ms.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.pending: list[float] = []
+        self.seen: list[tuple[float, float]] = []  # (event time, latency s)
+        self.errors = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="soak-freshness", daemon=True)
+
+    def add(self, ts: float) -> None:
+        with self._lock:
+            self.pending.append(ts)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        with session(self.settings) as sess:
+            stmt = sess.prepare(f"SELECT newest_event_ts FROM {table(self.settings, 'speed_progress')} WHERE query = ?")
+            while not self._stop.is_set():
+                try:
+                    row = sess.execute(stmt, (self.settings.speed.query_name,), timeout=5).one()
+                except Exception:  # noqa: BLE001 - Cassandra stopped by a fault: the samples wait
+                    self.errors += 1
+                    time.sleep(1)
+                    continue
+                now = time.time()
+                if row is not None and row.newest_event_ts is not None:
+                    newest = row.newest_event_ts.replace(tzinfo=UTC).timestamp()
+                    with self._lock:
+                        reached = [t for t in self.pending if t <= newest]
+                        self.pending = [t for t in self.pending if t > newest]
+                    self.seen.extend((t, now - t) for t in reached)
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+
+class Poller:
+    """Dashboards hitting the API: one request every ``every_s``, round-robin over :data:`DASHBOARD`."""
+
+    def __init__(self, url: str, every_s: float = 0.5) -> None:
+        self.url = url
+        self.every_s = every_s
+        self.statuses: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="soak-poller", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        import httpx
+
+        with httpx.Client(base_url=self.url, timeout=10) as client:
+            i = 0
+            while not self._stop.is_set():
+                try:
+                    status = str(client.get(DASHBOARD[i % len(DASHBOARD)]).status_code)
+                except httpx.HTTPError as exc:
+                    status = type(exc).__name__
+                self.statuses[status] += 1
+                i += 1
+                time.sleep(self.every_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Return the unlabelled and labelled samples of a /metrics page by metric name (labels summed); {} on error."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        name = name.split("{", 1)[0]
+        with contextlib.suppress(ValueError):
+            out[name] = out.get(name, 0.0) + float(value)
+    return out
+
+
+class Gauges:
+    """Read every series of one 30-s sample: processes' RSS and CPU, folders, caches, batch durations, lag."""
+
+    def __init__(self, settings: Settings, spark_local_dir: Path) -> None:
+        self.settings = settings
+        self.spark_local_dir = spark_local_dir
+        self.speed = SpeedService(settings)
+        self.api = ApiService(settings)
+        self.airflow = Airflow(settings)
+        self.kafka = Kafka(settings, 0)
+        self.cassandra = Cassandra(settings, 0)
+        self._procs: dict[int, psutil.Process] = {}
+        self._log_offset = 0
+
+    def _proc(self, pid: int) -> psutil.Process:
+        if pid not in self._procs:
+            proc = psutil.Process(pid)
+            proc.cpu_percent(None)  # the first call starts the interval
+            self._procs[pid] = proc
+        return self._procs[pid]
+
+    def api_workers(self) -> list[psutil.Process]:
+        """Return the uvicorn worker processes of the API (spawned children; the resource tracker is not one)."""
+        master = self.api.pid()
+        if master is None:
+            return []
+        with contextlib.suppress(psutil.Error):
+            return [c for c in psutil.Process(master).children() if "spawn_main" in " ".join(c.cmdline())]
+        return []
+
+    def speed_pids(self) -> tuple[int | None, int | None]:
+        """Return the speed job's driver (Python) and its JVM, or None for one not running."""
+        state = self.speed.supervisor_state()
+        driver = state.child_pid if state is not None else None
+        if driver is None or not psutil.pid_exists(driver):
+            return None, None
+        with contextlib.suppress(psutil.Error):
+            jvms = [c.pid for c in psutil.Process(driver).children(recursive=True) if c.name() == "java"]
+            return driver, (jvms[0] if jvms else None)
+        return None, None
+
+    def processes(self) -> dict[str, list[int]]:
+        """Return the processes of each series (a series' RSS and CPU are summed over its processes)."""
+        driver, jvm = self.speed_pids()
+        scheduler = self.airflow.component_pid(SCHEDULER)
+        found: dict[str, list[int | None]] = {
+            "speed_driver": [driver],
+            "speed_jvm": [jvm],
+            "api_master": [self.api.pid()],
+            "api_workers": [w.pid for w in self.api_workers()],
+            "scheduler": [scheduler],
+            "kafka": [self.kafka.pid()],
+            "cassandra": [self.cassandra.pid()],
+        }
+        return {k: [p for p in v if p is not None] for k, v in found.items()}
+
+    def batch_durations(self) -> list[tuple[int, int]]:
+        """Return (rows, ms) of the micro-batches the speed job logged since the last call."""
+        log = self.speed.stdout_file
+        if not log.exists():
+            return []
+        with log.open("rb") as f:
+            f.seek(self._log_offset)
+            chunk = f.read()
+        cut = chunk.rfind(b"\n") + 1
+        self._log_offset += cut
+        return [(int(m[1]), int(m[2])) for m in BATCH_LINE.finditer(chunk[:cut])]
+
+    def state_bytes(self) -> tuple[int | None, int | None]:
+        """Return the RocksDB state of the running speed job (its newest Spark temp folder) and the whole local dir.
+
+        A SIGKILLed job leaves its temp folder behind; the second figure includes those leftovers.
+        """
+        root = self.spark_local_dir
+        if not root.exists():
+            return None, None
+        runs = sorted((p for p in root.glob("spark-*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
+        live = dir_bytes(runs[-1], "StateStoreId") if runs else None
+        return live, dir_bytes(root)
+
+    def read(self) -> tuple[dict[str, float | None], dict[str, int | None]]:
+        """Return every series' value now, and the process id behind each process series (its incarnation)."""
+        values: dict[str, float | None] = {}
+        pids: dict[str, int | None] = {}
+        for name, group in self.processes().items():
+            rss = cpu = 0.0
+            alive = []
+            for pid in group:
+                with contextlib.suppress(psutil.Error):
+                    proc = self._proc(pid)
+                    rss += proc.memory_info().rss / 2**20
+                    cpu += proc.cpu_percent(None)
+                    alive.append(pid)
+            values[f"rss_{name}"] = rss if alive else None
+            values[f"cpu_{name}"] = cpu if alive else None
+            pids[f"rss_{name}"] = min(alive) if alive else None
+        values["load_1m"] = os.getloadavg()[0]
+        live, local = self.state_bytes()
+        values["state_bytes"] = live
+        values["spark_local_bytes"] = local
+        values["checkpoint_bytes"] = dir_bytes(Path(self.settings.checkpoint_root) / self.settings.speed.query_name)
+        values["kafka_disk_bytes"] = sum(dir_bytes(p) or 0 for p in self.kafka.data_paths()) or None
+        values["cassandra_disk_bytes"] = sum(dir_bytes(p) or 0 for p in self.cassandra.data_paths()) or None
+        api = scrape(f"http://127.0.0.1:{self.settings.serving.port}/metrics")
+        values["row_cache_bytes"] = api.get("trends_api_row_cache_bytes")
+        values["answer_cache_bytes"] = api.get("trends_api_answer_cache_bytes")
+        speed = scrape(f"http://127.0.0.1:{self.settings.metrics.speed_port}/metrics")
+        values["speed_lag_records"] = speed.get("trends_speed_consumer_lag_records")
+        batches = [ms for rows, ms in self.batch_durations() if rows > 0]
+        values["batch_ms_max"] = float(max(batches)) if batches else None
+        values["batch_ms_mean"] = sum(batches) / len(batches) if batches else None
+        return values, pids

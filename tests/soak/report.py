@@ -1,0 +1,189 @@
+"""The soak's record and its judgement: samples every 30 s, growth per hour, fault recovery, plots and ``soak.md``.
+
+Pure functions over the samples (no services), so ``tests/unit/test_soak_report.py`` checks that the bound catches a
+series growing 20 % an hour, ignores a process restarted by a fault, and that a freshness spike outside any fault
+fails the soak.
+
+**The growth bound.** A series grows by its least-squares slope over the samples after the warm-up, relative to its
+mean level over the same samples, per hour. A process a fault restarted starts again from a lower RSS and warms up:
+its samples are grouped by process id and the slope is the pooled within-group slope (each incarnation keeps its own
+intercept), and the first ``settle_s`` of a restarted incarnation are left out. A slope rather than end minus start:
+a 30-s sample lands anywhere in a JVM's garbage-collection cycle, and one unlucky end point would decide the verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class Sample:
+    """One reading of every series, ``t`` seconds after the steady phase began."""
+
+    t: float
+    values: dict[str, float | None] = field(default_factory=dict)
+    pids: dict[str, int | None] = field(default_factory=dict)  # series -> process id of the reading (incarnation)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A recorded series: label, unit, plot group, and whether the growth bound applies to it."""
+
+    name: str
+    label: str
+    unit: str  # "MiB", "bytes", "s", "ms", "%", "records"
+    group: str
+    bounded: bool = False
+
+
+@dataclass(frozen=True)
+class Growth:
+    """A series' growth after the warm-up."""
+
+    name: str
+    first: float | None
+    last: float | None
+    level: float | None
+    per_hour: float | None  # slope, units per hour
+    relative: float | None  # per_hour / level
+    samples: int
+
+    def ok(self, bound: float) -> bool:
+        """Tell whether the series grew by less than ``bound`` (a fraction of its level) per hour."""
+        return self.relative is not None and self.relative < bound
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault: when (s after the steady phase began), what, and how long freshness took to recover."""
+
+    t: float
+    kind: str
+    detail: str
+    recovered_s: float | None = None
+
+
+def growth(samples: Sequence[Sample], name: str, warmup_s: float, settle_s: float) -> Growth:
+    """Return the growth of series ``name`` after ``warmup_s``.
+
+    :arg settle_s: the first samples of a restarted incarnation (a pid first seen after the series' first one)
+        within this of its first sample are left out: a restarted JVM refilling its heap is not a leak.
+    """
+    first_seen: dict[int | None, float] = {}
+    for s in samples:
+        if s.values.get(name) is not None:
+            first_seen.setdefault(s.pids.get(name), s.t)
+    groups: dict[int | None, list[tuple[float, float]]] = defaultdict(list)
+    for s in samples:
+        v = s.values.get(name)
+        if v is None or s.t < warmup_s:
+            continue
+        pid = s.pids.get(name)
+        began = first_seen[pid]
+        if began > min(first_seen.values()) and s.t - began < settle_s:
+            continue
+        groups[pid].append((s.t, v))
+    points = [p for g in groups.values() for p in g]
+    if not points:
+        return Growth(name, None, None, None, None, None, 0)
+    level = sum(v for _, v in points) / len(points)
+    num = den = 0.0
+    for g in groups.values():
+        if len(g) < 2:
+            continue
+        tm = sum(t for t, _ in g) / len(g)
+        vm = sum(v for _, v in g) / len(g)
+        num += sum((t - tm) * (v - vm) for t, v in g)
+        den += sum((t - tm) ** 2 for t, _ in g)
+    if den == 0:
+        return Growth(name, points[0][1], points[-1][1], level, None, None, len(points))
+    per_hour = num / den * 3600
+    relative = per_hour / level if level > 0 else (0.0 if per_hour <= 0 else math.inf)
+    ordered = sorted(points)
+    return Growth(name, ordered[0][1], ordered[-1][1], level, per_hour, relative, len(points))
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Return the ``q`` quantile (nearest rank) of ``values``, None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def freshness_recovery(
+    windows: Sequence[tuple[float, float | None]], faults: Sequence[Fault], goal_s: float, cap_s: float
+) -> list[Fault]:
+    """Return the faults with the time until the first 30-s window after each whose freshness p99 met the goal.
+
+    ``windows`` are (window end, p99 of the samples produced in it). A fault not recovered within ``cap_s`` (nor
+    before the next fault) keeps ``recovered_s`` None.
+    """
+    out = []
+    for i, f in enumerate(faults):
+        limit = min(f.t + cap_s, faults[i + 1].t if i + 1 < len(faults) else math.inf)
+        found = next(
+            (end - f.t for end, p99 in windows if f.t < end <= limit and p99 is not None and p99 <= goal_s), None
+        )
+        out.append(Fault(f.t, f.kind, f.detail, found))
+    return out
+
+
+def outside_faults(
+    stamped: Sequence[tuple[float, float]], faults: Sequence[Fault], warmup_s: float, cap_s: float
+) -> list[float]:
+    """Return the freshness latencies of samples produced after warm-up and outside every fault's impact window.
+
+    A fault's impact window is [its start, start + its recovery time] (``cap_s`` when it did not recover), so a
+    fault that never recovers leaves its samples out only up to the cap — what follows counts against the goal.
+    """
+    spans = [(f.t, f.t + (f.recovered_s if f.recovered_s is not None else cap_s)) for f in faults]
+    return [lat for t, lat in stamped if t >= warmup_s and not any(a <= t <= b for a, b in spans)]
+
+
+def scaled(value: float | None, unit: str) -> str:
+    """Format a value in its unit (bytes as MiB)."""
+    if value is None:
+        return "-"
+    if unit == "bytes":
+        return f"{value / 2**20:,.1f} MiB"
+    if unit in {"MiB", "ms", "records", "%"}:
+        return f"{value:,.0f} {unit}" if unit != "records" else f"{value:,.0f}"
+    return f"{value:,.2f} {unit}"
+
+
+def plot(samples: Sequence[Sample], specs: Sequence[Spec], faults: Sequence[Fault], out_dir: Path) -> list[Path]:
+    """Draw one PNG per group of series over time (minutes), faults as vertical lines; return the files."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    groups: dict[str, list[Spec]] = defaultdict(list)
+    for spec in specs:
+        groups[spec.group].append(spec)
+    files = []
+    for group, members in groups.items():
+        fig, axes = plt.subplots(len(members), 1, figsize=(9, 2.1 * len(members) + 0.6), sharex=True, squeeze=False)
+        for ax, spec in zip(axes[:, 0], members, strict=True):
+            pts = [(s.t / 60, s.values.get(spec.name)) for s in samples]
+            xs = [x for x, y in pts if y is not None]
+            ys = [y / 2**20 if spec.unit == "bytes" else y for _, y in pts if y is not None]
+            ax.plot(xs, ys, marker=".", linewidth=1)
+            ax.set_ylabel("MiB" if spec.unit == "bytes" else spec.unit)
+            ax.set_title(spec.label, fontsize=9, loc="left")
+            for f in faults:
+                ax.axvline(f.t / 60, color="tab:red", alpha=0.35, linewidth=1)
+            ax.grid(alpha=0.3)
+        axes[-1, 0].set_xlabel("minutes into the soak (red: a fault)")
+        fig.tight_layout()
+        path = out_dir / f"soak-{group}.png"
+        fig.savefig(path, dpi=80)
+        plt.close(fig)
+        files.append(path)
+    return files
