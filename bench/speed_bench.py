@@ -60,11 +60,9 @@ def event_json(rng: random.Random, i: int, ts: datetime, items: list[str], weigh
     return json.dumps(event, separators=(",", ":")).encode()
 
 
-def fill_topic(settings: Settings, topic: str, count: int) -> None:
-    rng = random.Random(7)
-    items = [f"#item{i}" for i in range(2000)]
-    weights = [1 / (i + 1) for i in range(len(items))]
-    producer = Producer(
+def bench_producer(settings: Settings) -> Producer:
+    """Return the producer that fills a bench topic: idempotent, acks=all, batched and compressed for throughput."""
+    return Producer(
         {
             **settings.kafka.client_config(),
             "enable.idempotence": True,
@@ -74,6 +72,13 @@ def fill_topic(settings: Settings, topic: str, count: int) -> None:
             "compression.type": "lz4",
         }
     )
+
+
+def fill_topic(settings: Settings, topic: str, count: int) -> None:
+    rng = random.Random(7)
+    items = [f"#item{i}" for i in range(2000)]
+    weights = [1 / (i + 1) for i in range(len(items))]
+    producer = bench_producer(settings)
     start = datetime.now(UTC) - timedelta(hours=2)
     step = timedelta(hours=1) / count  # one hour of event time, in order
     t0 = time.monotonic()

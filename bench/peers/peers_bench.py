@@ -46,7 +46,7 @@ import check  # noqa: E402
 import freshness  # noqa: E402
 import summary  # noqa: E402
 
-from bench.speed_bench import BARE, event_json, throughput  # noqa: E402
+from bench.speed_bench import BARE, bench_producer, event_json, throughput  # noqa: E402
 from infra import migrations, topics  # noqa: E402
 from infra.cassandra import session  # noqa: E402
 from infra.settings import Settings  # noqa: E402
@@ -78,16 +78,7 @@ def fill(settings: Settings, topic: str, count: int, duplicates: float) -> tuple
     rng, dup_rng = random.Random(7), random.Random(11)
     items = [f"#item{i}" for i in range(2000)]
     weights = [1 / (i + 1) for i in range(len(items))]
-    producer = Producer(
-        {
-            **settings.kafka.client_config(),
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 5,
-            "batch.size": 131072,
-            "compression.type": "lz4",
-        }
-    )
+    producer = bench_producer(settings)
     truth = check.Truth()
     recent: deque[tuple[bytes, int]] = deque(maxlen=5000)
     sent = 0
