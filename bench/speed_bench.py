@@ -32,6 +32,7 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any, cast
 
 from confluent_kafka import Producer
 
@@ -105,8 +106,28 @@ def _timed(query: object) -> tuple[float, int]:
     return time.monotonic() - t0, rows
 
 
-def throughput(settings: Settings, warmup: Settings, count: int) -> dict[str, float]:
-    """Return rows/s of the bare queries and of the speed layer, each measured after a warm-up run."""
+class CollectSink:
+    """The speed layer's null sink: each micro-batch's rows reach the driver (a bucket's last state wins), unwritten.
+
+    The peers' null sinks hand their rows to the client the same way (Flink's collect sink, quixstreams' file), so
+    the speed layer's figure without Cassandra is comparable and its output still checkable.
+    """
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, datetime], Any] = {}
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        for r in batch.select("slice", "bucket_start", "events", "users_hll", "values_kll", "items_fi").collect():
+            self.rows[(r.slice, r.bucket_start)] = r
+
+
+def throughput(
+    settings: Settings, warmup: Settings, count: int, collect: CollectSink | None = None
+) -> dict[str, float]:
+    """Return rows/s of the bare queries and of the speed layer, each measured after a warm-up run.
+
+    :arg collect: also time the speed layer with this null sink (``speed layer (null)``), its rows kept in it.
+    """
     from infra.spark import get_spark
     from speed_layer import job
     from speed_layer.sink import SpeedViewSink
@@ -148,12 +169,12 @@ def throughput(settings: Settings, warmup: Settings, count: int) -> dict[str, fl
             .start()
         )
 
-    def speed(s: Settings) -> object:
+    def speed(s: Settings, null_sink: CollectSink | None = None) -> object:
         sink = SpeedViewSink(s, f"{s.speed.query_name}_{uuid.uuid4().hex[:4]}", s.speed.view_ttl_s)
         return job.start(
             spark,
             s.model_copy(update={"speed": s.speed.model_copy(update={"query_name": sink.query})}),
-            sink,
+            cast(SpeedViewSink, null_sink) if null_sink is not None else sink,  # foreachBatch takes any callable
             available_now=True,
         )
 
@@ -173,6 +194,7 @@ def throughput(settings: Settings, warmup: Settings, count: int) -> dict[str, fl
             (PARSE_ONLY, lambda: floor(settings, "parse", False)),
             (DEDUPE_ONLY, lambda: floor(settings, "dedupe", True)),
             ("speed layer", lambda: speed(settings)),
+            *([("speed layer (null)", lambda: speed(settings, collect))] if collect is not None else []),
         ):
             seconds, rows = _timed(query_factory())
             assert rows == count, (name, rows, count)

@@ -13,8 +13,9 @@ checked against the truth (:mod:`check`): every minute's count, the global total
 sketches' bounds, top items within theirs. A system that loses events is printed as not exact, with the number.
 
 Systems: the bare read (Spark Kafka -> noop, the baseline) and the speed layer, both by ``bench.speed_bench``'s
-``throughput`` in one warm SparkSession (Cassandra sink); quixstreams (:mod:`quix_peer`, .venv-peers) with one
-process per core in one consumer group, with a null sink (summaries in a file) and with a Cassandra sink.
+``throughput`` in one warm SparkSession (Cassandra sink, and a null sink collecting the rows to the driver);
+Flink SQL (:mod:`flink_peer`, built-ins and our sketches as UDFs); quixstreams (:mod:`quix_peer`) with one process
+per core in one consumer group; each peer with a null sink (rows to the client or a file) and a Cassandra sink.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import check  # noqa: E402
 import freshness  # noqa: E402
 import summary  # noqa: E402
 
-from bench.speed_bench import BARE, bench_producer, event_json, throughput  # noqa: E402
+from bench.speed_bench import BARE, CollectSink, bench_producer, event_json, throughput  # noqa: E402
 from infra import migrations, topics  # noqa: E402
 from infra.cassandra import session  # noqa: E402
 from infra.settings import Settings  # noqa: E402
@@ -130,6 +131,14 @@ def speed_rows(settings: Settings) -> list[dict[str, Any]]:
             )
             for r in rows
         ]
+
+
+def collected_rows(sink: CollectSink) -> list[dict[str, Any]]:
+    """Summarize the rows the speed layer's null sink kept (Spark hands out local, naive timestamps)."""
+    return [
+        summary.of_blobs(int(r.bucket_start.timestamp()), r.slice, r.events, r.users_hll, r.values_kll, r.items_fi)
+        for r in sink.rows.values()
+    ]
 
 
 def peer_rows(settings: Settings, system: str, *, counts_only: bool = False) -> list[dict[str, Any]]:
@@ -336,6 +345,8 @@ def run_flink(
         system,
         "--parallelism",
         str(parallelism),
+        "--partitions",
+        str(settings.kafka.partitions),
         "--checkpoint-dir",
         str(work / f"{system}-checkpoints"),
     ]
@@ -415,6 +426,7 @@ def run_freshness(
             cmd = [peer_python, str(HERE / "flink_peer.py"), *common, "--jars", jar_list, "--variant", variant]
             cmd += ["--sink", "cassandra", "--out", str(work / f"{name}.jsonl"), *cassandra_args]
             cmd += ["--live", "--watermark-delay-s", "2", "--checkpoint-s", "1", "--parallelism", str(processes)]
+            cmd += ["--partitions", str(settings.kafka.partitions)]
             cmd += ["--checkpoint-dir", str(work / f"{name}-checkpoints")]
             cmds, envs = [cmd], [env]
             reader = fresh_counts(settings, name)
@@ -445,13 +457,34 @@ def run_freshness(
     return out
 
 
+Results = list[tuple[str, float, check.Result]]
+
+
+def run_speed(
+    settings: Settings, warmup: Settings, records: int, truth: check.Truth, results: Results
+) -> dict[str, float]:
+    """Time the bare reads and the speed layer (both sinks) warm in one session; check it; return the rates."""
+    collected = CollectSink()
+    rates = throughput(settings, warmup, records, collected)
+    for name, rate in rates.items():
+        print(f"  {name:34} {rate:>10,.0f} rows/s")
+    for label, rate_name, rows in (
+        ("speed layer (Cassandra)", "speed layer", speed_rows(settings)),
+        ("speed layer (null)", "speed layer (null)", collected_rows(collected)),
+    ):
+        result = check.check(rows, truth)
+        results.append((label, rates[rate_name], result))
+        print(f"  {label} {rates[rate_name]:,.0f} rows/s, {result.line()}, {load()}")
+    return rates
+
+
 def print_table(rates: dict[str, float], results: list[tuple[str, float, check.Result]]) -> None:
-    """Print each system's rows/s beside the bare read's and the speed layer's, with its exactness."""
+    """Print each system's rows/s beside the bare read's and the speed layer's with the same sink, and exactness."""
     bare = rates.get(BARE)
     if bare:
         print(f"  {BARE:34} {bare:>10,.0f} rows/s  (baseline)")
-    speed = rates.get("speed layer")
     for name, rate, result in results:
+        speed = rates.get("speed layer (null)" if name.endswith("(null)") else "speed layer")  # same sink
         ratio = f"{rate / bare:.2f} of bare" if bare else ""
         vs = f"speed layer / it {speed / rate:.2f}" if speed and not name.startswith("speed") else ""
         print(f"  {name:34} {rate:>10,.0f} rows/s  {ratio:12} {vs:24} {result.line()}")
@@ -520,12 +553,7 @@ def main() -> None:
         if "speed" in systems:
             fill(warmup, warm_topic, 50_000, args.duplicates)
             print(f"spark (bare read, speed layer), {load()}")
-            rates = throughput(settings, warmup, records)
-            for name, rate in rates.items():
-                print(f"  {name:34} {rate:>10,.0f} rows/s")
-            result = check.check(speed_rows(settings), truth)
-            results.append(("speed layer (Cassandra)", rates["speed layer"], result))
-            print(f"  speed layer {rates['speed layer']:,.0f} rows/s, {result.line()}, {load()}")
+            rates = run_speed(settings, warmup, records, truth, results)
         for variant in ("sql", "sketch"):
             if f"flink-{variant}" not in systems:
                 continue
