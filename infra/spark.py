@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlparse
 
 from infra import jars
 from infra.service_settings import KafkaSettings
@@ -58,8 +59,30 @@ def spark_conf(settings: Settings, app: str) -> dict[str, str]:
         # plans and the UI like URLs (Spark's default for data source options).
         "spark.sql.redaction.options.regex": REDACTED_OPTIONS,
     }
+    if is_local_path(settings.checkpoint_root):
+        conf.update(LOCAL_CHECKPOINT_CONF)
     conf.update(cfg.conf)
     return conf
+
+
+# Checkpoints in a local folder (the single-machine stack): Hadoop's local file system without its native library
+# runs a process for every symlink check and permission change — `readlink` twice per rename in the FileContext API
+# Spark uses by default, `chmod` for every file created through the checksumming LocalFileSystem. A 1 s trigger
+# writes a dozen checkpoint files a batch: ~50 processes a second forked by the speed job's JVM, and walCommit and
+# commitOffsets at ~60 ms each instead of ~5 (docs/tests.md, "The soak"). The FileSystem API renames with rename(2)
+# (atomic on a local disk) and the raw local file system creates files without a chmod. Not for hdfs:// or s3a://.
+LOCAL_CHECKPOINT_CONF = {
+    "spark.sql.streaming.checkpointFileManagerClass": (
+        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+    ),
+    "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+}
+
+
+def is_local_path(location: str) -> bool:
+    """Tell whether a location is a local folder (a path, or a ``file:`` URI) rather than another file system's."""
+    scheme = urlparse(location).scheme
+    return scheme in ("", "file") or len(scheme) == 1  # a Windows drive letter parses as a scheme
 
 
 def get_spark(settings: Settings, app: str) -> SparkSession:

@@ -7,6 +7,7 @@ checkpoint, so a restart — clean or after SIGKILL — resumes exactly where th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import signal
@@ -101,8 +102,12 @@ class RunSummary:
     begin: StreamStart | None = None  # the checkpoint's start from the batch watermark, if it has one
 
 
+POLL_S = 0.25  # how often the driver's loop reads the query's progress
+IDLE_EVERY_S = 10.0  # how often a query waiting for data is reported alive (Spark's idle event interval)
+
+
 class _ProgressListener:
-    """Adapter from Spark's listener callbacks to the metrics registry, the log and the sink's watermark."""
+    """Adapter from the query's progress reports to the metrics registry, the log and the sink's watermark."""
 
     def __init__(
         self, registry: MetricsRegistry, sink: SpeedViewSink, textfile: Path | None, *, state_rows_tracked: bool
@@ -118,7 +123,11 @@ class _ProgressListener:
         self.registry.record(metrics)
         if metrics.watermark is not None:
             self.sink.watermark = metrics.watermark
-        logger.info("%s", metrics.log_line())
+        line = metrics.log_line()
+        written = self.sink.last
+        if written is not None and written.batch_id == metrics.batch_id:
+            line += f"; {written.describe()}"
+        logger.info("%s", line)
         if self.textfile is not None:
             try:
                 self.registry.write_textfile(self.textfile)
@@ -126,24 +135,51 @@ class _ProgressListener:
                 logger.warning("could not write metrics textfile %s", self.textfile, exc_info=True)
 
 
-def _make_spark_listener(adapter: _ProgressListener) -> Any:
-    from pyspark.sql.streaming.listener import StreamingQueryListener  # noqa: PLC0415
+class _ProgressPoller:
+    """Read the query's progress from the driver's own loop and hand each new batch's report to the adapter.
 
-    class Listener(StreamingQueryListener):
-        def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - Spark's names
-            logger.info("speed query started (id %s, run %s)", event.id, event.runId)
+    Not a Python ``StreamingQueryListener``: pyspark converts every event it passes to one field by field over
+    py4j (about a hundred calls a batch, and a class lookup through every jar of the classpath for the observed
+    metrics), which cost the speed job's JVM ~10 % of a core at a 1 s trigger (docs/tests.md, "The soak"). Here a
+    batch costs two calls (``lastProgress`` and its JSON); batches missed between two polls are read back from
+    ``recentProgress``. A query waiting for data is reported alive every :data:`IDLE_EVERY_S`, as Spark's idle event
+    did; a batch that hangs is not.
+    """
 
-        def onQueryProgress(self, event: Any) -> None:  # noqa: N802
-            adapter.on_progress(json.loads(event.progress.json))
+    def __init__(self, query: StreamingQuery, adapter: _ProgressListener) -> None:
+        self.query = query
+        self.adapter = adapter
+        self.last_batch: int | None = None
+        self._idle_checked = time.monotonic()
 
-        def onQueryIdle(self, event: Any) -> None:  # noqa: N802
-            adapter.registry.idle()
+    def poll(self, *, final: bool = False) -> None:
+        """Report the batches completed since the last poll (all that Spark still holds when ``final``)."""
+        last = self.query.lastProgress
+        if last is None or (self.last_batch is not None and last.batchId <= self.last_batch):
+            if not final:
+                self._idle()
+            return
+        newest = last.batchId
+        if final or (self.last_batch is not None and newest > self.last_batch + 1):
+            done = self.last_batch if self.last_batch is not None else -1
+            reports = [p for p in self.query.recentProgress if p.batchId > done]
+        else:
+            reports = [last]
+        for report in reports:
+            self.adapter.on_progress(json.loads(report.json))
+        self.last_batch = newest
 
-        def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
-            if event.exception:
-                logger.error("speed query terminated with an error: %s", event.exception)
-
-    return Listener()
+    def _idle(self) -> None:
+        now = time.monotonic()
+        if now - self._idle_checked < IDLE_EVERY_S:
+            return
+        self._idle_checked = now
+        try:
+            waiting = not self.query.status.get("isTriggerActive", True)
+        except Exception:  # noqa: BLE001 - a stopped query has no status
+            return
+        if waiting:
+            self.adapter.registry.idle()
 
 
 def start(
@@ -224,30 +260,38 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
         settings.data_dir / "metrics" / "speed_layer.prom",
         state_rows_tracked=settings.speed.track_state_rows,
     )
-    listener = _make_spark_listener(adapter)
-    spark.streams.addListener(listener)
     port = settings.metrics.speed_port
     server = serve_metrics(registry, settings.metrics.host, port) if port else None
     started = time.monotonic()
     query = start(spark, settings, sink, available_now=available_now, begin=begin)
+    logger.info("speed query started (id %s, run %s)", query.id, query.runId)
+    poller = _ProgressPoller(query, adapter)
     try:
-        while query.isActive:
-            if stop.is_set() or (max_seconds is not None and time.monotonic() - started > max_seconds):
-                stop_gracefully(query, settings.speed.stop_timeout_s)
-                break
-            query.awaitTermination(1)
-        query.awaitTermination(5)
-        error = query.exception()
-        if error is not None:
-            raise error
+        try:
+            while query.isActive:
+                if stop.is_set() or (max_seconds is not None and time.monotonic() - started > max_seconds):
+                    stop_gracefully(query, settings.speed.stop_timeout_s)
+                    break
+                # raises the query's error when it failed; floats are taken (ms), the stub says int
+                query.awaitTermination(POLL_S)  # type: ignore[arg-type]
+                poller.poll()
+            query.awaitTermination(5)
+            error = query.exception()
+            if error is not None:
+                raise error
+        except Exception as exc:
+            logger.error("speed query terminated with an error: %s", exc)
+            raise
+        finally:
+            with contextlib.suppress(Exception):  # the batches completed before the end, for the log and summary
+                poller.poll(final=True)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if server is not None:
             server.shutdown()
-        spark.streams.removeListener(listener)
         sink.close()
-        spark.stop()  # also drains the listener bus before the Python callback server goes away
+        spark.stop()
     return RunSummary(
         batches=registry.batches,
         input_rows=registry.input_rows_total,

@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,9 @@ class BatchMetrics:
     watermark: datetime | None
     kafka_lag_max: int | None
     future_rows: int = 0  # events beyond now + the ingest skew: not aggregated (they would stall the watermark)
+    # Spark's durationMs: where the batch's time went (latestOffset, queryPlanning, walCommit, addBatch — our
+    # foreachBatch sink, the Spark job included —, commitOffsets, triggerExecution: the whole batch).
+    phases_ms: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_progress(cls, progress: dict[str, Any], *, state_rows_tracked: bool = True) -> BatchMetrics:
@@ -75,6 +78,7 @@ class BatchMetrics:
             watermark=_parse_ts(watermark),
             kafka_lag_max=lag,
             future_rows=int(parse.get("future") or 0),
+            phases_ms={k: int(v) for k, v in (progress.get("durationMs") or {}).items()},
         )
 
     def log_line(self) -> str:
@@ -87,6 +91,7 @@ class BatchMetrics:
             f"dropped late {self.dropped_late_rows}, unparseable {self.unparseable_rows}, "
             f"future {self.future_rows}, "
             f"watermark {wm}, kafka lag {self.kafka_lag_max if self.kafka_lag_max is not None else '-'}"
+            + (f"; ms: {', '.join(f'{k} {v}' for k, v in self.phases_ms.items())}" if self.phases_ms else "")
         )
 
 

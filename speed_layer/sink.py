@@ -19,6 +19,7 @@ overwrite a previous epoch's complete rows with partial ones, so they are not wr
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -51,6 +52,12 @@ class BatchResult:
     rows: int
     newest_event_ts: datetime | None
     dropped_before_epoch: int = 0
+    collect_ms: int = 0  # the Spark job that computes the batch's rows (read, aggregate, state store), on the driver
+    write_ms: int = 0  # the Cassandra writes: hours, view rows, counts, the epoch's progress, freshness
+
+    def describe(self) -> str:
+        """Return where the sink's time went, for the batch's log line."""
+        return f"sink: collect {self.collect_ms} ms, cassandra {self.write_ms} ms ({self.rows} rows)"
 
 
 @dataclass
@@ -74,6 +81,7 @@ class SpeedViewSink:
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC), init=False)
     newest_event_ts: datetime | None = field(default=None, init=False)
     watermark: datetime | None = field(default=None, init=False)
+    last: BatchResult | None = field(default=None, init=False)  # the last batch written (the progress log reads it)
 
     def _connect(self) -> SpeedRows:
         if self._rows is None:
@@ -101,7 +109,12 @@ class SpeedViewSink:
         # One job for the whole batch (toLocalIterator runs one per partition, which costs more per batch). The
         # rows are the changed buckets, at most (distinct minutes x slices) of one micro-batch's events, and
         # toLocalIterator would hold a whole partition in the driver too; maxOffsetsPerTrigger bounds both.
-        result = self.write_rows(batch.collect(), batch_id)
+        t0 = time.perf_counter()
+        rows = batch.collect()
+        collect_ms = int((time.perf_counter() - t0) * 1000)
+        result = self.write_rows(rows, batch_id)
+        result.collect_ms = collect_ms
+        self.last = result
         logger.debug("batch %s wrote %d bucket rows", batch_id, result.rows)
 
     def epoch(self, batch_id: int) -> Epoch:
@@ -145,6 +158,7 @@ class SpeedViewSink:
 
         Raise on the first failed write (the batch is replayed whole).
         """
+        t0 = time.perf_counter()
         store = self._connect()
         epoch = self.epoch(batch_id)
         kept, dropped = _from_epoch(rows, epoch.covered_from)
@@ -174,7 +188,7 @@ class SpeedViewSink:
         if newest is not None and (self.newest_event_ts is None or newest > self.newest_event_ts):
             self.newest_event_ts = newest
         store.write_progress(self.query, self.newest_event_ts, self.watermark, batch_id, written)
-        return BatchResult(batch_id, written, newest, dropped)
+        return BatchResult(batch_id, written, newest, dropped, write_ms=int((time.perf_counter() - t0) * 1000))
 
     def _hours_to_mark(self, epoch: Epoch, rows: list[Any]) -> list[datetime]:
         """Return the hours this batch writes rows in or reads through (quiet hours too), not yet marked here.

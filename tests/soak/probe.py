@@ -285,6 +285,7 @@ class Gauges:
         self.cassandra = Cassandra(settings, 0)
         self._procs: dict[int, psutil.Process] = {}
         self._log_offset = 0
+        self._cpu_times = psutil.cpu_times()
 
     def _proc(self, pid: int) -> psutil.Process:
         if pid not in self._procs:
@@ -352,10 +353,21 @@ class Gauges:
         live = dir_bytes(runs[-1], "StateStoreId") if runs else None
         return live, dir_bytes(root)
 
+    def _machine_cpu(self) -> float | None:
+        """Return the CPU every process used since the last call, in % of one core (steal and iowait excluded)."""
+        now = psutil.cpu_times()
+        before, self._cpu_times = self._cpu_times, now
+        busy = ("user", "nice", "system", "irq", "softirq")  # guest time is counted in user already
+        every = (*busy, "idle", "iowait", "steal")
+        spent = sum(getattr(now, k) - getattr(before, k) for k in busy if hasattr(now, k))
+        total = sum(getattr(now, k) - getattr(before, k) for k in every if hasattr(now, k))
+        return 100 * spent / total * (psutil.cpu_count() or 1) if total > 0 else None
+
     def read(self) -> tuple[dict[str, float | None], dict[str, int | None]]:
         """Return every series' value now, and the process id behind each process series (its incarnation)."""
         values: dict[str, float | None] = {}
         pids: dict[str, int | None] = {}
+        ours = 0.0
         for name, group in self.processes().items():
             rss = cpu = 0.0
             alive = []
@@ -368,7 +380,13 @@ class Gauges:
             values[f"rss_{name}"] = rss if alive else None
             values[f"cpu_{name}"] = cpu if alive else None
             pids[f"rss_{name}"] = min(alive) if alive else None
+            ours += cpu
         values["load_1m"] = os.getloadavg()[0]
+        # The machine is shared: what every process used since the last sample (% of one core), and what the
+        # stack's processes above did not (this test's own producer and poller, other engineers' runs, the kernel).
+        machine = self._machine_cpu()
+        values["cpu_machine"] = machine
+        values["cpu_other"] = max(0.0, machine - ours) if machine is not None else None
         live, local = self.state_bytes()
         values["state_bytes"] = live
         values["spark_local_bytes"] = local

@@ -69,6 +69,8 @@ SPECS = [
     Spec("freshness_p99_s", "freshness p99 of the events produced in the 30 s", "s", "speed"),
     Spec("speed_lag_records", "speed consumer lag (records)", "records", "speed"),
     *(Spec(f"cpu_{k}", f"CPU, {label}", "%", "cpu") for k, label in PROCESSES.items()),
+    Spec("cpu_machine", "CPU, the whole machine (every process)", "%", "cpu"),
+    Spec("cpu_other", "CPU, everything but the stack (this test, other runs on the machine)", "%", "cpu"),
     Spec("load_1m", "load average, 1 min (2 cores)", "load", "cpu"),
 ]
 

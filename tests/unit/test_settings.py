@@ -132,3 +132,15 @@ def test_a_renamed_setting_keeps_its_old_name_with_a_deprecation_warning(monkeyp
     monkeypatch.delenv("TRENDS_SPEED__METRICS_PORT")
     monkeypatch.delenv("TRENDS_METRICS__SPEED_PORT")
     assert Settings().metrics.speed_port == 9108
+
+
+def test_a_local_checkpoint_root_uses_the_file_system_api_without_forking(tmp_path: Path) -> None:
+    """Hadoop's local file system forks `readlink`/`chmod` per checkpoint file unless told otherwise (the soak)."""
+    from infra.spark import LOCAL_CHECKPOINT_CONF, is_local_path, spark_conf
+
+    assert is_local_path("/var/lib/trends/checkpoints") and is_local_path("file:///tmp/c")
+    assert not is_local_path("hdfs://nn:8020/trends") and not is_local_path("s3a://bucket/trends")
+    local = spark_conf(Settings(data_dir=tmp_path), "speed")
+    assert LOCAL_CHECKPOINT_CONF.items() <= local.items()
+    remote = spark_conf(Settings(data_dir=tmp_path, spark={"checkpoint_root": "hdfs://nn:8020/trends"}), "speed")
+    assert not set(LOCAL_CHECKPOINT_CONF) & set(remote)

@@ -90,3 +90,10 @@ def test_uncounted_state_rows_are_not_exported_as_zero() -> None:
     assert "trends_speed_state_rows" not in registry.render()
     registry.record(BatchMetrics.from_progress(PROGRESS))
     assert 'trends_speed_state_rows{query="q"} 140.0' in registry.render()
+
+
+def test_the_log_line_says_where_the_batch_time_went() -> None:
+    progress = {**PROGRESS, "durationMs": {"addBatch": 700, "walCommit": 60, "triggerExecution": 900}}
+    line = BatchMetrics.from_progress(progress).log_line()
+    assert line.startswith("batch 7: 3000 rows in 1200 ms")  # what the soak and the bench parse
+    assert line.endswith("; ms: addBatch 700, walCommit 60, triggerExecution 900")
