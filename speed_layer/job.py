@@ -18,13 +18,17 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from infra.cassandra import session
 from infra.checkpoints import speed_checkpoint
 from infra.settings import Settings
 from infra.spark import get_spark, kafka_options
 from speed_layer.checkpoint import check_view_definition
 from speed_layer.metrics import PARSE_METRICS, BatchMetrics, MetricsRegistry, serve_metrics
+from speed_layer.promote import ServingWatch, is_demoted
 from speed_layer.sink import SpeedViewSink
 from speed_layer.start import StreamStart, resolve_start
+from views.definition import view_definition
+from views.store.definitions import DefinitionStore
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -99,6 +103,7 @@ class RunSummary:
     stopped_by_signal: bool
     future_rows: int = 0
     begin: StreamStart | None = None  # the checkpoint's start from the batch watermark, if it has one
+    demoted_by: str | None = None  # the query a promote made serving instead of this one (it stopped for that)
 
 
 class _ProgressListener:
@@ -203,8 +208,12 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
         stop.set()
 
     spark = get_spark(settings, "speed")
+    watch = ServingWatch(settings, settings.speed.serving_check_s)
     try:  # a checkpoint whose state was built by another view definition is refused before anything starts
-        check_view_definition(spark, settings, checkpoint_location(settings))
+        definition, replaced_by = _register_version(spark, settings, watch)
+        if replaced_by is not None:
+            spark.stop()
+            return RunSummary(0, 0, 0, 0, 0.0, False, demoted_by=replaced_by)
         begin = resolve_start(spark, settings, checkpoint_location(settings))
     except Exception:
         spark.stop()
@@ -217,6 +226,7 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
         settings.speed.view_ttl_s,
         checkpoint=checkpoint_location(settings),
         begin=begin,
+        definition=definition,
     )
     adapter = _ProgressListener(
         registry,
@@ -230,9 +240,14 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
     server = serve_metrics(registry, settings.metrics.host, port) if port else None
     started = time.monotonic()
     query = start(spark, settings, sink, available_now=available_now, begin=begin)
+    demoted: str | None = None
     try:
         while query.isActive:
             if stop.is_set() or (max_seconds is not None and time.monotonic() - started > max_seconds):
+                stop_gracefully(query, settings.speed.stop_timeout_s)
+                break
+            demoted = _demoted_by(watch, sink)
+            if demoted is not None:
                 stop_gracefully(query, settings.speed.stop_timeout_s)
                 break
             query.awaitTermination(1)
@@ -257,4 +272,41 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
         seconds=time.monotonic() - started,
         stopped_by_signal=stop.is_set(),
         begin=begin,
+        demoted_by=demoted,
     )
+
+
+def _register_version(spark: SparkSession, settings: Settings, watch: ServingWatch) -> tuple[str, str | None]:
+    """Check the checkpoint's view definition and register it; return its fingerprint and who replaced this query.
+
+    The query is a version of the views: its definition is recorded in ``view_definitions``. A query a promote
+    replaced is not started again (the second value names the serving query then).
+    """
+    definition = check_view_definition(spark, settings, checkpoint_location(settings))
+    with session(settings) as sess:
+        DefinitionStore(settings, sess).register(view_definition(settings), settings.speed.query_name)
+        serving = watch.start(sess)
+    if not is_demoted(settings.speed.query_name, serving):
+        return definition, None
+    logger.info(
+        "speed query %s was replaced by %s (trends speed promote): not starting it",
+        settings.speed.query_name, serving.describe(),
+    )  # fmt: skip
+    return definition, serving.query
+
+
+def _demoted_by(watch: ServingWatch, sink: SpeedViewSink) -> str | None:
+    """Return the query that replaced this one, when a promote demoted it (looked at every few seconds)."""
+    try:
+        sess = sink.session()
+        serving = watch.demoted_by(sess) if sess is not None else None
+    except Exception:  # Cassandra unreachable: the sink's own writes fail the batch; look again later
+        logger.warning("could not read the serving view version", exc_info=True)
+        return None
+    if serving is None:
+        return None
+    logger.info(
+        "speed query %s no longer serves answers: %s was promoted at %s; stopping (its rows expire by their TTL)",
+        watch.query, serving.describe(), serving.promoted_at,
+    )  # fmt: skip
+    return serving.query
