@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from views.buckets import MINUTE
@@ -93,6 +93,29 @@ def slice_fingerprint(definition: Mapping[str, Any], slice_: str) -> str | None:
     """Return the fingerprint of one slice's aggregation under a definition (None: the slice is not defined)."""
     sliced = slice_definition(definition, slice_)
     return None if sliced is None else fingerprint(sliced)
+
+
+def slice_matcher(
+    serving: Mapping[str, Any], serving_fp: str | None, slice_: str, lookup: Callable[[str], Definition | None]
+) -> tuple[str | None, Callable[[str | None], bool]]:
+    """Return the slice's fingerprint under the serving definition, and a test whether a definition is servable.
+
+    A definition (by fingerprint) is servable for the slice when it defines the slice exactly as the serving one
+    does; a definition never registered (``lookup`` returns None), none recorded, or a slice the serving
+    definition does not have, never is. Rows of a run with no recorded definition (from before definitions were
+    recorded) are the caller's to map to the serving fingerprint first.
+    """
+    mine = slice_fingerprint(serving, slice_)
+
+    def servable(other: str | None) -> bool:
+        if mine is None or other is None:
+            return False
+        if other == serving_fp:
+            return True
+        found = lookup(other)
+        return found is not None and slice_fingerprint(found, slice_) == mine
+
+    return mine, servable
 
 
 def differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:

@@ -10,6 +10,7 @@ row the serving query is ``settings.speed.query_name`` (deployments from before 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ from views.buckets import utc
 from views.definition import Definition, fingerprint, from_json, to_json, view_definition
 from views.store import cql
 from views.store.rows import Request
+from views.store.speed import Epoch, SpeedRows
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -44,10 +46,16 @@ class ServingVersion:
         return f"{self.query} ({self.fingerprint or 'definition not recorded'})"
 
 
-def decode_serving(row: Any, settings: Settings) -> ServingVersion:
-    """Return the serving row, or (no row) the settings' query with the settings' definition."""
+def decode_serving(row: Any, settings: Settings, epochs: Iterable[Epoch] = ()) -> ServingVersion:
+    """Return the serving row, or (no row) the settings' query with its definition.
+
+    Without a row the definition is the one its newest epoch recorded (``epochs``: the settings' query's), else the
+    settings' (an epoch from before definitions were recorded).
+    """
     if row is None:
-        return ServingVersion(settings.speed.query_name, fingerprint(view_definition(settings)))
+        newest = max(epochs, key=lambda e: e.started_at, default=None)
+        fp = newest.definition if newest is not None and newest.definition else fingerprint(view_definition(settings))
+        return ServingVersion(settings.speed.query_name, fp)
     return ServingVersion(
         row.query, row.fingerprint, row.previous_query, row.previous_fingerprint, utc(row.promoted_at), recorded=True
     )
@@ -105,9 +113,13 @@ class DefinitionStore:
         return self._stmt(cql.SELECT_SERVING), (cql.SERVING_ROW,)
 
     def serving(self) -> ServingVersion:
-        """Return the serving query and its definition (the settings' when no promote wrote the row)."""
+        """Return the serving query and its definition (the settings' query when no promote wrote the row)."""
         row = self.sess.execute(*self.serving_request(), execution_profile=READ_PROFILE).one()
-        return decode_serving(row, self.settings)
+        if row is not None:
+            return decode_serving(row, self.settings)
+        return decode_serving(
+            None, self.settings, SpeedRows(self.settings, self.sess).epochs(self.settings.speed.query_name)
+        )
 
     def serving_definition(self) -> Definition:
         """Return the serving definition (the settings' when none is recorded, or its JSON is unknown)."""
