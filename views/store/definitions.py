@@ -10,7 +10,7 @@ row the serving query is ``settings.speed.query_name`` (deployments from before 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -20,6 +20,7 @@ from infra.settings import Settings
 from views.buckets import utc
 from views.definition import Definition, fingerprint, from_json, to_json, view_definition
 from views.store import cql
+from views.store.pointers import Pointer
 from views.store.rows import Request
 from views.store.speed import Epoch, SpeedRows
 
@@ -59,6 +60,22 @@ def decode_serving(row: Any, settings: Settings, epochs: Iterable[Epoch] = ()) -
     return ServingVersion(
         row.query, row.fingerprint, row.previous_query, row.previous_fingerprint, utc(row.promoted_at), recorded=True
     )
+
+
+def other_definition_hours(
+    pointers: Mapping[datetime, Pointer], serving_fp: str | None, below: datetime | None
+) -> dict[datetime, str]:
+    """Return the hours below ``below`` whose current run computed with another definition than the serving one.
+
+    A run without a recorded definition (from before they were recorded) is taken to be of the serving one. These
+    hours are served only for the slices their definition defines alike (:func:`views.definition.slice_matcher`);
+    a backfill recomputes them under the serving definition.
+    """
+    return {
+        h: p.definition
+        for h, p in sorted(pointers.items())
+        if (below is None or h < below) and p.definition is not None and p.definition != serving_fp
+    }
 
 
 class DefinitionStore:
