@@ -316,9 +316,9 @@ def check_blue_green(
     # every poll: no gap above the watermark, one version named, blue then green, settled minutes exact
     polls = poller.polls
     assert polls, "no answer polled"
-    queries_seen = [q for i, q in enumerate(p.query for p in polls) if i == 0 or polls[i - 1].query != q]
+    queries_seen = [q for i, q in enumerate(x.query for x in polls) if i == 0 or polls[i - 1].query != q]
     assert queries_seen == [blue_query, green_query], queries_seen
-    gaps = {p.at: gap_minutes(p, floor(p.at, MINUTE)) for p in polls}
+    gaps = {x.at: gap_minutes(x, floor(x.at, MINUTE)) for x in polls}
     wrong: list[tuple[datetime, datetime, int, int]] = []
     for poll in polls:
         if poll.newest is None:
@@ -344,7 +344,7 @@ def check_blue_green(
         f"above the watermark: {sum(gaps.values())}; settled minutes not exact: {len(wrong)}; refusals before: "
         f"{refusals[:-1][:3]}...; promote: {refusals[-1]}\nconsole versions: {before}"
     )
-    assert sum(gaps.values()) == 0, [(p.at, p.gaps) for p in polls if gaps[p.at]]
+    assert sum(gaps.values()) == 0, [(x.at, x.gaps) for x in polls if gaps[x.at]]
     assert not wrong, wrong[:10]
     # the whole window, global slice: batch (blue's runs, the global slice defined alike) + green's speed, exact
     assert whole.provenance.gaps == [], whole.provenance.gaps
