@@ -126,7 +126,7 @@ class Poll:
     newest: datetime | None
 
 
-@dataclass
+@dataclass(eq=False)  # a thread must stay hashable
 class Poller(threading.Thread):
     """Ask the serving layer for [watermark, now) every few seconds, as the API does (its reader and caches)."""
 
