@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+DEMOTED_STOP_S = 5.0  # a demoted query lets its running micro-batch finish this long at most, then stops
+
 
 def extract(spark: SparkSession, settings: Settings, start: StreamStart | None = None) -> DataFrame:
     """Return the streaming frame of raw records of the events topic (from ``start``'s offsets when given)."""
@@ -247,8 +249,8 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
                 stop_gracefully(query, settings.speed.stop_timeout_s)
                 break
             demoted = _demoted_by(watch, sink)
-            if demoted is not None:
-                stop_gracefully(query, settings.speed.stop_timeout_s)
+            if demoted is not None:  # its rows serve nobody now: an unfinished micro-batch need not finish
+                stop_gracefully(query, DEMOTED_STOP_S)
                 break
             query.awaitTermination(1)
         query.awaitTermination(5)

@@ -294,7 +294,7 @@ def check_blue_green(
     until(
         "blue stopped by itself",
         lambda: blue.service.supervisor_state() is not None and blue.state().exits[-1:] == [0],
-        60,
+        90,
         blue.service.stdout_file,
     )
     blue_log = tail([blue.service.stdout_file], 400)
