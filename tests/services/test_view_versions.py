@@ -14,6 +14,7 @@ backfill recomputes them under green's definition, then exact.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -214,7 +215,7 @@ def test_a_new_slice_dimension_blue_green_under_live_traffic(stack_up: Settings,
         history = []
         m = wm - 2 * HOUR
         while m < floor(now, MINUTE):
-            history += [event(len(history), m + timedelta(seconds=7 * i + 3), "hist") for i in range(6)]
+            history += [event(len(history) + i, m + timedelta(seconds=7 * i + 3), "hist") for i in range(6)]
             m += MINUTE
         produce_events(settings, history)
         for e in history:
@@ -283,7 +284,9 @@ def check_blue_green(
     until("green caught up and promoted", promoted, 300, green.service.stdout_file)
     catch_up_s = time.monotonic() - t_green
     promoted_at = datetime.now(UTC)
-    green_read = input_rows(green_port)
+    start_record = json.loads(
+        (Path(settings.spark.checkpoint_root) / green_query / "trends_start.json").read_text()
+    )  # the records from green's start offsets to the topic's end when it started: its catch-up
     with session(settings) as sess:
         v = read_versions(settings, sess, green_query)
         assert v.serving.query == green_query and v.serving.previous_query == blue_query
@@ -301,6 +304,7 @@ def check_blue_green(
     assert "no longer serves answers" in blue_log, blue_log[-3000:]
     p.speed = green
     time.sleep(30)  # answers from green under live traffic
+    green_read = input_rows(green_port)
     live.stop.set()
     live.join(150)
     assert live.error is None, live.error
@@ -338,8 +342,9 @@ def check_blue_green(
     status = CliRunner().invoke(batch_cli, ["status"], obj=settings)
     print(
         f"\nblue/green: green ({green_query}, slices origin+device) from the watermark {wm:%H:%M} caught up and "
-        f"was promoted {catch_up_s:.1f} s after its start (JVM start included), having read {green_read} "
-        f"records (the topic: {len(history) + live.sent}); {len(polls)} answers polled from "
+        f"was promoted {catch_up_s:.1f} s after its start (JVM start included); its start offsets left "
+        f"{start_record['to_read']} of the topic's {start_record['topic_records']} records to read, and it had read "
+        f"{green_read} records 30 s after the promote (the topic then: {len(history) + live.sent}); {len(polls)} answers polled from "
         f"{polls[0].at:%H:%M:%S} to {polls[-1].at:%H:%M:%S} (promote at {promoted_at:%H:%M:%S}), gap minutes "
         f"above the watermark: {sum(gaps.values())}; settled minutes not exact: {len(wrong)}; refusals before: "
         f"{refusals[:-1][:3]}...; promote: {refusals[-1]}\nconsole versions: {before}"
