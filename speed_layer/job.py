@@ -24,7 +24,7 @@ from infra.settings import Settings
 from infra.spark import get_spark, kafka_options
 from speed_layer.checkpoint import check_view_definition
 from speed_layer.metrics import PARSE_METRICS, BatchMetrics, MetricsRegistry, serve_metrics
-from speed_layer.promote import ServingWatch, is_demoted
+from speed_layer.promote import ServingWatch, replaced
 from speed_layer.sink import SpeedViewSink
 from speed_layer.start import StreamStart, resolve_start
 from views.definition import view_definition
@@ -212,10 +212,7 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
     spark = get_spark(settings, "speed")
     watch = ServingWatch(settings, settings.speed.serving_check_s)
     try:  # a checkpoint whose state was built by another view definition is refused before anything starts
-        definition, replaced_by = _register_version(spark, settings, watch)
-        if replaced_by is not None:
-            spark.stop()
-            return RunSummary(0, 0, 0, 0, 0.0, False, demoted_by=replaced_by)
+        definition = _register_version(spark, settings, watch)
         begin = resolve_start(spark, settings, checkpoint_location(settings))
     except Exception:
         spark.stop()
@@ -278,23 +275,23 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
     )
 
 
-def _register_version(spark: SparkSession, settings: Settings, watch: ServingWatch) -> tuple[str, str | None]:
-    """Check the checkpoint's view definition and register it; return its fingerprint and who replaced this query.
+def _register_version(spark: SparkSession, settings: Settings, watch: ServingWatch) -> str:
+    """Check the checkpoint's view definition and register it; return its fingerprint.
 
     The query is a version of the views: its definition is recorded in ``view_definitions``. A query a promote
-    replaced is not started again (the second value names the serving query then).
+    replaced runs as a standby (to roll back, promote it again once it has caught up).
     """
     definition = check_view_definition(spark, settings, checkpoint_location(settings))
     with session(settings) as sess:
         DefinitionStore(settings, sess).register(view_definition(settings), settings.speed.query_name)
         serving = watch.start(sess)
-    if not is_demoted(settings.speed.query_name, serving):
-        return definition, None
-    logger.info(
-        "speed query %s was replaced by %s (trends speed promote): not starting it",
-        settings.speed.query_name, serving.describe(),
-    )  # fmt: skip
-    return definition, serving.query
+    if replaced(settings.speed.query_name, serving):
+        logger.warning(
+            "speed query %s was replaced by %s (trends speed promote at %s): it runs as a standby, serving nothing; "
+            "promote it again once caught up to roll back, or stop it",
+            settings.speed.query_name, serving.describe(), serving.promoted_at,
+        )  # fmt: skip
+    return definition
 
 
 def _demoted_by(watch: ServingWatch, sink: SpeedViewSink) -> str | None:

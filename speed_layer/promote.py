@@ -107,8 +107,9 @@ def serving_query(settings: Settings, sess: Session) -> ServingVersion:
 class ServingWatch:
     """A speed query's periodic look at ``serving_definition``: has a promote demoted it.
 
-    A query is demoted when the serving row names another query, and either names it as the one replaced or it
-    served when the job started. A query that never served (a green one waiting for its promote) is not demoted.
+    A query is demoted when it served (when the job started, or at a later look) and another query serves now. A query
+    that has not served during this run — a green one waiting for its promote, or a replaced one started again to
+    roll back — is a standby, never demoted.
     """
 
     def __init__(self, settings: Settings, every_s: float) -> None:
@@ -132,9 +133,15 @@ class ServingWatch:
             return None
         self._next = t + self.every_s
         serving = DefinitionStore(self.settings, sess).serving()
+        self.served = self.served or serving.query == self.query
         return serving if is_demoted(self.query, serving, served=self.served) else None
 
 
-def is_demoted(query: str, serving: ServingVersion, *, served: bool = False) -> bool:
-    """Tell whether a promote replaced ``query`` (pure): another query serves, and this one did (or was replaced)."""
-    return serving.query != query and (served or (serving.recorded and serving.previous_query == query))
+def is_demoted(query: str, serving: ServingVersion, *, served: bool) -> bool:
+    """Tell whether a promote replaced ``query`` while it ran (pure): it served, and another query serves now."""
+    return served and serving.query != query
+
+
+def replaced(query: str, serving: ServingVersion) -> bool:
+    """Tell whether the last promote replaced ``query`` (a start of it runs it as a standby, e.g. to roll back)."""
+    return serving.recorded and serving.query != query and serving.previous_query == query

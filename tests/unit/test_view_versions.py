@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
+from infra.settings import Settings
 from serving.plan import DEFINITION, NO_BATCH_RUN, NOT_DEFINED, SpeedCoverage, plan
-from speed_layer.promote import is_demoted, promote_problems
+from speed_layer.promote import ServingWatch, is_demoted, promote_problems, replaced
 from views.buckets import HOUR, MINUTE
 from views.definition import GLOBAL_SLICE, definition_of, fingerprint, slice_matcher
 from views.store.definitions import ServingVersion
@@ -62,13 +65,38 @@ def test_without_a_watermark_green_must_count_from_where_blue_does() -> None:
     assert "serving query blue" in problem
 
 
-def test_only_the_replaced_or_formerly_serving_query_is_demoted() -> None:
+def test_only_a_query_that_served_during_its_run_is_demoted() -> None:
     after = ServingVersion("green", "g", previous_query="blue", previous_fingerprint="b", recorded=True)
-    assert is_demoted("blue", after)
-    assert not is_demoted("green", after)
-    assert not is_demoted("red", after)  # a third query waiting for its promote keeps running
-    assert is_demoted("red", after, served=True)  # ... unless it served when it started
-    assert not is_demoted("blue", ServingVersion("blue", "b"))  # no promote yet
+    assert is_demoted("blue", after, served=True)
+    assert not is_demoted("green", after, served=True)
+    assert not is_demoted("red", after, served=False)  # a third query waiting for its promote keeps running
+    assert not is_demoted("blue", after, served=False)  # blue started again after the promote: a standby (roll back)
+    assert not is_demoted("blue", ServingVersion("blue", "b"), served=True)  # no promote yet
+    assert replaced("blue", after) and not replaced("green", after) and not replaced("red", after)
+
+
+def test_the_watch_demotes_a_standby_only_after_it_served(monkeypatch: pytest.MonkeyPatch) -> None:
+    from speed_layer import promote
+
+    now = {"serving": ServingVersion("blue", "b")}
+
+    class Store:  # the serving row as DefinitionStore reads it
+        def __init__(self, *_: object) -> None:
+            pass
+
+        def serving(self) -> ServingVersion:
+            return now["serving"]
+
+    monkeypatch.setattr(promote, "DefinitionStore", Store)
+    settings = Settings()
+    settings = settings.model_copy(update={"speed": settings.speed.model_copy(update={"query_name": "green"})})
+    watch = ServingWatch(settings, every_s=0)
+    watch.start(None)  # type: ignore[arg-type]
+    assert watch.demoted_by(None) is None  # type: ignore[arg-type]  # green waits while blue serves
+    now["serving"] = ServingVersion("green", "g", "blue", "b", recorded=True)
+    assert watch.demoted_by(None) is None  # type: ignore[arg-type]  # promoted: green serves
+    now["serving"] = ServingVersion("blue", "b", "green", "g", recorded=True)  # rolled back: green is demoted
+    assert watch.demoted_by(None) == now["serving"]  # type: ignore[arg-type]
 
 
 # -- serving: a batch hour of another definition is a gap for the slices it defines otherwise ------------------------
