@@ -75,7 +75,7 @@ test-unit: $(INSTALLED) $(GOTOOLS)
 # 25 minutes): speed rows lost and expired by TTL and a lost checkpoint (test_speed_coverage), records removed before
 # indexing (test_batch_loss), a far-future record (test_event_time_guard), the operator console over them in Chromium.
 test-faults: setup $(BROWSER)
-	$(BIN)/pytest -m faults tests/services/test_speed_coverage.py tests/services/test_batch_loss.py tests/services/test_event_time_guard.py tests/services/test_console.py
+	$(BIN)/pytest -m faults tests/services/test_speed_coverage.py tests/services/test_batch_loss.py tests/services/test_event_time_guard.py tests/services/test_console.py tests/services/test_view_versions.py
 
 # Faults against the whole pipeline (broker restart, Cassandra down, SIGKILLs, duplicates, late events, bad input);
 # prints the table of cases and writes artifacts/reliability.md.

@@ -156,6 +156,7 @@ def status(settings: Settings, hours: int) -> None:
             )
         if mark is None:
             return
+        _echo_old_definition(settings, sess, low, mark)
         checks = Checks(settings, sess).of_hours([mark - i * HOUR for i in range(1, hours + 1)])
         for i in range(1, hours + 1):
             hour = mark - i * HOUR
@@ -172,6 +173,28 @@ def status(settings: Settings, hours: int) -> None:
                     f"  {hour:%Y-%m-%dT%H:%MZ} reconciled {check.checked_at:%Y-%m-%dT%H:%M:%SZ}: {verdict} "
                     f"({check.details.get('line', '')})"
                 )
+
+
+def _echo_old_definition(settings: Settings, sess: Any, low: datetime | None, mark: datetime) -> None:
+    """Print the hours below the watermark computed with another view definition than the serving one."""
+    from views.buckets import DAY, HOUR, days_between, floor
+    from views.store.definitions import DefinitionStore, other_definition_hours
+    from views.store.pointers import PointerStore
+
+    start = max(low or mark, floor(mark - settings.metrics.batch_scan_days * DAY, HOUR))
+    serving = DefinitionStore(settings, sess).serving()
+    pointers = PointerStore(settings, sess).pointers_indexed(days_between(start, mark))
+    old = other_definition_hours({h: p for h, p in pointers.items() if h >= start}, serving.fingerprint, mark)
+    click.echo(f"serving view version: {serving.describe()}")
+    if not old:
+        click.echo("old-definition hours: none (every hour's current run computed with the serving definition)")
+        return
+    click.echo(
+        f"old-definition hours ({len(old)}; served only for the slices their definition defines alike, the others "
+        "are gaps until `trends batch run --start ... --end ...` recomputes them):"
+    )
+    for hour, fp in list(old.items())[:50]:
+        click.echo(f"  {hour:%Y-%m-%dT%H:%MZ}: definition {fp}")
 
 
 def _echo_losses(settings: Settings, store: Any, low: datetime | None, mark: datetime | None) -> None:

@@ -59,6 +59,9 @@ METRICS = {
     "trends_batch_missing_hours": "Hours below the watermark without a current run (within metrics.batch_scan_days).",
     "trends_batch_pending_hours": "Closed hours above the watermark without a current run (within the scan).",
     "trends_batch_incomplete_hours": "Hours that may hold records removed before they were indexed.",
+    "trends_batch_old_definition_hours": "Hours below the watermark whose current run computed with another view "
+    "definition than the serving one (within the scan): served only for the slices it defines alike; a backfill "
+    "recomputes them.",
     "trends_batch_reconciliation_beyond_bound_events": "The last reconciliation's largest difference beyond the "
     "sketches' bounds, in events (0: the batch and speed views agree within them).",
     "trends_batch_reconciliation_timestamp_seconds": "When the last reconciliation ran.",
@@ -90,6 +93,7 @@ class BatchState:
     reconciliation_beyond_bound: int | None = None
     reconciliation_at: datetime | None = None
     lost: dict[int, int] = field(default_factory=dict)
+    old_definition_hours: int | None = None
 
 
 @dataclass
@@ -166,6 +170,7 @@ def batch_families(state: BatchState) -> Iterator[Metric]:
     yield from gauge("trends_batch_stale_hours", state.stale_hours)
     yield from gauge("trends_batch_missing_hours", state.missing_hours)
     yield from gauge("trends_batch_pending_hours", state.pending_hours)
+    yield from gauge("trends_batch_old_definition_hours", state.old_definition_hours)
     yield from gauge("trends_batch_incomplete_hours", state.incomplete_hours)
     yield from gauge("trends_batch_reconciliation_beyond_bound_events", state.reconciliation_beyond_bound)
     yield from gauge("trends_batch_reconciliation_timestamp_seconds", _ts(state.reconciliation_at))
@@ -224,6 +229,7 @@ class BatchReader:
         :raises Exception: whatever the driver raises; the collector reports it as ``trends_batch_up 0``.
         """
         from views.buckets import DAY, HOUR, closed_until, days_between, floor  # noqa: PLC0415
+        from views.store.definitions import DefinitionStore, other_definition_hours  # noqa: PLC0415
         from views.store.index import index_horizon  # noqa: PLC0415
 
         try:
@@ -236,13 +242,17 @@ class BatchReader:
             hz = index_horizon(states.values(), now, timedelta(seconds=cfg.batch.idle_partition_s))
             closed = closed_until(hz.closed_at, cfg)
             stale = len(index.stale(topic))
-            missing = pending = None
+            missing = pending = old = None
             if wm.mark is not None and wm.low is not None:
                 end = max(closed or wm.mark, wm.mark)
                 start = max(wm.low, floor(end - cfg.metrics.batch_scan_days * DAY, HOUR))
-                completed = set(pointers.pointers_indexed(days_between(start, end)))
+                current = pointers.pointers_indexed(days_between(start, end))
+                completed = set(current)
                 missing = hours_without_run(start, wm.mark, completed)
                 pending = hours_without_run(max(start, wm.mark), end, completed)
+                serving = DefinitionStore(cfg, pointers.sess).serving()
+                in_scan = {h: p for h, p in current.items() if h >= start}
+                old = len(other_definition_hours(in_scan, serving.fingerprint, wm.mark))
             # incomplete hours have no lower bound (a loss may touch any hour before its bound): count those from
             # the batch view's first hour (or the scanned days) to now
             scan_end = floor(now, HOUR) + HOUR
@@ -262,6 +272,7 @@ class BatchReader:
                 reconciliation_beyond_bound=None if last is None else last.beyond_bound,
                 reconciliation_at=None if last is None else last.checked_at,
                 lost={p: s.lost for p, s in states.items()},
+                old_definition_hours=old,
             )
         except Exception:
             self.close()

@@ -30,7 +30,9 @@ from batch_layer.store import BatchStore
 from infra.cassandra import session
 from infra.settings import Settings
 from views.buckets import HOUR
+from views.definition import with_definition
 from views.indexing.indexer import run_index
+from views.store.definitions import DefinitionStore
 from views.store.index import IndexStore
 from views.store.losses import Loss
 
@@ -67,6 +69,12 @@ def run(
     t0 = time.monotonic()
     results: list[RunResult] = []
     with session(settings) as sess:  # one session for indexing, planning and loading
+        # New runs compute with the serving view definition (read now, not at import: a promote may have changed
+        # it), the settings' one when none is recorded; each run records it on its lineage and pointer.
+        definitions = DefinitionStore(settings, sess)
+        definition = definitions.serving_definition()
+        settings = with_definition(settings, definition)
+        definition_fp = definitions.register(definition, "batch")
         idx, store = IndexStore(settings, sess), BatchStore(settings, sess)
         if index_first:
             run_index(settings, store=idx)
@@ -76,7 +84,7 @@ def run(
         totals = idx.hour_totals(topic, {h.date() for h in hours})
         records = {h: totals.get(h, (0, 0))[0] for h in hours}
         passes = taper(chunks(hours, records, settings.batch.chunk_events, settings.batch.chunk_hours))
-        runner = _Passes(settings, idx, store, force=force, spark=spark, accepted=incomplete)
+        runner = _Passes(settings, idx, store, force=force, spark=spark, accepted=incomplete, definition=definition_fp)
         # Pass i's Cassandra writes run while Spark computes pass i + 1 (the driver and the JVM take turns).
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-load") as loader:
             pending: Future[list[RunResult]] | None = None
@@ -125,7 +133,9 @@ class _Passes:
         force: bool,
         spark: SparkSession | None,
         accepted: dict[datetime, list[Loss]] | None = None,
+        definition: str | None = None,
     ) -> None:
+        self.definition = definition
         self.accepted = accepted or {}
         self.settings = settings
         self.idx = idx
@@ -156,7 +166,9 @@ class _Passes:
     def load(self, plan: offsets.Plan, done: Computed | None) -> list[RunResult]:
         """Write a pass (versions, swaps, rollups, lineage) and notice hours that grew meanwhile."""
         c0 = time.monotonic()
-        out = load.load(self.store, plan, done, force=self.force, code=self.code, accepted=self.accepted)
+        out = load.load(
+            self.store, plan, done, force=self.force, code=self.code, accepted=self.accepted, definition=self.definition
+        )
         load.recheck_stale(self.idx, plan)
         seconds = time.monotonic() - c0
         for r in out:

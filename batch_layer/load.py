@@ -25,11 +25,13 @@ def load(
     force: bool,
     code: str,
     accepted: dict[datetime, list[Loss]] | None = None,
+    definition: str | None = None,
 ) -> list[RunResult]:
     """Write a pass's versions, swap every hour's pointer, roll the days up and write each hour's lineage.
 
     :arg accepted: per hour, the losses the operator accepted for it: recorded in its lineage and, once the hour
         completed, marked accepted (the hour is no longer incomplete).
+    :arg definition: the fingerprint of the view definition the pass computed with (recorded per run and pointer).
     """
     accepted = accepted or {}
     hours = [h.hour for h in plan.hours]
@@ -39,11 +41,12 @@ def load(
     store.runs_started(
         [(hp.hour, runs[hp.hour], hp.hour + HOUR, plan.topic, hp.to_json(), force, code) for hp in plan.hours],
         {h: losses_json(ls) for h, ls in accepted.items() if h in runs},
+        definition,
     )
     try:
         if done is not None:
             store.rows.write_versions(runs, done.minutes, done.hours)
-        store.pointers.swap([(hp.hour, runs[hp.hour], hp.records) for hp in plan.hours])
+        store.pointers.swap([(hp.hour, runs[hp.hour], hp.records) for hp in plan.hours], definition)
         # Days whose 24 hours are all in the pass have their rollups computed: written together, in one go.
         computed = {d for d in days if done is not None and d in done.days}
         if done is not None and computed:

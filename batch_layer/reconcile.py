@@ -29,6 +29,7 @@ from infra.settings import Settings
 from views import sketches
 from views.store.batch import BatchRows
 from views.store.checks import Check, Checks
+from views.store.definitions import DefinitionStore
 from views.store.pointers import PointerStore
 from views.store.speed import SpeedRows
 
@@ -109,11 +110,12 @@ def reconcile(settings: Settings, hour: datetime, max_examples: int = 10) -> Rec
             msg = f"no completed batch run for {hour.isoformat()}"
             raise LookupError(msg)
         batch_rows, speed_rows = BatchRows(settings, sess), SpeedRows(settings, sess)
+        query = DefinitionStore(settings, sess).serving().query  # the speed rows of the serving view version
         slices = batch_rows.day_slices(hour.date())
         rec = Reconciliation(hour, str(run_id))
         for sl in ["*", *(s for s in slices if s != "*")]:
             batch = batch_rows.run_minutes(sl, hour, run_id)
-            speed = speed_rows.hour_minutes(sl, hour)
+            speed = speed_rows.hour_minutes(query, sl, hour)
             compare(rec, sl, batch, speed, max_examples)
         counts = (
             rec.buckets, rec.buckets_missing_in_speed, rec.buckets_missing_in_batch, rec.count_diffs,

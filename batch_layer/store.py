@@ -48,7 +48,7 @@ class BatchStore:
         prep = sess.prepare
         self.ins_run = prep(
             f"INSERT INTO {runs} (hour, run_id, interval_end, status, topic, offsets, forced, code_version, "
-            "started_at, accepted_loss) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            "started_at, accepted_loss, definition) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         )
         self.upd_run = prep(
             f"UPDATE {runs} SET status = ?, rows_read = ?, rows_unparseable = ?, rows_outside = ?, "
@@ -58,7 +58,7 @@ class BatchStore:
         self.sel_runs = prep(f"SELECT run_id, status FROM {runs} WHERE hour = ?")
         self.sel_latest_runs = prep(
             f"SELECT run_id, status, rows_read, rows_kept, rows_deduped, rows_late, offsets, code_version, "
-            f"accepted_loss FROM {runs} WHERE hour = ? LIMIT ?"
+            f"accepted_loss, definition FROM {runs} WHERE hour = ? LIMIT ?"
         )
         for stmt in (self.ins_run, self.upd_run):
             stmt.is_idempotent = True
@@ -121,10 +121,12 @@ class BatchStore:
         self,
         runs: Sequence[tuple[datetime, uuid.UUID, datetime, str, str, bool, str]],
         accepted: Mapping[datetime, str] | None = None,
+        definition: str | None = None,
     ) -> None:
         """Record runs as running: (hour, run_id, end, topic, offset spans, forced, code version) each.
 
         :arg accepted: per hour, the losses (JSON) the run accepts (None: none; only those hours may be incomplete).
+        :arg definition: the fingerprint of the view definition the runs compute with.
         """
         from cassandra.query import UNSET_VALUE  # noqa: PLC0415 - no null cell (a tombstone) for runs accepting none
 
@@ -135,7 +137,7 @@ class BatchStore:
             self.sess,
             self.ins_run,
             [
-                (h, rid, end, "running", t, o, f, c, now, accepted.get(h, UNSET_VALUE))
+                (h, rid, end, "running", t, o, f, c, now, accepted.get(h, UNSET_VALUE), definition or UNSET_VALUE)
                 for h, rid, end, t, o, f, c in runs
             ],
         )

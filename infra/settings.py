@@ -232,6 +232,12 @@ class SpeedSettings(BaseModel):
     stop_timeout_s: float = Field(
         60.0, gt=0, description="On SIGTERM/Ctrl-C, how long to let the running micro-batch finish before stopping."
     )
+    serving_check_s: float = Field(
+        5.0,
+        gt=0,
+        description="How often the speed job looks whether `trends speed promote` made another query (view "
+        "version) serve answers instead of it; a demoted query stops cleanly (exit 0) and its rows expire by TTL.",
+    )
 
 
 class BatchSettings(BaseModel):

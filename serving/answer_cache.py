@@ -69,8 +69,9 @@ class RowSource(Protocol):
         fields: Iterable[str] = ...,
         budget: ReadBudget | None = None,
         runs: Mapping[date, Mapping[datetime, uuid.UUID]] | None = None,
+        query: str | None = None,
     ) -> Iterator[Bucket]:
-        """Yield the rows that serve the spans, in time order."""
+        """Yield the rows that serve the spans, in time order (speed rows of ``query``, the serving version)."""
         ...
 
 
@@ -206,7 +207,7 @@ def _read_whole(
     found: set[datetime] = set()
     holes: set[datetime] = set()  # speed rows holding fewer events than the speed layer counted there, or none
     spans = [s for spans in plans for s in spans]
-    for bucket in reader.stream(spans, question.slice, question.fields, budget, runs=cov.runs):
+    for bucket in reader.stream(spans, question.slice, question.fields, budget, runs=cov.runs, query=_query(cov)):
         if bucket.layer == "speed":
             found.add(bucket.start)
             if bucket.events < cov.speed.expected(bucket.start):
@@ -278,13 +279,14 @@ def _cached(
     for part, spans, old in zip(parts, plans, olds, strict=True):
         versions = _speed_minutes([spans], cov)
         settled = tuple(v for v in versions if v[0] < settled_before)
-        sp = _settled_part(reader, question, settled, old, budget)
+        sp = _settled_part(reader, question, settled, old, budget, _query(cov))
         speed_parts.append(sp)
         holes |= sp.holes
         m = Merged(step, question.item)
         m.add_part(part)
         m.add_part(sp.part)
-        m.add_all(_speed_rows(reader, question, versions[len(settled) :], budget, holes))  # merged as they stream in
+        fresh = versions[len(settled) :]
+        m.add_all(_speed_rows(reader, question, fresh, budget, holes, _query(cov)))  # merged as they stream in
         speed_bytes += m.sketch_bytes - part.sketch_bytes
         merged.append(m)
     if holes:
@@ -333,10 +335,16 @@ def _batch_signature(plans: list[list[Span]], cov: Coverage) -> tuple[Any, ...]:
 
 def _signature(plans: list[list[Span]], cov: Coverage) -> tuple[Any, list[SpeedMinuteVersion], Any]:
     """Return the batch signature, the speed minutes with their versions, and the whole signature of the plans."""
-    batch_signature = _batch_signature(plans, cov)
+    # the serving view version first: a promote changes every answer's signature (no answer of the old one is kept)
+    batch_signature = (cov.version, _batch_signature(plans, cov))
     minutes = _speed_minutes(plans, cov)
     others = tuple((s.start, s.end, s.layer, s.reason) for spans in plans for s in spans if s.layer != "batch")
     return batch_signature, minutes, (batch_signature, others, tuple(minutes))
+
+
+def _query(cov: Coverage) -> str | None:
+    """Return the speed query (view version) a coverage was read for."""
+    return cov.version.query if cov.version is not None else None
 
 
 def _batch_parts(question: Question, rows: Iterable[Bucket], step: timedelta) -> list[MergedPart]:
@@ -369,6 +377,7 @@ def _settled_part(
     settled: tuple[SpeedMinuteVersion, ...],
     old: SpeedPart | None,
     budget: ReadBudget | None,
+    query: str | None = None,
 ) -> SpeedPart:
     """Return the window's settled speed minutes merged: the previous part as it was, extended, or built anew."""
     if old is not None and old.versions == settled:
@@ -385,7 +394,7 @@ def _settled_part(
     m = Merged(RESOLUTIONS[question.coarsest], question.item)
     if seed is not None:
         m.add_part(seed.part)
-    m.add_all(_speed_rows(reader, question, list(new), budget, holes))
+    m.add_all(_speed_rows(reader, question, list(new), budget, holes, query))
     return SpeedPart(settled, m.part(), frozenset(holes))
 
 
@@ -395,6 +404,7 @@ def _speed_rows(
     minutes: list[SpeedMinuteVersion],
     budget: ReadBudget | None,
     holes: set[datetime],
+    query: str | None = None,
 ) -> Iterator[Bucket]:
     """Yield the speed rows of the minutes in time order (kept ones from the cache, the others read); note the holes.
 
@@ -418,7 +428,7 @@ def _speed_rows(
             if budget is not None:
                 budget.charge(hit[0])
     spans = [Span(a, b, "speed", "minute") for a, b, _ in runs([(m, None) for m in sorted(todo)], MINUTE)]
-    read = reader.stream(spans, slice_, fields, budget) if todo else iter(())
+    read = reader.stream(spans, slice_, fields, budget, query=query) if todo else iter(())
     seen: set[datetime] = set()
     yield from heapq.merge(kept, _checked(read, todo, holes, seen, cache, question), key=lambda b: b.start)
     for minute, (_, epoch, counted) in todo.items():

@@ -88,6 +88,12 @@ def _provenance_lines(p: Any) -> list[str]:  # the caller escapes
     lines = [
         f"boundary {p.boundary}{' (pinned)' if p.boundary_pinned else ''}; speed newest event {p.speed_newest_event}"
     ]
+    d = getattr(p, "definition", None) or {}
+    if d:
+        lines.append(
+            f"view version: speed query {d.get('query')}, definition {d.get('fingerprint')}, "
+            f"slice {d.get('slice_fingerprint') or 'not defined'}"
+        )
     for s in p.spans:
         lines.append(f"  {s['layer']:5} {s['resolution']:6} {s['start']:%Y-%m-%d %H:%M} .. {s['end']:%Y-%m-%d %H:%M}")
     for g in p.gaps:

@@ -38,9 +38,10 @@ from serving import params
 from serving.plan import NOT_YET_SEEN, SPEED_ROWS_GONE, STARTED_AFTER, Span, SpeedCoverage
 from serving.reader import ViewReader
 from serving.window import load
-from views.aggregation import GLOBAL_SLICE
-from views.buckets import HOUR, MINUTE, floor
+from views.buckets import DAY, HOUR, MINUTE, days_between, floor
+from views.definition import GLOBAL_SLICE
 from views.store.checks import Checks
+from views.store.definitions import other_definition_hours
 from views.store.index import index_horizon, read_index_state
 from views.store.pointers import Pointer
 from views.store.speed import decode_counts, decode_hours
@@ -171,10 +172,10 @@ def speed_why(s: SpeedSegment) -> str:
     return f"{span}: {NOT_YET_SEEN}: no epoch has read this far"
 
 
-def read_speed_coverage(reader: ViewReader, start: datetime, end: datetime) -> SpeedCoverage:
-    """Read what the speed layer counted in ``[start, end)`` for the global slice, wherever the boundary is."""
+def read_speed_coverage(reader: ViewReader, start: datetime, end: datetime, query: str | None = None) -> SpeedCoverage:
+    """Read what the serving speed query counted in ``[start, end)`` for the global slice, wherever the boundary is."""
     rows = reader.speed_rows
-    query = reader.settings.speed.query_name
+    query = query or reader.definitions.serving().query
     epochs = rows.epochs(query)
     hour_reqs = rows.hours_requests(query, floor(start, HOUR), end)
     count_reqs = rows.counts_requests(query, GLOBAL_SLICE, floor(start, HOUR), end)
@@ -195,7 +196,9 @@ class SpeedMinute:
     events: int
 
 
-def speed_minutes(reader: ViewReader, cov: SpeedCoverage, start: datetime, end: datetime) -> list[SpeedMinute]:
+def speed_minutes(
+    reader: ViewReader, cov: SpeedCoverage, start: datetime, end: datetime, query: str | None = None
+) -> list[SpeedMinute]:
     """Return the speed state of every minute of ``[start, end)`` (rows read: their counts only).
 
     A minute the coverage serves is *covered* unless the epoch owning it counted events there and its row is gone
@@ -206,7 +209,7 @@ def speed_minutes(reader: ViewReader, cov: SpeedCoverage, start: datetime, end: 
     hi = end if fresh is None else min(end, fresh)
     found: dict[datetime, int] = {}
     if fresh is not None and start < hi:
-        for b in reader.stream([Span(start, hi, "speed", "minute")], GLOBAL_SLICE, ()):
+        for b in reader.stream([Span(start, hi, "speed", "minute")], GLOBAL_SLICE, (), query=query):
             found[b.start] = b.events
     out = []
     m = start
@@ -368,8 +371,11 @@ def build(reader: ViewReader, start: datetime, end: datetime, now: datetime | No
     completed = [h for h in hours if h in pointers]
     batch_events = {b.start: b.events for b in reader.stream([Span(h, h + HOUR, "batch", "hour") for h in completed],
                                                               GLOBAL_SLICE, ())}  # fmt: skip
-    speed = read_speed_coverage(reader, start, end)
-    minutes = speed_minutes(reader, speed, start, end)  # contiguous from start: hour i is minutes[60 i : 60 (i+1)]
+    query = cov.version.query if cov.version is not None else None
+    speed = read_speed_coverage(reader, start, end, query)
+    minutes = speed_minutes(
+        reader, speed, start, end, query
+    )  # contiguous from start: hour i is minutes[60 i : 60 (i+1)]
     incomplete = incomplete_hours(reader, start, end)
     checks = last_reconciliations(reader, hours)
     spans = [Span(s["start"], s["end"], s["layer"], s["resolution"]) for s in window.provenance.spans]
@@ -416,8 +422,9 @@ def build(reader: ViewReader, start: datetime, end: datetime, now: datetime | No
             ],
             "why": _horizon_why(horizon.closed_at, horizon.held_by, horizon.idle, bool(parts)),
         },
+        "versions": view_versions(reader, now),
         "speed": {
-            "query": settings.speed.query_name,
+            "query": query or settings.speed.query_name,
             "checkpoint": _checkpoint(checkpoint_state(settings)),
             "fresh_until": newest,
             "newest_event": cov.speed_newest_event,
@@ -442,6 +449,53 @@ def build(reader: ViewReader, start: datetime, end: datetime, now: datetime | No
         "airflow": _wait(airflow, SLOW_SOURCE_WAIT_S, "Airflow"),
         "dead_letters": _wait(dlq, SLOW_SOURCE_WAIT_S, "Kafka"),
     }
+
+
+RECENT_VERSION = timedelta(hours=1)  # another speed query with an epoch updated this recently is shown beside
+
+
+def view_versions(reader: ViewReader, now: datetime) -> dict[str, Any]:
+    """Return the view versions: the serving speed query and every other one with a recent epoch, with progress.
+
+    Each with its definition, its current epoch's ``counts_from`` and ``seen_until``; and the hours below the
+    watermark whose current run computed with another definition than the serving one (within the metrics scan).
+    """
+    settings = reader.settings
+    serving = reader.definitions.serving()
+    progress = {p.query: p for p in reader.speed_rows.progress()}
+    out = []
+    for q in sorted(set(progress) | {serving.query}):
+        epoch = max(reader.speed_rows.epochs(q), key=lambda e: e.started_at, default=None)
+        recent = epoch is not None and epoch.updated_at is not None and now - epoch.updated_at <= RECENT_VERSION
+        if q != serving.query and not recent:
+            continue
+        out.append(
+            {
+                "query": q,
+                "serving": q == serving.query,
+                "definition": epoch.definition if epoch is not None else None,
+                "epoch": epoch.id if epoch is not None else None,
+                "counts_from": epoch.counts_from if epoch is not None else None,
+                "seen_until": epoch.seen_until if epoch is not None else None,
+                "updated_at": epoch.updated_at if epoch is not None else None,
+            }
+        )
+    mark = reader.pointer_store.watermark()
+    old: dict[datetime, str] = {}
+    if mark.mark is not None:
+        lo = max(mark.low or mark.mark, floor(mark.mark - settings.metrics.batch_scan_days * DAY, HOUR))
+        pointers = reader.pointer_store.pointers_indexed(days_between(lo, mark.mark))
+        old = other_definition_hours({h: p for h, p in pointers.items() if h >= lo}, serving.fingerprint, mark.mark)
+    return {
+        "serving": {
+            "query": serving.query, "fingerprint": serving.fingerprint, "previous_query": serving.previous_query,
+            "promoted_at": serving.promoted_at,
+        },
+        "queries": out,
+        "old_definition_hours": len(old),
+        "old_definition_first": min(old, default=None),
+        "old_definition_last": max(old, default=None),
+    }  # fmt: skip
 
 
 def _checkpoint(st: CheckpointState) -> dict[str, Any]:

@@ -22,7 +22,7 @@ The state it plans with, :class:`Coverage`, is read by :meth:`serving.reader.Vie
 from __future__ import annotations
 
 import uuid
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Collection, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Literal, TypeVar
@@ -38,7 +38,11 @@ NO_BATCH_RUN = "no completed batch run for this hour"
 NOT_YET_SEEN = "not yet seen by the speed layer"
 STARTED_AFTER = "the speed layer started after this minute"
 SPEED_ROWS_GONE = "speed rows expired or missing"
-GAP_REASONS = (NO_BATCH_RUN, NOT_YET_SEEN, STARTED_AFTER, SPEED_ROWS_GONE)
+# A batch hour whose current run defines the slice otherwise than the serving view version (another slice
+# fingerprint, or no such slice): never a number of another definition. A backfill recomputes it under this one.
+DEFINITION = "computed with another view definition (backfill: trends batch run --start ... --end ...)"
+NOT_DEFINED = "the serving view definition has no such slice"
+GAP_REASONS = (NO_BATCH_RUN, NOT_YET_SEEN, STARTED_AFTER, SPEED_ROWS_GONE, DEFINITION, NOT_DEFINED)
 RESOLUTIONS: dict[str, timedelta] = {"minute": MINUTE, "hour": HOUR, "day": DAY}
 
 
@@ -52,12 +56,15 @@ class SpeedCoverage:
     :arg epochs: the query's epochs (checkpoint lifetimes).
     :arg kept: ``(hour, epoch) -> until when all the hour's rows are surely kept`` (None: unknown any more).
     :arg counted: ``(epoch, minute) -> events counted`` for the slice asked.
+    :arg other_definition: epochs whose view definition does not define the slice as the serving one does (or
+        not at all): their minutes are gaps, never numbers of another definition.
     """
 
     epochs: tuple[Epoch, ...]
     kept: Mapping[tuple[datetime, str], datetime | None] = field(default_factory=dict)
     counted: Mapping[tuple[str, datetime], int] = field(default_factory=dict)
     now: datetime | None = None
+    other_definition: frozenset[str] = frozenset()
 
     @property
     def fresh_until(self) -> datetime | None:
@@ -77,6 +84,8 @@ class SpeedCoverage:
         epoch = self.owner(minute)
         if epoch is None:  # every epoch began counting after it
             return STARTED_AFTER
+        if epoch.id in self.other_definition:
+            return NOT_DEFINED
         if epoch.seen_until is None or minute >= epoch.seen_until:  # a newer epoch started after it: nobody's
             newest = max(self.epochs, key=lambda e: e.started_at)
             return NOT_YET_SEEN if epoch is newest else STARTED_AFTER
@@ -89,6 +98,19 @@ class SpeedCoverage:
         """Return the events the owning epoch counted in ``minute`` (0: it counted none there)."""
         epoch = self.owner(minute)
         return 0 if epoch is None else self.counted.get((epoch.id, minute), 0)
+
+
+@dataclass(frozen=True)
+class ServedBy:
+    """The view version an answer comes from: the serving speed query, its definition, the slice's own fingerprint.
+
+    :arg slice_fingerprint: :func:`views.definition.slice_fingerprint` of the slice asked (None: the serving
+        definition has no such slice).
+    """
+
+    query: str
+    fingerprint: str | None
+    slice_fingerprint: str | None
 
 
 @dataclass(frozen=True)
@@ -124,6 +146,9 @@ class Coverage:
     stale: dict[datetime, int] = field(default_factory=dict)  # batch hours -> records indexed since their run
     incomplete: dict[datetime, list[Loss]] = field(default_factory=dict)  # hours lost records may belong to
     runs: Mapping[date, Mapping[datetime, uuid.UUID]] = field(default_factory=dict)  # current run per hour, per day
+    # batch hours whose current run defines the slice otherwise than the serving view version (gaps: DEFINITION)
+    other_definition: frozenset[datetime] = frozenset()
+    version: ServedBy | None = None  # the view version answers come from, for this slice
 
     @property
     def speed_fresh_until(self) -> datetime | None:
@@ -132,7 +157,9 @@ class Coverage:
 
     def plan(self, start: datetime, end: datetime, coarsest: Resolution = "day") -> list[Span]:
         """Split ``[start, end)`` with the merge rule under this coverage (:func:`plan`)."""
-        return plan(start, end, self.boundary, self.batch_hours, self.current_days, self.speed, coarsest)
+        return plan(
+            start, end, self.boundary, self.batch_hours, self.current_days, self.speed, coarsest, self.other_definition
+        )
 
 
 def plan(
@@ -143,6 +170,7 @@ def plan(
     current_days: set[date],
     speed: SpeedCoverage,
     coarsest: Resolution = "day",
+    other_definition: Iterable[datetime] = (),
 ) -> list[Span]:
     """Split ``[start, end)`` (whole minutes) into spans served by the batch view, the speed view, or gaps.
 
@@ -151,6 +179,8 @@ def plan(
     :arg current_days: days whose daily rollup matches the current hour runs.
     :arg speed: what the speed layer counted (its epochs, kept hours and counted minutes).
     :arg coarsest: the coarsest rollup allowed (a time series at hourly resolution must not use daily rows).
+    :arg other_definition: batch hours whose run defines the slice otherwise than the serving view version: gaps
+        (:data:`DEFINITION`), and no daily rollup over them.
     """
     if start.tzinfo is None or end.tzinfo is None:
         msg = "window bounds must be timezone-aware"
@@ -160,12 +190,19 @@ def plan(
         msg = f"window [{start}, {end}) must be non-empty and on whole minutes"
         raise ValueError(msg)
     split = start if boundary is None else min(max(boundary.astimezone(UTC), start), end)
-    spans = _batch_spans(start, split, batch_hours, current_days, coarsest) + _speed_spans(split, end, speed)
+    other = set(other_definition)
+    served = batch_hours - other if other else batch_hours
+    spans = _batch_spans(start, split, served, current_days, coarsest, other) + _speed_spans(split, end, speed)
     return _coalesce(spans)
 
 
 def _batch_spans(
-    start: datetime, end: datetime, hours: set[datetime], days: set[date], coarsest: Resolution
+    start: datetime,
+    end: datetime,
+    hours: set[datetime],
+    days: set[date],
+    coarsest: Resolution,
+    other_definition: Collection[datetime] = (),
 ) -> list[Span]:
     spans: list[Span] = []
     t = start
@@ -184,7 +221,7 @@ def _batch_spans(
         hour = floor(t, HOUR)
         stop = min(hour + HOUR, end)
         if hour not in hours:
-            spans.append(Span(t, stop, "gap", "minute", NO_BATCH_RUN))
+            spans.append(Span(t, stop, "gap", "minute", DEFINITION if hour in other_definition else NO_BATCH_RUN))
         elif coarsest != "minute" and t == hour and stop == hour + HOUR:
             spans.append(Span(t, stop, "batch", "hour"))
         else:

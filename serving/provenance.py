@@ -8,7 +8,7 @@ a speed minute the speed layer counted events in whose row was missing or short 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -29,6 +29,9 @@ class Provenance:
     stale: list[dict[str, Any]] = field(default_factory=list)  # batch hours with records indexed since their run
     # hours that records removed from Kafka before they were indexed may belong to: incomplete, whoever served them
     incomplete: list[dict[str, Any]] = field(default_factory=list)
+    # the view version that served the answer: the serving speed query, its definition's fingerprint and the slice's
+    # own (every batch hour and speed minute served defines the slice as that one; the others are gaps)
+    definition: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, planned: list[Span], cov: Coverage, holes: Iterable[datetime] = ()) -> Provenance:
@@ -58,4 +61,5 @@ class Provenance:
             speed_updated_at=cov.speed_updated_at,
             stale=[{"hour": h, "records_since": n} for h, n in sorted(cov.stale.items()) if served(h, ("batch",))],
             incomplete=[{"start": a, "end": b, "losses": list(v)} for a, b, v in runs(incomplete, HOUR)],
+            definition=asdict(cov.version) if cov.version is not None else {},
         )

@@ -54,7 +54,9 @@ class ReadSchedule:
         slice_: str,
         fields: frozenset[str],
         runs: Mapping[date, Mapping[datetime, uuid.UUID]],
+        query: str = "",
     ) -> None:
+        self.query = query  # the speed query (view version) whose rows the speed spans read
         self.sess = sess
         self.stmt = statements
         self.cache = cache
@@ -101,7 +103,7 @@ class ReadSchedule:
             first = max(span.start, datetime.combine(day, time(), UTC))
             last = min(span.end, datetime.combine(day, time(), UTC) + DAY)
             minutes = int((last - first) / MINUTE)
-            self._add(first, "speed", (self.slice, day, span.start, span.end), emit, minutes)
+            self._add(first, "speed", (self.query, self.slice, day, span.start, span.end), emit, minutes)
 
     def day(self, span: Span) -> None:
         """Serve a daily rollup, cached under the fingerprint of the day's pointers."""

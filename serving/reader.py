@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from datetime import UTC, date, datetime
 from time import monotonic
 from typing import TYPE_CHECKING, Any
@@ -31,11 +31,13 @@ from serving.answer_cache import AnswerCache
 from serving.bucket import Bucket
 from serving.budget import ReadBudget
 from serving.lru import RowCache
-from serving.plan import Coverage, Span, SpeedCoverage
+from serving.plan import Coverage, ServedBy, Span, SpeedCoverage
 from serving.read_schedule import ReadSchedule
 from views.buckets import HOUR, as_date, days_between, floor, month_key
+from views.definition import slice_matcher, view_definition
 from views.store import cql
 from views.store.batch import BatchRows
+from views.store.definitions import DefinitionStore, decode_serving
 from views.store.losses import LossStore, decode_loss
 from views.store.pointers import PointerStore, decode_pointers, decode_stale, decode_watermark, fingerprint_of
 from views.store.rows import read_many
@@ -128,6 +130,8 @@ class ViewReader:
         self.batch_rows = BatchRows(settings, sess)
         self.speed_rows = SpeedRows(settings, sess)
         self.loss_store = LossStore(settings, sess)
+        self.definitions = DefinitionStore(settings, sess)
+        self._serving_query = settings.speed.query_name  # the last serving query read (read with the state)
         self._rows: dict[frozenset[str], dict[str, Any]] = {}
         self._recent = RecentStates()
         cacheable = rows_cacheable(settings)
@@ -206,7 +210,7 @@ class ViewReader:
         months: dict[str, list[date]] = {}
         for day in days:
             months.setdefault(month_key(day), []).append(day)
-        query = self.settings.speed.query_name
+        query = self._serving_query
         topic = self.settings.kafka.events_topic
         rows = read_many(
             self.sess,
@@ -218,19 +222,28 @@ class ViewReader:
                 self.loss_store.losses_request(topic),
                 self.speed_rows.progress_request(query),
                 self.speed_rows.epochs_request(query),
+                self.definitions.serving_request(),
             ],
         )
         mark_rows, stale_rows = rows[:2]
-        pointer_rows, rollup_rows = rows[2 : 2 + len(days)], rows[2 + len(days) : -3]
-        loss_rows, prog_rows, epoch_rows = rows[-3:]
+        pointer_rows, rollup_rows = rows[2 : 2 + len(days)], rows[2 + len(days) : -4]
+        loss_rows, prog_rows, epoch_rows, serving_rows = rows[-4:]
+        serving_row = next(iter(serving_rows), None)
+        if serving_row is not None and serving_row.query != query:  # a promote: read the new version's state
+            query = self._serving_query = serving_row.query
+            prog_rows, epoch_rows = read_many(
+                self.sess, [self.speed_rows.progress_request(query), self.speed_rows.epochs_request(query)]
+            )
         # the batch view: the watermark, each hour's run, the current daily rollups, stale hours
         mark = decode_watermark(mark_rows[0] if mark_rows else None)
         runs: dict[date, dict[datetime, uuid.UUID]] = {}
         indexed: dict[datetime, int | None] = {}
+        hour_definitions: dict[datetime, str | None] = {}
         for day, day_rows in zip(days, pointer_rows, strict=True):
             pointers = decode_pointers(day_rows)
             runs[day] = {h: p.run_id for h, p in pointers.items()}
             indexed.update({h: p.indexed for h, p in pointers.items()})
+            hour_definitions.update({h: p.definition for h, p in pointers.items()})
         current: set[date] = set()
         for month_days, rollups in zip(months.values(), rollup_rows, strict=True):
             wanted = set(month_days)
@@ -253,8 +266,13 @@ class ViewReader:
         newest, updated = decode_freshness(prog_rows)
         epochs = decode_epochs(epoch_rows)
         kept, counted = self.speed_rows.counted(query, slice_, start, end, mark.boundary, epochs)
+        # the view version: which batch hours and speed epochs define the slice as the serving definition does
+        version = decode_serving(serving_row, self.settings, epochs)
+        served_by, same = self._slice_version(version.query, version.fingerprint, slice_)
+        other_hours = frozenset(h for h, fp in hour_definitions.items() if fp is not None and not same(fp))
+        other_epochs = frozenset(e.id for e in epochs if not same(e.definition or version.fingerprint))
         cov = Coverage(
-            speed=SpeedCoverage(tuple(epochs), kept, counted, datetime.now(UTC)),
+            speed=SpeedCoverage(tuple(epochs), kept, counted, datetime.now(UTC), other_epochs),
             stale=stale,
             incomplete=incomplete,
             boundary=mark.boundary,
@@ -265,10 +283,18 @@ class ViewReader:
             speed_newest_event=newest,
             speed_updated_at=updated,
             runs=runs,
+            other_definition=other_hours,
+            version=served_by,
         )
         if self.settings.serving.state_max_age_ms > 0:
             self._recent.keep((start, end, slice_), began, cov)
         return cov
+
+    def _slice_version(self, query: str, fp: str | None, slice_: str) -> tuple[ServedBy, Callable[[str | None], bool]]:
+        """Return the version serving a slice, and a test whether a definition defines the slice the same way."""
+        serving = self.definitions.get(fp) if fp else None
+        mine, servable = slice_matcher(serving or view_definition(self.settings), fp, slice_, self.definitions.get)
+        return ServedBy(query, fp, mine), servable
 
     def read(
         self,
@@ -287,6 +313,7 @@ class ViewReader:
         fields: Iterable[str] = SKETCH_FIELDS,
         budget: ReadBudget | None = None,
         runs: Mapping[date, Mapping[datetime, uuid.UUID]] | None = None,
+        query: str | None = None,
     ) -> Iterator[Bucket]:
         """Yield the rows that serve the spans (gaps read nothing) in time order, as they arrive.
 
@@ -301,12 +328,15 @@ class ViewReader:
         :arg budget: charged with every row yielded; it raises once the request has read too much.
         :arg runs: the current run of each hour of the batch spans' days, as the plan's coverage read them (the
             spans were planned with them); None reads them now.
+        :arg query: the speed query (view version) the plan's coverage read (None: the last one read).
         """
         if runs is None:
             batch_days = {s.start.date() for s in spans if s.layer == "batch"}
             runs = self.read_pointers(batch_days)[0] if batch_days else {}
         wanted = frozenset(fields)
-        reads = ReadSchedule(self.sess, self.statements(wanted), self.cache, slice_, wanted, runs)
+        reads = ReadSchedule(
+            self.sess, self.statements(wanted), self.cache, slice_, wanted, runs, query or self._serving_query
+        )
         hour_spans: dict[date, list[Span]] = {}
         for span in spans:
             if span.layer == "gap":

@@ -278,6 +278,10 @@ def status(ctx: Context) -> dict[str, Any]:
         # a pin below the watermark hands [pin, watermark) to the speed view: is it still covered there?
         "pin": pin,
         "slice_dims": ctx.settings.views.slice_dims,
+        # the view version answers come from: the serving speed query and its definition (trends speed promote)
+        "view_version": None
+        if cov.version is None
+        else {"query": cov.version.query, "fingerprint": cov.version.fingerprint},
         "refresh_s": ctx.settings.serving.dashboard_refresh_s,
         # hours whose records grew after their batch run (late data): served as they were until recomputed
         "stale_hours": [{"hour": h, "records_since": n} for h, n in stale.items()],

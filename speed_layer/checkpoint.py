@@ -9,48 +9,23 @@ the checkpoint) and every later start compares it with the settings' one, refusi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from typing import Any
 
 from infra.errors import ConfigurationError
 from infra.settings import Settings
+from views.definition import KLL_K, differences, fingerprint, view_definition
+
+__all__ = ["KLL_K", "CheckpointFiles", "check_view_definition", "differences", "fingerprint", "view_definition"]
 
 logger = logging.getLogger(__name__)
 
 DEFINITION_FILE = "trends_view_definition.json"
-KLL_K = 200  # kll_sketch_agg_double's default k (views.aggregation passes none)
 
 
 class ViewDefinitionChangedError(ConfigurationError):
     """The settings define the views differently from the speed checkpoint's state."""
-
-
-def view_definition(settings: Settings) -> dict[str, Any]:
-    """Return what the speed state depends on: the bucket, the slices, the sketch parameters, the row columns."""
-    from views.aggregation import BUCKET, GLOBAL_SLICE, HLL_LG_K, VIEW_COLUMNS  # noqa: PLC0415
-
-    return {
-        "bucket": BUCKET,
-        "global_slice": GLOBAL_SLICE,
-        "slice_dims": sorted(settings.views.slice_dims),  # the order of the setting does not change a slice
-        "top_k_items": settings.views.top_k_items,
-        "hll_lg_k": HLL_LG_K,
-        "kll_k": KLL_K,
-        "columns": list(VIEW_COLUMNS),
-    }
-
-
-def fingerprint(definition: dict[str, Any]) -> str:
-    """Return a short hash of a definition (canonical JSON)."""
-    return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Return ``key: old -> new`` for every part of the definition that changed."""
-    keys = sorted(set(recorded) | set(current))
-    return [f"{k}: {recorded.get(k)!r} -> {current.get(k)!r}" for k in keys if recorded.get(k) != current.get(k)]
 
 
 def refusal(checkpoint: str, recorded: dict[str, Any], current: dict[str, Any]) -> str:

@@ -54,11 +54,17 @@ def run(
     if overrides:
         settings = settings.model_copy(update={"speed": settings.speed.model_copy(update=overrides)})
     click.echo(
-        f"speed layer: {settings.kafka.events_topic} -> {settings.cassandra.keyspace}.speed_view "
-        f"(checkpoint {checkpoint_location(settings)})",
+        f"speed layer: {settings.kafka.events_topic} -> {settings.cassandra.keyspace}.speed_minutes, query "
+        f"{settings.speed.query_name} (checkpoint {checkpoint_location(settings)})",
         err=True,
     )
     summary = run_job(settings, available_now=available_now, max_seconds=max_seconds)
+    if summary.demoted_by is not None:
+        click.echo(
+            f"{settings.speed.query_name} no longer serves answers: {summary.demoted_by} was promoted "
+            "(trends speed promote); stopped, its rows expire by their TTL",
+            err=True,
+        )
     if summary.begin is not None:
         b = summary.begin
         click.echo(
@@ -94,3 +100,59 @@ def status(settings: Settings) -> None:
             f"{r.query}: newest event {r.newest_event_ts}, watermark {r.watermark}, "
             f"batch {r.last_batch_id} ({r.last_batch_rows} bucket rows) written at {r.updated_at}"
         )
+
+
+@speed.command()
+@click.argument("query")
+@click.pass_obj
+def promote(settings: Settings, query: str) -> None:
+    """Make QUERY (a speed query running a new view definition) the one answers come from.
+
+    Refused (usage error) until its current epoch has caught up: it has read as far as the serving query, and it
+    counts every minute from the batch boundary (watermark or pin) on. The switch is one lightweight transaction;
+    the replaced query notices within speed.serving_check_s and stops, its rows expire by their TTL.
+    """
+    from infra.cassandra import session
+    from speed_layer.promote import promote_problems, read_versions
+    from views.store.definitions import DefinitionStore
+
+    with session(settings) as sess:
+        v = read_versions(settings, sess, query)
+        problems = promote_problems(query, v.serving, v.green, v.blue, v.boundary)
+        if problems:
+            raise click.UsageError(f"cannot promote {query}: " + "; ".join(problems))
+        assert v.green is not None and v.green.definition is not None  # noqa: S101 - promote_problems checked it
+        applied, now = DefinitionStore(settings, sess).promote(query, v.green.definition, v.serving)
+    if not applied:
+        msg = f"another promote won meanwhile: {now.describe()} serves answers now (nothing changed)"
+        raise click.ClickException(msg)
+    click.echo(f"serving view version: {v.serving.describe()} -> {now.describe()}")
+
+
+@speed.command()
+@click.pass_obj
+def versions(settings: Settings) -> None:
+    """Show the view versions: the serving speed query and every other one, with their progress."""
+    from infra.cassandra import session
+    from views.store.definitions import DefinitionStore
+    from views.store.pointers import PointerStore
+    from views.store.speed import SpeedRows
+
+    with session(settings) as sess:
+        serving = DefinitionStore(settings, sess).serving()
+        speed = SpeedRows(settings, sess)
+        queries = sorted({r.query for r in speed.progress()} | {serving.query})
+        boundary = PointerStore(settings, sess).watermark().boundary
+        click.echo(f"batch boundary {boundary.isoformat() if boundary else 'none yet'}")
+        for q in queries:
+            epochs = speed.epochs(q)
+            e = max(epochs, key=lambda x: x.started_at, default=None)
+            role = "SERVING" if q == serving.query else "standby"
+            if e is None:
+                click.echo(f"{role:8} {q}: no epoch")
+                continue
+            click.echo(
+                f"{role:8} {q}: definition {e.definition or 'not recorded'}, epoch {e.id} counts from "
+                f"{e.counts_from.isoformat() if e.counts_from else 'nothing'}, seen until "
+                f"{e.seen_until.isoformat() if e.seen_until else 'nothing'}"
+            )

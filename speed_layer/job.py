@@ -19,19 +19,25 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from infra.cassandra import session
 from infra.checkpoints import speed_checkpoint
 from infra.settings import Settings
 from infra.spark import get_spark, kafka_options
 from speed_layer.checkpoint import check_view_definition
 from speed_layer.metrics import PARSE_METRICS, BatchMetrics, MetricsRegistry, serve_metrics
+from speed_layer.promote import ServingWatch, replaced
 from speed_layer.sink import SpeedViewSink
 from speed_layer.start import StreamStart, resolve_start
+from views.definition import view_definition
+from views.store.definitions import DefinitionStore
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
 logger = logging.getLogger(__name__)
+
+DEMOTED_STOP_S = 5.0  # a demoted query lets its running micro-batch finish this long at most, then stops
 
 
 def extract(spark: SparkSession, settings: Settings, start: StreamStart | None = None) -> DataFrame:
@@ -100,6 +106,7 @@ class RunSummary:
     stopped_by_signal: bool
     future_rows: int = 0
     begin: StreamStart | None = None  # the checkpoint's start from the batch watermark, if it has one
+    demoted_by: str | None = None  # the query a promote made serving instead of this one (it stopped for that)
 
 
 POLL_S = 0.25  # how often the driver's loop reads the query's progress
@@ -239,8 +246,9 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
         stop.set()
 
     spark = get_spark(settings, "speed")
+    watch = ServingWatch(settings, settings.speed.serving_check_s)
     try:  # a checkpoint whose state was built by another view definition is refused before anything starts
-        check_view_definition(spark, settings, checkpoint_location(settings))
+        definition = _register_version(spark, settings, watch)
         begin = resolve_start(spark, settings, checkpoint_location(settings))
     except Exception:
         spark.stop()
@@ -253,6 +261,7 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
         settings.speed.view_ttl_s,
         checkpoint=checkpoint_location(settings),
         begin=begin,
+        definition=definition,
     )
     adapter = _ProgressListener(
         registry,
@@ -265,26 +274,10 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
     started = time.monotonic()
     query = start(spark, settings, sink, available_now=available_now, begin=begin)
     logger.info("speed query started (id %s, run %s)", query.id, query.runId)
-    poller = _ProgressPoller(query, adapter)
+    demoted: str | None = None
     try:
-        try:
-            while query.isActive:
-                if stop.is_set() or (max_seconds is not None and time.monotonic() - started > max_seconds):
-                    stop_gracefully(query, settings.speed.stop_timeout_s)
-                    break
-                # raises the query's error when it failed; floats are taken (ms), the stub says int
-                query.awaitTermination(POLL_S)  # type: ignore[arg-type]
-                poller.poll()
-            query.awaitTermination(5)
-            error = query.exception()
-            if error is not None:
-                raise error
-        except Exception as exc:
-            logger.error("speed query terminated with an error: %s", exc)
-            raise
-        finally:
-            with contextlib.suppress(Exception):  # the batches completed before the end, for the log and summary
-                poller.poll(final=True)
+        deadline = None if max_seconds is None else started + max_seconds
+        demoted = _drive(query, _ProgressPoller(query, adapter), stop, deadline, watch, sink, settings)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -301,4 +294,79 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
         seconds=time.monotonic() - started,
         stopped_by_signal=stop.is_set(),
         begin=begin,
+        demoted_by=demoted,
     )
+
+
+def _drive(
+    query: StreamingQuery,
+    poller: _ProgressPoller,
+    stop: threading.Event,
+    deadline: float | None,
+    watch: ServingWatch,
+    sink: SpeedViewSink,
+    settings: Settings,
+) -> str | None:
+    """Read the query's progress until it ends, is stopped (signal, deadline) or demoted; return who demoted it.
+
+    :raises pyspark.errors.StreamingQueryException: when the query failed.
+    """
+    try:
+        while query.isActive:
+            if stop.is_set() or (deadline is not None and time.monotonic() > deadline):
+                stop_gracefully(query, settings.speed.stop_timeout_s)
+                break
+            demoted = _demoted_by(watch, sink)
+            if demoted is not None:  # its rows serve nobody now: an unfinished micro-batch need not finish
+                stop_gracefully(query, DEMOTED_STOP_S)
+                return demoted
+            # raises the query's error when it failed; floats are taken (ms), the stub says int
+            query.awaitTermination(POLL_S)  # type: ignore[arg-type]
+            poller.poll()
+        query.awaitTermination(5)
+        error = query.exception()
+        if error is not None:
+            raise error
+    except Exception as exc:
+        logger.error("speed query terminated with an error: %s", exc)
+        raise
+    finally:
+        with contextlib.suppress(Exception):  # the batches completed before the end, for the log and summary
+            poller.poll(final=True)
+    return None
+
+
+def _register_version(spark: SparkSession, settings: Settings, watch: ServingWatch) -> str:
+    """Check the checkpoint's view definition and register it; return its fingerprint.
+
+    The query is a version of the views: its definition is recorded in ``view_definitions``. A query a promote
+    replaced runs as a standby (to roll back, promote it again once it has caught up).
+    """
+    definition = check_view_definition(spark, settings, checkpoint_location(settings))
+    with session(settings) as sess:
+        DefinitionStore(settings, sess).register(view_definition(settings), settings.speed.query_name)
+        serving = watch.start(sess)
+    if replaced(settings.speed.query_name, serving):
+        logger.warning(
+            "speed query %s was replaced by %s (trends speed promote at %s): it runs as a standby, serving nothing; "
+            "promote it again once caught up to roll back, or stop it",
+            settings.speed.query_name, serving.describe(), serving.promoted_at,
+        )  # fmt: skip
+    return definition
+
+
+def _demoted_by(watch: ServingWatch, sink: SpeedViewSink) -> str | None:
+    """Return the query that replaced this one, when a promote demoted it (looked at every few seconds)."""
+    try:
+        sess = sink.session()
+        serving = watch.demoted_by(sess) if sess is not None else None
+    except Exception:  # Cassandra unreachable: the sink's own writes fail the batch; look again later
+        logger.warning("could not read the serving view version", exc_info=True)
+        return None
+    if serving is None:
+        return None
+    logger.info(
+        "speed query %s no longer serves answers: %s was promoted at %s; stopping (its rows expire by their TTL)",
+        watch.query, serving.describe(), serving.promoted_at,
+    )  # fmt: skip
+    return serving.query

@@ -74,6 +74,7 @@ class SpeedViewSink:
     epoch_id: str | None = None  # Spark's query id; read from the batch's thread when not given
     checkpoint: str | None = None  # the query's checkpoint: when its initial offsets were resolved is the start
     begin: StreamStart | None = None  # a start from the batch watermark: the epoch counts from its hour
+    definition: str | None = None  # the view definition's fingerprint, recorded on a new epoch
     _cluster: Cluster | None = field(default=None, init=False, repr=False)
     _rows: SpeedRows | None = field(default=None, init=False, repr=False)
     _epoch: Epoch | None = field(default=None, init=False, repr=False)
@@ -90,6 +91,10 @@ class SpeedViewSink:
             self.newest_event_ts = rows.newest_event(self.query)
             self._rows = rows
         return self._rows
+
+    def session(self) -> Any:
+        """Return the sink's Cassandra session once its first batch opened it (None before)."""
+        return self._rows.sess if self._rows is not None else None
 
     def close(self) -> None:
         """Shut the driver's connections down."""
@@ -144,7 +149,7 @@ class SpeedViewSink:
                 covered_from = floor(self.started_at, MINUTE) + MINUTE
             else:
                 covered_from, starting = floor(datetime.now(UTC), MINUTE) + MINUTE, "adopted"
-            epoch = Epoch(self.epoch_id, self.started_at, covered_from, None, starting)
+            epoch = Epoch(self.epoch_id, self.started_at, covered_from, None, starting, definition=self.definition)
             store.register_epoch(self.query, epoch)
             logger.info(
                 "speed epoch %s (query %s) starts; it counts minutes completely from %s",
@@ -170,7 +175,7 @@ class SpeedViewSink:
         written = 0
         newest = None
         for chunk in _chunks(kept, CHUNK_ROWS):
-            count, chunk_newest = store.write(chunk, batch_id, self.ttl_seconds)
+            count, chunk_newest = store.write(self.query, chunk, batch_id, self.ttl_seconds)
             written += count
             if chunk_newest is not None and (newest is None or chunk_newest > newest):
                 newest = chunk_newest
@@ -183,7 +188,7 @@ class SpeedViewSink:
         store.advance_epoch(self.query, epoch.id, seen_until, first_hour, batch_id)
         self._epoch = Epoch(
             epoch.id, epoch.started_at, epoch.covered_from, seen_until, epoch.starting_offsets, batch_id,
-            first_hour=first_hour,
+            first_hour=first_hour, definition=epoch.definition,
         )  # fmt: skip
         if newest is not None and (self.newest_event_ts is None or newest > self.newest_event_ts):
             self.newest_event_ts = newest

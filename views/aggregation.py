@@ -14,7 +14,8 @@ column                Spark function                              Python reader
 ====================  ==========================================  =========================================
 
 Every function here is a pure DataFrame -> DataFrame transform that works on both batch and streaming frames
-(``window()`` is the bucket in both), so the two layers cannot drift apart (Summingbird's principle).
+(``window()`` is the bucket in both), so the two layers cannot drift apart (Summingbird's principle). The
+definition's parameters and its fingerprint live in :mod:`views.definition`.
 """
 
 from __future__ import annotations
@@ -25,26 +26,19 @@ from typing import Literal
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from views.buckets import MINUTE
+from views.definition import (
+    BUCKET,
+    DEFAULT_TOP_K_ITEMS,
+    GLOBAL_SLICE,
+    HLL_LG_K,
+    VIEW_COLUMNS,
+)
 
-BUCKET = f"{int(MINUTE.total_seconds())} seconds"  # the minute bucket (views.buckets) as a Spark window duration
-GLOBAL_SLICE = "*"
-HLL_LG_K = 12
-DEFAULT_TOP_K_ITEMS = 1024
+__all__ = ["BUCKET", "DEFAULT_TOP_K_ITEMS", "GLOBAL_SLICE", "HLL_LG_K", "VIEW_COLUMNS", "aggregate", "rollup"]
+
 # approx_top_k_accumulate's state is a struct; only its binary sketch is stored. These are the other fields,
 # needed to rebuild the state for approx_top_k_combine when minute sketches are merged into rollups.
 _TOPK_ITEM_DDL = "item string not null"
-
-VIEW_COLUMNS = (
-    "bucket_start",
-    "slice",
-    "events",
-    "users_hll",
-    "values_kll",
-    "items_fi",
-    "min_ts",
-    "max_ts",
-)
 
 
 def slice_of(dim: str, value: Column) -> Column:

@@ -118,7 +118,7 @@ def speed_rows(settings: Settings) -> list[dict[str, Any]]:
     with session(settings) as sess:
         rows = sess.execute(
             f"SELECT slice, bucket_start, events, users_hll, values_kll, items_fi "
-            f"FROM {settings.cassandra.keyspace}.speed_view"
+            f"FROM {settings.cassandra.keyspace}.speed_minutes"
         )
         return [
             summary.of_blobs(
@@ -371,11 +371,14 @@ def fresh_counts(settings: Settings, system: str) -> Callable[[], dict[int, int]
     sess = make_cluster(settings).connect()
     ks = settings.cassandra.keyspace
     if system == "speed":
-        stmt = sess.prepare(f"SELECT bucket_start, events FROM {ks}.speed_view WHERE slice = '*' AND day IN ?")
+        stmt = sess.prepare(
+            f"SELECT bucket_start, events FROM {ks}.speed_minutes WHERE query = ? AND slice = '*' AND day IN ?"
+        )
 
         def read() -> dict[int, int]:
             today = datetime.now(UTC).date()
-            rows = sess.execute(stmt, ([today - timedelta(days=1), today, today + timedelta(days=1)],))
+            days = [today - timedelta(days=1), today, today + timedelta(days=1)]
+            rows = sess.execute(stmt, (settings.speed.query_name, days))
             return {int(r.bucket_start.replace(tzinfo=UTC).timestamp()): r.events for r in rows}
 
         return read

@@ -144,8 +144,9 @@ def test_recompute_hours_with_lineage_watermark_and_idempotent_rerun(batch_env: 
 def speed_events(env: BatchEnv, hour: datetime) -> int:
     with session(env.settings) as sess:
         rows = sess.execute(
-            f"SELECT bucket_start, events FROM {table(env.settings, 'speed_view')} WHERE slice = '*' AND day = %s",
-            (hour.date(),),
+            f"SELECT bucket_start, events FROM {table(env.settings, 'speed_minutes')} "
+            "WHERE query = %s AND slice = '*' AND day = %s",
+            (env.settings.speed.query_name, hour.date()),
         )
         return sum(r.events for r in rows if hour <= r.bucket_start.replace(tzinfo=UTC) < hour + HOUR)
 

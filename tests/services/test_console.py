@@ -126,8 +126,9 @@ def test_the_console_explains_each_hour_with_the_faults_visible(
     with session(settings) as sess:
         for m in lost:
             sess.execute(
-                f"DELETE FROM {table(settings, 'speed_view')} WHERE slice = '*' AND day = %s AND bucket_start = %s",
-                (m.date(), m),
+                f"DELETE FROM {table(settings, 'speed_minutes')} WHERE query = %s AND slice = '*' AND day = %s "
+                "AND bucket_start = %s",
+                (settings.speed.query_name, m.date(), m),
             )
     # Fault 2: the checkpoint is lost; events arrive while no job runs; the job restarts at latest
     shutil.rmtree(checkpoints)

@@ -52,7 +52,8 @@ def speed_events(settings: Settings) -> tuple[int, Any]:
             r
             for d in {(now - HOUR).date(), now.date(), (now + HOUR).date()}
             for r in sess.execute(
-                f"SELECT events FROM {table(settings, 'speed_view')} WHERE slice = '*' AND day = %s", (d,)
+                f"SELECT events FROM {table(settings, 'speed_minutes')} WHERE query = %s AND slice = '*' AND day = %s",
+                (settings.speed.query_name, d),
             )
         ]
         progress = sess.execute(

@@ -51,7 +51,7 @@ def _speed(settings: Settings, root: Path, query: str, dims: list[str]) -> subpr
 def _slices(settings: Settings) -> set[str]:
     with session(settings) as sess:
         ks = settings.cassandra.keyspace
-        return {r.slice for r in sess.execute(f"SELECT slice FROM {ks}.speed_view")}
+        return {r.slice for r in sess.execute(f"SELECT slice FROM {ks}.speed_minutes")}
 
 
 def test_a_changed_view_definition_is_refused_on_an_old_checkpoint(

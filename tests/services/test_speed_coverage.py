@@ -199,8 +199,9 @@ def test_lost_and_expired_speed_rows_are_gaps_not_zeros(cov_env: Env) -> None:
     with session(env.settings) as sess:
         for m in lost:
             sess.execute(
-                f"DELETE FROM {table(env.settings, 'speed_view')} WHERE slice = '*' AND day = %s AND bucket_start = %s",
-                (m.date(), m),
+                f"DELETE FROM {table(env.settings, 'speed_minutes')} WHERE query = %s AND slice = '*' AND day = %s "
+                "AND bucket_start = %s",
+                (env.settings.speed.query_name, m.date(), m),
             )
     who = assert_no_hidden_hole(env, start, end)
     assert {m for m, r in who.items() if r == SPEED_ROWS_GONE} == set(lost)

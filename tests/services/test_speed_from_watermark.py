@@ -188,7 +188,7 @@ def assert_exact_above_watermark(
         reader = ViewReader(settings, sess)
         speed = SpeedRows(settings, sess)
         # records below the watermark were skipped: the speed view holds no row of those hours
-        assert all(not speed.hour_minutes(GLOBAL_SLICE, H0 + i * HOUR) for i in range(3))
+        assert all(not speed.hour_minutes(query, GLOBAL_SLICE, H0 + i * HOUR) for i in range(3))
         epochs = speed.epochs(query)
         assert [e.covered_from for e in epochs] == covered_from
         assert all(e.starting_offsets.startswith(f"watermark {W.isoformat()}") for e in epochs)

@@ -94,7 +94,7 @@ class SpeedEnv:
         with session(self.settings) as sess:
             rows = sess.execute(
                 f"SELECT slice, bucket_start, events, users_hll, values_kll, items_fi FROM "
-                f"{table(self.settings, 'speed_view')}"
+                f"{table(self.settings, 'speed_minutes')}"
             )
             return {(r.slice, r.bucket_start.replace(tzinfo=UTC)): r for r in rows}
 

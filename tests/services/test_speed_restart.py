@@ -116,7 +116,7 @@ def test_a_failing_speed_service_is_restarted_with_backoff_and_counted(
         with session(settings) as sess:
             _until(
                 "speed view rows",
-                lambda: sum(r.events for r in sess.execute(f"SELECT events FROM {keyspace}.speed_view")) == 20,
+                lambda: sum(r.events for r in sess.execute(f"SELECT events FROM {keyspace}.speed_minutes")) == 20,
                 svc,
             )
     finally:

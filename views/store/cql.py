@@ -1,4 +1,4 @@
-"""Every statement on the views' tables, in one place (the tables are created by ``infra/cql/0002-0004``).
+"""Every statement on the views' tables, in one place (the tables are created by ``infra/cql/0002-0007``).
 
 ``{name}`` in a template is the table ``name`` of the configured keyspace; :func:`prepare` fills it in. The
 batch view is versioned: minute and hour rows carry the ``run_id`` of the run that wrote them, and the pointer
@@ -20,8 +20,9 @@ if TYPE_CHECKING:
     from infra.settings import Settings
 
 VIEW_TABLES = (
-    "speed_view", "speed_progress", "batch_minutes", "batch_hours", "batch_days", "batch_day_slices",
+    "speed_minutes", "speed_progress", "batch_minutes", "batch_hours", "batch_days", "batch_day_slices",
     "batch_intervals", "batch_watermark", "batch_stale", "speed_epochs", "speed_hours", "speed_coverage",
+    "view_definitions", "serving_definition",
 )  # fmt: skip
 SKETCH_FIELDS = ("users_hll", "values_kll", "items_fi")
 
@@ -52,8 +53,10 @@ DELETE_MINUTES = "DELETE FROM {batch_minutes} WHERE slice = ? AND hour = ? AND r
 DELETE_HOUR = "DELETE FROM {batch_hours} WHERE slice = ? AND day = ? AND hour = ? AND run_id = ?"
 
 # -- the pointer, watermark and staleness tables ------------------------------------------------------------------
-INSERT_POINTER = "INSERT INTO {batch_intervals} (day, hour, run_id, completed_at, indexed) VALUES (?, ?, ?, ?, ?)"
-SELECT_POINTERS = "SELECT hour, run_id, indexed FROM {batch_intervals} WHERE day = ?"
+INSERT_POINTER = (
+    "INSERT INTO {batch_intervals} (day, hour, run_id, completed_at, indexed, definition) VALUES (?, ?, ?, ?, ?, ?)"
+)
+SELECT_POINTERS = "SELECT hour, run_id, indexed, definition FROM {batch_intervals} WHERE day = ?"
 SELECT_WATERMARK = "SELECT low, watermark, pinned FROM {batch_watermark} WHERE name = ?"
 INSERT_WATERMARK = "INSERT INTO {batch_watermark} (name, low, watermark, updated_at) VALUES (?, ?, ?, ?)"
 PIN_WATERMARK = "UPDATE {batch_watermark} SET pinned = ?, updated_at = ? WHERE name = ?"
@@ -62,14 +65,14 @@ INSERT_STALE = "INSERT INTO {batch_stale} (topic, hour, records, noticed_at) VAL
 SELECT_STALE = "SELECT hour, records FROM {batch_stale} WHERE topic = ?"
 SELECT_STALE_BETWEEN = "SELECT hour, records FROM {batch_stale} WHERE topic = ? AND hour >= ? AND hour < ?"
 
-# -- the speed view (upserts of whole bucket states) and its freshness ----------------------------------------------
+# -- the speed view per streaming query (upserts of whole bucket states) and its freshness (infra/cql/0007) ----------
 UPSERT_SPEED = (
-    "INSERT INTO {speed_view} (slice, day, bucket_start, events, users_hll, values_kll, items_fi, min_ts, max_ts, "
-    "batch_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?"
+    "INSERT INTO {speed_minutes} (query, slice, day, bucket_start, events, users_hll, values_kll, items_fi, min_ts, "
+    "max_ts, batch_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?"
 )
 SELECT_SPEED_MINUTES = (
-    "SELECT bucket_start, events, users_hll FROM {speed_view} "
-    "WHERE slice = ? AND day = ? AND bucket_start >= ? AND bucket_start < ?"
+    "SELECT bucket_start, events, users_hll FROM {speed_minutes} "
+    "WHERE query = ? AND slice = ? AND day = ? AND bucket_start >= ? AND bucket_start < ?"
 )
 UPSERT_PROGRESS = (
     "INSERT INTO {speed_progress} (query, newest_event_ts, watermark, last_batch_id, last_batch_rows, updated_at) "
@@ -79,16 +82,16 @@ SELECT_PROGRESS = "SELECT newest_event_ts, updated_at FROM {speed_progress} WHER
 
 # -- what the speed layer processed: epochs, the hours of each, the minutes counted (infra/cql/0005) ---------------
 INSERT_EPOCH = (
-    "INSERT INTO {speed_epochs} (query, epoch, started_at, covered_from, starting_offsets, updated_at) "
-    "VALUES (?, ?, ?, ?, ?, ?)"
+    "INSERT INTO {speed_epochs} (query, epoch, started_at, covered_from, starting_offsets, updated_at, definition) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
 ADVANCE_EPOCH = (
     "UPDATE {speed_epochs} SET seen_until = ?, first_hour = ?, last_batch_id = ?, updated_at = ? "
     "WHERE query = ? AND epoch = ?"
 )
 SELECT_EPOCHS = (
-    "SELECT epoch, started_at, covered_from, starting_offsets, seen_until, first_hour, last_batch_id, updated_at "
-    "FROM {speed_epochs} WHERE query = ?"
+    "SELECT epoch, started_at, covered_from, starting_offsets, seen_until, first_hour, last_batch_id, updated_at, "
+    "definition FROM {speed_epochs} WHERE query = ?"
 )
 INSERT_SPEED_HOUR = (
     "INSERT INTO {speed_hours} (query, day, hour, epoch, first_written_at, ttl_s) VALUES (?, ?, ?, ?, ?, ?) USING TTL ?"
@@ -118,15 +121,35 @@ READ_MINUTES = (
     "WHERE slice = ? AND hour = ? AND run_id = ? AND bucket_start >= ? AND bucket_start < ?"
 )
 READ_SPEED = (
-    "SELECT bucket_start, {cols} FROM {speed_view} "
-    "WHERE slice = ? AND day = ? AND bucket_start >= ? AND bucket_start < ?"
+    "SELECT bucket_start, {cols} FROM {speed_minutes} "
+    "WHERE query = ? AND slice = ? AND day = ? AND bucket_start >= ? AND bucket_start < ?"
 )
+# -- view versions: the definitions in use, and the one row naming the serving query (infra/cql/0007) ---------------
+SERVING_ROW = "serving"  # the key of the one row of serving_definition
+INSERT_DEFINITION = (
+    "INSERT INTO {view_definitions} (fingerprint, definition, registered_at, registered_by) VALUES (?, ?, ?, ?)"
+)
+SELECT_DEFINITION = "SELECT definition FROM {view_definitions} WHERE fingerprint = ?"
+SELECT_DEFINITIONS = "SELECT fingerprint, definition FROM {view_definitions}"
+SELECT_SERVING = (
+    "SELECT query, fingerprint, previous_query, previous_fingerprint, promoted_at FROM {serving_definition} "
+    "WHERE name = ?"
+)
+PROMOTE_FIRST = (
+    "INSERT INTO {serving_definition} (name, query, fingerprint, previous_query, previous_fingerprint, promoted_at) "
+    "VALUES (?, ?, ?, ?, ?, ?) IF NOT EXISTS"
+)
+PROMOTE = (
+    "UPDATE {serving_definition} SET query = ?, fingerprint = ?, previous_query = ?, previous_fingerprint = ?, "
+    "promoted_at = ? WHERE name = ? IF query = ?"
+)
+
 SELECT_MONTH_FINGERPRINTS = "SELECT day, hour_runs FROM {batch_days} WHERE slice = ? AND month = ?"
 
 # Upserts of whole rows: writing one again writes the same row, so the driver may retry them.
 IDEMPOTENT = frozenset((
     INSERT_MINUTE, INSERT_HOUR, INSERT_DAY, INSERT_DAY_SLICE, INSERT_POINTER, INSERT_STALE,
-    UPSERT_SPEED, UPSERT_PROGRESS, INSERT_EPOCH, ADVANCE_EPOCH, INSERT_SPEED_HOUR, UPSERT_COUNTS,
+    UPSERT_SPEED, UPSERT_PROGRESS, INSERT_EPOCH, ADVANCE_EPOCH, INSERT_SPEED_HOUR, UPSERT_COUNTS, INSERT_DEFINITION,
 ))  # fmt: skip
 
 

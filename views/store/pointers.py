@@ -31,10 +31,15 @@ WATERMARK_ROW = "batch"  # the key of the one row of batch_watermark
 
 
 class Pointer(NamedTuple):
-    """The current run of an hour, and how many indexed records of the hour it read (None: not recorded)."""
+    """The current run of an hour, the indexed records of the hour it read (None: not recorded), its definition.
+
+    ``definition`` is the view definition's fingerprint (None: a run from before definitions were recorded, taken
+    as the serving one).
+    """
 
     run_id: uuid.UUID
     indexed: int | None
+    definition: str | None = None
 
 
 class Watermark(NamedTuple):
@@ -93,8 +98,8 @@ def fingerprint_of(pointers: Mapping[datetime, uuid.UUID]) -> str:
 
 
 def decode_pointers(rows: Iterable[Any]) -> dict[datetime, Pointer]:
-    """Return pointer rows (``hour, run_id, indexed``) by their hour."""
-    return {utc(r.hour): Pointer(r.run_id, r.indexed) for r in rows}  # type: ignore[misc]
+    """Return pointer rows (``hour, run_id, indexed, definition``) by their hour."""
+    return {utc(r.hour): Pointer(r.run_id, r.indexed, getattr(r, "definition", None)) for r in rows}  # type: ignore[misc]
 
 
 def decode_watermark(row: Any) -> Watermark:
@@ -155,13 +160,14 @@ class PointerStore:
             out.update(decode_pointers(r.result_or_exc))
         return out
 
-    def swap(self, swaps: Sequence[tuple[datetime, uuid.UUID, int | None]]) -> None:
+    def swap(self, swaps: Sequence[tuple[datetime, uuid.UUID, int | None]], definition: str | None = None) -> None:
         """Make each run the current version of its hour (one row per hour: atomic for readers).
 
         :arg swaps: (hour, run id, the hour's indexed records the run read) each.
+        :arg definition: the fingerprint of the view definition the runs computed with.
         """
         now = datetime.now(UTC)
-        params = [(day_key(h), h, run_id, now, indexed) for h, run_id, indexed in swaps]
+        params = [(day_key(h), h, run_id, now, indexed, definition) for h, run_id, indexed in swaps]
         write_many(self.settings, self.sess, self._stmt(cql.INSERT_POINTER), params, lambda p: (p[0],))
 
     def completed(self, hour: datetime, cache: dict[date, dict[datetime, uuid.UUID]]) -> bool:

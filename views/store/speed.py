@@ -55,6 +55,7 @@ class Epoch:
     last_batch_id: int | None = None
     updated_at: datetime | None = None
     first_hour: datetime | None = None
+    definition: str | None = None  # the view definition's fingerprint (None: an epoch from before it was recorded)
 
     @property
     def counts_from(self) -> datetime | None:
@@ -75,12 +76,18 @@ class KeptHour:
     kept_until: datetime | None  # None: the hour's first-write record has expired
 
 
+def epoch_row(query: str, epoch: Epoch, now: datetime) -> tuple[Any, ...]:
+    """Return the values of :data:`views.store.cql.INSERT_EPOCH` for a new epoch."""
+    return (query, epoch.id, epoch.started_at, epoch.covered_from, epoch.starting_offsets, now, epoch.definition)
+
+
 def decode_epochs(rows: Iterable[Any]) -> list[Epoch]:
     """Turn ``speed_epochs`` rows into epochs, oldest first."""
     out = [
         Epoch(
             r.epoch, utc(r.started_at) or datetime.min.replace(tzinfo=UTC), utc(r.covered_from), utc(r.seen_until),
             r.starting_offsets or "", r.last_batch_id, utc(r.updated_at), utc(r.first_hour),
+            getattr(r, "definition", None),
         )
         for r in rows
     ]  # fmt: skip
@@ -127,8 +134,8 @@ class SpeedRows:
         self.sess = sess
         self._stmt = cql.Statements(settings, sess)
 
-    def write(self, rows: Iterable[Any], batch_id: int, ttl_seconds: int) -> tuple[int, datetime | None]:
-        """Upsert whole bucket rows (Spark rows of the view's columns); raise on the first failed write.
+    def write(self, query: str, rows: Iterable[Any], batch_id: int, ttl_seconds: int) -> tuple[int, datetime | None]:
+        """Upsert a query's whole bucket rows (Spark rows of the view's columns); raise on the first failed write.
 
         :returns: the rows written and the newest event time among them.
         """
@@ -142,6 +149,7 @@ class SpeedRows:
             max_ts = utc(r.max_ts)
             params.append(
                 (
+                    query,
                     r.slice,
                     day_key(bucket),
                     bucket,
@@ -197,11 +205,11 @@ class SpeedRows:
             for r in rows
         ]  # fmt: skip
 
-    def hour_minutes(self, slice_: str, hour: datetime) -> dict[datetime, Any]:
-        """Return the slice's minute rows (``bucket_start, events, users_hll``) of an hour, by bucket."""
+    def hour_minutes(self, query: str, slice_: str, hour: datetime) -> dict[datetime, Any]:
+        """Return a query's minute rows of a slice (``bucket_start, events, users_hll``) in an hour, by bucket."""
         rows = self.sess.execute(
             self._stmt(cql.SELECT_SPEED_MINUTES),
-            (slice_, day_key(hour), hour, hour + HOUR),
+            (query, slice_, day_key(hour), hour, hour + HOUR),
             execution_profile=READ_PROFILE,
         )
         return {utc(r.bucket_start): r for r in rows}  # type: ignore[misc]
@@ -219,7 +227,7 @@ class SpeedRows:
         """Record a new epoch (once: the sink calls it only for an epoch it finds no row of)."""
         self.sess.execute(
             self._stmt(cql.INSERT_EPOCH),
-            (query, epoch.id, epoch.started_at, epoch.covered_from, epoch.starting_offsets, datetime.now(UTC)),
+            epoch_row(query, epoch, datetime.now(UTC)),
             execution_profile=WRITE_PROFILE,
         )
 
