@@ -64,11 +64,14 @@ def transform(records: DataFrame, settings: Settings, since: datetime | None = N
     # current_timestamp() is the micro-batch's time, kept in the offset log: a replayed batch decides the same.
     horizon = F.current_timestamp() + F.make_dt_interval(secs=F.lit(settings.ingest.max_future_skew_s))
     future = F.col("parsed_ok") & (F.col("ts") > horizon)
+    # The events the `since` filter below drops, counted in the same pass as the others (one more sum, no job).
+    below = F.col("parsed_ok") & ~future & (F.col("ts") < F.lit(since)) if since is not None else F.lit(False)
     parsed = parse_events(records).observe(
         PARSE_METRICS,
         F.count(F.lit(1)).alias("rows"),
         F.sum(F.when(F.col("parsed_ok"), 0).otherwise(1)).alias("unparseable"),
         F.sum(F.when(future, 1).otherwise(0)).alias("future"),
+        F.sum(F.when(below, 1).otherwise(0)).alias("below_watermark"),
     )
     events = valid_events(parsed.where(~future))
     if since is not None:
@@ -99,6 +102,7 @@ class RunSummary:
     stopped_by_signal: bool
     future_rows: int = 0
     begin: StreamStart | None = None  # the checkpoint's start from the batch watermark, if it has one
+    skipped_below_watermark_rows: int = 0  # events before ``begin.since`` met by this run, skipped
 
 
 class _ProgressListener:
@@ -254,6 +258,7 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
         dropped_late_rows=registry.dropped_late_total,
         unparseable_rows=registry.unparseable_total,
         future_rows=registry.future_total,
+        skipped_below_watermark_rows=registry.skipped_below_watermark_total,
         seconds=time.monotonic() - started,
         stopped_by_signal=stop.is_set(),
         begin=begin,
