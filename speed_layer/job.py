@@ -19,9 +19,11 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from infra.checkpoints import speed_checkpoint
+from infra.errors import CheckpointLostError
 from infra.settings import Settings
 from infra.spark import get_spark, kafka_options
 from speed_layer.checkpoint import check_view_definition
+from speed_layer.guard import CheckpointGuard
 from speed_layer.metrics import PARSE_METRICS, BatchMetrics, MetricsRegistry, serve_metrics
 from speed_layer.sink import SpeedViewSink
 from speed_layer.start import StreamStart, resolve_start
@@ -197,6 +199,8 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
 
     :raises speed_layer.checkpoint.ViewDefinitionChangedError: when the checkpoint was started with another view
         definition (:mod:`speed_layer.checkpoint`).
+    :raises infra.errors.CheckpointLostError: when the checkpoint vanished under the running query
+        (:mod:`speed_layer.guard`; the next start moves what is left aside and begins a new epoch).
     :raises pyspark.errors.StreamingQueryException: when the query fails (e.g. Cassandra unreachable): the
         failed batch was not committed and is replayed on the next start.
     """
@@ -207,7 +211,9 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
         stop.set()
 
     spark = get_spark(settings, "speed")
+    guard = CheckpointGuard(spark, checkpoint_location(settings))
     try:  # a checkpoint whose state was built by another view definition is refused before anything starts
+        guard.clear_remnant()  # what is left of a checkpoint lost under a running query is never resumed
         check_view_definition(spark, settings, checkpoint_location(settings))
         begin = resolve_start(spark, settings, checkpoint_location(settings))
     except Exception:
@@ -234,9 +240,11 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
     server = serve_metrics(registry, settings.metrics.host, port) if port else None
     started = time.monotonic()
     query = start(spark, settings, sink, available_now=available_now, begin=begin)
+    guard.watch(query.id)
     try:
         while query.isActive:
-            if stop.is_set() or (max_seconds is not None and time.monotonic() - started > max_seconds):
+            lost = guard.check() is not None  # the checkpoint vanished under the query: stop, fail loudly
+            if lost or stop.is_set() or (max_seconds is not None and time.monotonic() - started > max_seconds):
                 stop_gracefully(query, settings.speed.stop_timeout_s)
                 break
             query.awaitTermination(1)
@@ -244,6 +252,12 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
         error = query.exception()
         if error is not None:
             raise error
+        if guard.check(force=True) is not None:  # the guard stopped it (or a stop came after the loss)
+            raise guard.error()
+    except Exception as exc:  # Spark fails on its next write into a lost folder, often before the guard looks
+        if not isinstance(exc, CheckpointLostError) and guard.check(force=True) is not None:
+            raise guard.error() from exc
+        raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

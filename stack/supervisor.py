@@ -37,7 +37,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Final
 
-from infra.errors import EXIT_CONFIG
+from infra.errors import EXIT_CONFIG, EXIT_REASONS
 from infra.settings import RESTARTS_ENV
 from stack.process import write_private
 
@@ -81,7 +81,8 @@ class SupervisorState:
             return "restarts 0"
         text = f"restarts {self.restarts}"
         if self.last_exit_code is not None:
-            text += f" (last exit {self.last_exit_code} at {self.last_exit_at})"
+            reason = EXIT_REASONS.get(self.last_exit_code)
+            text += f" (last exit {self.last_exit_code}{f': {reason}' if reason else ''} at {self.last_exit_at})"
         if self.child_pid is None and self.next_start_at and not self.stopped:
             text += f", next start at {self.next_start_at}"
         return text
@@ -166,8 +167,8 @@ def supervise(
         state = SupervisorState(**{**asdict(state), "restarts": state.restarts + 1, "next_start_at": due})
         state.write(state_file)
         logger.warning(
-            "%s exited with status %s after %.0f s; restart %s in %.1f s", " ".join(cmd[-3:]), code, ran,
-            state.restarts, delay,
+            "%s exited with status %s%s after %.0f s; restart %s in %.1f s", " ".join(cmd[-3:]), code,
+            f" ({EXIT_REASONS[code]})" if code in EXIT_REASONS else "", ran, state.restarts, delay,
         )  # fmt: skip
         stop.wait(delay)
     state = SupervisorState(**{**asdict(state), "stopped": True})
