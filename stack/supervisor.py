@@ -8,7 +8,9 @@ the supervisor too. SIGTERM/SIGINT stop it: the signal is passed to the running 
 restart follows.
 
 Exit status 78 (:data:`infra.errors.EXIT_CONFIG`) ends it too: the command refused its settings or state (a speed
-checkpoint of another view definition), which a restart cannot change; the operator must act.
+checkpoint of another view definition), which a restart cannot change; the operator must act. Exit status 75
+(:data:`infra.errors.EXIT_CHECKPOINT_LOST`: the speed job's checkpoint was lost under it) is restarted like any
+failure — the restart begins a new epoch —, and the state's description names it (``last exit 75: checkpoint lost``).
 
 The state file (JSON, rewritten atomically) says how often the command was restarted, how the last runs ended
 (their exit statuses) and when the next start is due: ``trends stack status`` shows it, and the fault suite

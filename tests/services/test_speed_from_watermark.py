@@ -157,7 +157,8 @@ def test_a_new_checkpoint_from_the_watermark_answers_every_minute_above_it_exact
     assert f"this run skipped {below} events below it" in proc.stderr
     print(
         f"\nfrom the watermark: caught up in {caught_up_s:.1f} s (JVM start included), read {read} of the topic's "
-        f"{topic_size} records ({read / topic_size:.1%})"
+        f"{topic_size} records ({read / topic_size:.1%}); skipped {skipped} below the watermark "
+        "(trends_speed_skipped_below_batch_watermark_rows_total)"
     )
 
     assert_exact_above_watermark(settings, events, truth, [W])
