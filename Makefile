@@ -14,7 +14,7 @@ help:
 	@echo "make demo        set up, start the stack and run the whole pipeline (stream, Airflow backfill, API, dashboard)"
 	@echo "make test        set up, lint (ruff, mypy) and run the whole test suite against the real services"
 	@echo "make test-unit   fast tests only (no services)"
-	@echo "make test-faults       speed rows expiring, records lost before indexing, a far-future record, the console (not part of make test)"
+	@echo "make test-faults       speed rows expiring, checkpoints lost (also under the running job), records lost before indexing, a far-future record, the console (not part of make test)"
 	@echo "make test-reliability  the fault-injection suite (not part of make test)"
 	@echo "make test-cluster      Spark standalone cluster, 3-broker Kafka, 2-node Cassandra (not part of make test)"
 	@echo "make test-backfill     trends batch backfill over 30 days, with Cassandra stopped, and the DAG under Airflow's scheduler (not part of make test)"
@@ -71,11 +71,13 @@ test: setup $(BROWSER) $(GOTOOLS) lint docs-check
 test-unit: $(INSTALLED) $(GOTOOLS)
 	$(BIN)/pytest -m "not services and not spark"
 
-# The slow suites of faults as they happen (marked `faults`; 6-8 min here, kept out of make test to hold it under
-# 25 minutes): speed rows lost and expired by TTL and a lost checkpoint (test_speed_coverage), records removed before
-# indexing (test_batch_loss), a far-future record (test_event_time_guard), the operator console over them in Chromium.
+# The slow suites of faults as they happen (marked `faults`; kept out of make test to hold it under 25 minutes):
+# speed rows lost and expired by TTL and a lost checkpoint (test_speed_coverage), a new checkpoint from the batch
+# watermark (test_speed_from_watermark), the checkpoint deleted under the running speed service
+# (test_speed_lost_checkpoint), records removed before indexing (test_batch_loss), a far-future record
+# (test_event_time_guard), the operator console over them in Chromium.
 test-faults: setup $(BROWSER)
-	$(BIN)/pytest -m faults tests/services/test_speed_coverage.py tests/services/test_batch_loss.py tests/services/test_event_time_guard.py tests/services/test_console.py tests/services/test_view_versions.py
+	$(BIN)/pytest -m faults tests/services/test_speed_coverage.py tests/services/test_speed_from_watermark.py tests/services/test_speed_lost_checkpoint.py tests/services/test_batch_loss.py tests/services/test_event_time_guard.py tests/services/test_console.py tests/services/test_view_versions.py
 
 # Faults against the whole pipeline (broker restart, Cassandra down, SIGKILLs, duplicates, late events, bad input);
 # prints the table of cases and writes artifacts/reliability.md.

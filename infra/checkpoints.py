@@ -8,7 +8,9 @@ it happens. Only a local folder can be looked at here; a checkpoint on HDFS or S
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -16,6 +18,21 @@ from urllib.parse import urlparse
 from infra.settings import Settings
 
 START_FILE = "trends_start.json"  # a start from the batch watermark, recorded by the speed job
+# Spark writes the query's id into ``metadata`` when it starts a checkpoint, before any other file, and never again;
+# its logs and state go into these folders.
+SPARK_METADATA = "metadata"
+SPARK_FOLDERS = ("offsets", "commits", "sources", "state")
+
+
+def is_remnant(names: Iterable[str]) -> bool:
+    """Tell whether a checkpoint folder holding these entries is what is left of a lost checkpoint (pure).
+
+    Spark's logs or state without its ``metadata``: the folder was deleted under a running query, which went on
+    writing into it (or it was restored in part). Spark would resume such a folder as a new query with the old
+    logs and state, so it is never resumed (:mod:`speed_layer.guard` moves it aside).
+    """
+    entries = set(names)
+    return SPARK_METADATA not in entries and bool(entries & set(SPARK_FOLDERS))
 
 
 def speed_checkpoint(settings: Settings) -> str:
@@ -31,6 +48,8 @@ class CheckpointState:
         folder, so unknown here.
     :arg last_batch: the newest micro-batch whose offsets are logged.
     :arg from_watermark: the checkpoint was started from the batch watermark.
+    :arg since: the batch boundary it started from (when it did).
+    :arg remnant: ``exists`` is False because the folder is what is left of a lost checkpoint (:func:`is_remnant`).
     """
 
     location: str
@@ -38,14 +57,27 @@ class CheckpointState:
     last_batch: int | None = None
     from_watermark: bool = False
     next_start: str = ""
+    since: str | None = None
+    remnant: bool = False
 
     def describe(self) -> str:
         """Return a line for ``trends stack status`` and the console."""
         if self.exists is None:
             return f"checkpoint {self.location}: not a local folder, not checked here"
+        if self.remnant:
+            return (
+                f"LOST CHECKPOINT ({self.location}): Spark's files without its metadata (deleted under the running "
+                f"job); the next start moves them aside and begins a new epoch from {self.next_start}"
+            )
         if not self.exists:
             return f"NO CHECKPOINT ({self.location}): the next start is a new epoch from {self.next_start}"
-        how = ", started from the batch watermark" if self.from_watermark else ""
+        how = ""
+        if self.from_watermark:
+            how = (
+                f", started from the batch watermark {self.since}"
+                if self.since
+                else ", started from the batch watermark"
+            )
         return f"checkpoint at batch {self.last_batch}{how}"
 
 
@@ -63,9 +95,22 @@ def checkpoint_state(settings: Settings) -> CheckpointState:
     if folder is None:
         return CheckpointState(location, None)
     batches = [int(p.name) for p in (folder / "offsets").glob("*") if re.fullmatch(r"\d+", p.name)]
+    if folder.is_dir() and is_remnant(p.name for p in folder.iterdir()):
+        return CheckpointState(
+            location, False, max(batches, default=None), next_start=next_start(settings), remnant=True
+        )
     if not batches:
         return CheckpointState(location, False, next_start=next_start(settings))
-    return CheckpointState(location, True, max(batches), (folder / START_FILE).exists())
+    start = folder / START_FILE
+    return CheckpointState(location, True, max(batches), start.exists(), since=_since(start))
+
+
+def _since(start: Path) -> str | None:
+    """Return the boundary a start from the watermark recorded (None: none, or unreadable)."""
+    try:
+        return str(json.loads(start.read_text())["since"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _local(location: str) -> Path | None:

@@ -7,6 +7,11 @@ from typing import ClassVar, Final
 # sysexits' EX_CONFIG: the command refuses to run as configured. A supervisor does not restart it (a restart
 # with the same settings and state is refused again); the operator's change is needed.
 EXIT_CONFIG: Final = 78
+# sysexits' EX_TEMPFAIL: the speed job's checkpoint was lost under it (speed_layer.guard); a restart begins a new
+# epoch, so a supervisor restarts it.
+EXIT_CHECKPOINT_LOST: Final = 75
+# what an exit status means, for the supervisor's record (trends stack status)
+EXIT_REASONS: Final = {EXIT_CONFIG: "configuration refused", EXIT_CHECKPOINT_LOST: "checkpoint lost"}
 
 
 class TrendsError(Exception):
@@ -27,3 +32,9 @@ class StackError(TrendsError):
 
 class MigrationError(TrendsError):
     """A CQL migration file is malformed or failed to apply."""
+
+
+class CheckpointLostError(TrendsError):
+    """The speed job's checkpoint vanished (or was replaced) under the running query; a restart is a new epoch."""
+
+    exit_code: ClassVar[int] = EXIT_CHECKPOINT_LOST

@@ -69,7 +69,8 @@ def run(
         b = summary.begin
         click.echo(
             f"checkpoint started from the batch watermark {b.since.isoformat()}: offsets {b.spark_offsets()}, "
-            f"{b.to_read} of the topic's {b.topic_records} records after them when it started",
+            f"{b.to_read} of the topic's {b.topic_records} records after them when it started; this run skipped "
+            f"{summary.skipped_below_watermark_rows} events below it",
             err=True,
         )
     click.echo(

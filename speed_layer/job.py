@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from infra.cassandra import session
 from infra.checkpoints import speed_checkpoint
+from infra.errors import CheckpointLostError
 from infra.settings import Settings
 from infra.spark import get_spark, kafka_options
 from speed_layer.checkpoint import check_view_definition
+from speed_layer.guard import CheckpointGuard
 from speed_layer.metrics import PARSE_METRICS, BatchMetrics, MetricsRegistry, serve_metrics
 from speed_layer.promote import ServingWatch, replaced
 from speed_layer.sink import SpeedViewSink
@@ -71,11 +73,14 @@ def transform(records: DataFrame, settings: Settings, since: datetime | None = N
     # current_timestamp() is the micro-batch's time, kept in the offset log: a replayed batch decides the same.
     horizon = F.current_timestamp() + F.make_dt_interval(secs=F.lit(settings.ingest.max_future_skew_s))
     future = F.col("parsed_ok") & (F.col("ts") > horizon)
+    # The events the `since` filter below drops, counted in the same pass as the others (one more sum, no job).
+    below = F.col("parsed_ok") & ~future & (F.col("ts") < F.lit(since)) if since is not None else F.lit(False)
     parsed = parse_events(records).observe(
         PARSE_METRICS,
         F.count(F.lit(1)).alias("rows"),
         F.sum(F.when(F.col("parsed_ok"), 0).otherwise(1)).alias("unparseable"),
         F.sum(F.when(future, 1).otherwise(0)).alias("future"),
+        F.sum(F.when(below, 1).otherwise(0)).alias("below_watermark"),
     )
     events = valid_events(parsed.where(~future))
     if since is not None:
@@ -107,6 +112,7 @@ class RunSummary:
     future_rows: int = 0
     begin: StreamStart | None = None  # the checkpoint's start from the batch watermark, if it has one
     demoted_by: str | None = None  # the query a promote made serving instead of this one (it stopped for that)
+    skipped_below_watermark_rows: int = 0  # events before ``begin.since`` met by this run, skipped
 
 
 POLL_S = 0.25  # how often the driver's loop reads the query's progress
@@ -236,6 +242,8 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
 
     :raises speed_layer.checkpoint.ViewDefinitionChangedError: when the checkpoint was started with another view
         definition (:mod:`speed_layer.checkpoint`).
+    :raises infra.errors.CheckpointLostError: when the checkpoint vanished under the running query
+        (:mod:`speed_layer.guard`; the next start moves what is left aside and begins a new epoch).
     :raises pyspark.errors.StreamingQueryException: when the query fails (e.g. Cassandra unreachable): the
         failed batch was not committed and is replayed on the next start.
     """
@@ -247,7 +255,9 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
 
     spark = get_spark(settings, "speed")
     watch = ServingWatch(settings, settings.speed.serving_check_s)
+    guard = CheckpointGuard(spark, checkpoint_location(settings))
     try:  # a checkpoint whose state was built by another view definition is refused before anything starts
+        guard.clear_remnant()  # what is left of a checkpoint lost under a running query is never resumed
         definition = _register_version(spark, settings, watch)
         begin = resolve_start(spark, settings, checkpoint_location(settings))
     except Exception:
@@ -274,10 +284,11 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
     started = time.monotonic()
     query = start(spark, settings, sink, available_now=available_now, begin=begin)
     logger.info("speed query started (id %s, run %s)", query.id, query.runId)
+    guard.watch(query.id)
     demoted: str | None = None
     try:
         deadline = None if max_seconds is None else started + max_seconds
-        demoted = _drive(query, _ProgressPoller(query, adapter), stop, deadline, watch, sink, settings)
+        demoted = _drive(query, _ProgressPoller(query, adapter), stop, deadline, (watch, guard), sink, settings)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -291,6 +302,7 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
         dropped_late_rows=registry.dropped_late_total,
         unparseable_rows=registry.unparseable_total,
         future_rows=registry.future_total,
+        skipped_below_watermark_rows=registry.skipped_below_watermark_total,
         seconds=time.monotonic() - started,
         stopped_by_signal=stop.is_set(),
         begin=begin,
@@ -303,17 +315,20 @@ def _drive(
     poller: _ProgressPoller,
     stop: threading.Event,
     deadline: float | None,
-    watch: ServingWatch,
+    watchers: tuple[ServingWatch, CheckpointGuard],
     sink: SpeedViewSink,
     settings: Settings,
 ) -> str | None:
     """Read the query's progress until it ends, is stopped (signal, deadline) or demoted; return who demoted it.
 
     :raises pyspark.errors.StreamingQueryException: when the query failed.
+    :raises infra.errors.CheckpointLostError: when its checkpoint vanished under it (:mod:`speed_layer.guard`).
     """
+    watch, guard = watchers
     try:
         while query.isActive:
-            if stop.is_set() or (deadline is not None and time.monotonic() > deadline):
+            lost = guard.check() is not None  # the checkpoint vanished under the query: stop, fail loudly
+            if lost or stop.is_set() or (deadline is not None and time.monotonic() > deadline):
                 stop_gracefully(query, settings.speed.stop_timeout_s)
                 break
             demoted = _demoted_by(watch, sink)
@@ -327,7 +342,11 @@ def _drive(
         error = query.exception()
         if error is not None:
             raise error
-    except Exception as exc:
+        if guard.check(force=True) is not None:  # the guard stopped it (or a stop came after the loss)
+            raise guard.error()
+    except Exception as exc:  # Spark fails on its next write into a lost folder, often before the guard looks
+        if not isinstance(exc, CheckpointLostError) and guard.check(force=True) is not None:
+            raise guard.error() from exc
         logger.error("speed query terminated with an error: %s", exc)
         raise
     finally:

@@ -2,10 +2,11 @@
 
 Spark reports each micro-batch's progress to a ``StreamingQueryListener``; we reduce it to the figures an
 operator watches — input rows and rate, batch duration, state rows, rows dropped as too late, unparseable rows,
-the watermark, the consumer lag and the newest event time written (freshness) — and expose them with
-``prometheus_client``: on ``/metrics`` (``metrics.host``, ``metrics.speed_port``) and as a textfile for
-node-exporter's textfile collector. Names follow Prometheus's conventions: counters end in ``_total``, times are
-``_timestamp_seconds`` (Unix time, so freshness is ``time() - …`` in a rule) or ``_seconds`` (durations).
+events skipped below the batch watermark a checkpoint started from, the watermark, the consumer lag and the newest
+event time written (freshness) — and expose them with ``prometheus_client``: on ``/metrics`` (``metrics.host``,
+``metrics.speed_port``) and as a textfile for node-exporter's textfile collector. Names follow Prometheus's
+conventions: counters end in ``_total``, times are ``_timestamp_seconds`` (Unix time, so freshness is ``time() - …``
+in a rule) or ``_seconds`` (durations).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class BatchMetrics:
     # Spark's durationMs: where the batch's time went (latestOffset, queryPlanning, walCommit, addBatch — our
     # foreachBatch sink, the Spark job included —, commitOffsets, triggerExecution: the whole batch).
     phases_ms: dict[str, int] = field(default_factory=dict)
+    skipped_below_watermark_rows: int = 0  # events below the boundary a checkpoint started from: the batch has them
 
     @classmethod
     def from_progress(cls, progress: dict[str, Any], *, state_rows_tracked: bool = True) -> BatchMetrics:
@@ -79,6 +81,7 @@ class BatchMetrics:
             kafka_lag_max=lag,
             future_rows=int(parse.get("future") or 0),
             phases_ms={k: int(v) for k, v in (progress.get("durationMs") or {}).items()},
+            skipped_below_watermark_rows=int(parse.get("below_watermark") or 0),
         )
 
     def log_line(self) -> str:
@@ -89,7 +92,7 @@ class BatchMetrics:
             f"batch {self.batch_id}: {self.input_rows} rows in {self.batch_duration_ms} ms "
             f"({self.processed_rows_per_s:.0f} rows/s), state {state} rows, "
             f"dropped late {self.dropped_late_rows}, unparseable {self.unparseable_rows}, "
-            f"future {self.future_rows}, "
+            f"future {self.future_rows}, below the batch watermark {self.skipped_below_watermark_rows}, "
             f"watermark {wm}, kafka lag {self.kafka_lag_max if self.kafka_lag_max is not None else '-'}"
             + (f"; ms: {', '.join(f'{k} {v}' for k, v in self.phases_ms.items())}" if self.phases_ms else "")
         )
@@ -115,6 +118,10 @@ COUNTERS = {
     "trends_speed_dropped_late_rows_total": "Events later than speed.allowed_lateness_s, dropped.",
     "trends_speed_unparseable_rows_total": "Records that are not events (ingestion should have dead-lettered them).",
     "trends_speed_future_rows_total": "Events beyond now + ingest.max_future_skew_s: counted, not aggregated.",
+    "trends_speed_skipped_below_batch_watermark_rows_total": (
+        "Events before the batch boundary a checkpoint started from (speed.from_watermark): skipped, the batch view "
+        "has them."
+    ),
     "trends_speed_restarts_total": "Restarts of the job by the stack's supervisor after a failure (since it started).",
 }
 GAUGES = {
@@ -141,6 +148,7 @@ class MetricsRegistry(Collector):
         self.dropped_late_total = 0
         self.unparseable_total = 0
         self.future_total = 0
+        self.skipped_below_watermark_total = 0
         self.last: BatchMetrics | None = None
         self.newest_event_ts: datetime | None = None
         self.last_progress: float | None = None
@@ -157,6 +165,7 @@ class MetricsRegistry(Collector):
             self.dropped_late_total += metrics.dropped_late_rows
             self.unparseable_total += metrics.unparseable_rows
             self.future_total += metrics.future_rows
+            self.skipped_below_watermark_total += metrics.skipped_below_watermark_rows
             self.last = metrics
             self.last_progress = time.time()
 
@@ -174,6 +183,7 @@ class MetricsRegistry(Collector):
                 "trends_speed_dropped_late_rows_total": self.dropped_late_total,
                 "trends_speed_unparseable_rows_total": self.unparseable_total,
                 "trends_speed_future_rows_total": self.future_total,
+                "trends_speed_skipped_below_batch_watermark_rows_total": self.skipped_below_watermark_total,
                 "trends_speed_restarts_total": self.restarts,
             }
             gauges: dict[str, float | None] = dict.fromkeys(GAUGES)

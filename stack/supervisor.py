@@ -8,7 +8,9 @@ the supervisor too. SIGTERM/SIGINT stop it: the signal is passed to the running 
 restart follows.
 
 Exit status 78 (:data:`infra.errors.EXIT_CONFIG`) ends it too: the command refused its settings or state (a speed
-checkpoint of another view definition), which a restart cannot change; the operator must act.
+checkpoint of another view definition), which a restart cannot change; the operator must act. Exit status 75
+(:data:`infra.errors.EXIT_CHECKPOINT_LOST`: the speed job's checkpoint was lost under it) is restarted like any
+failure — the restart begins a new epoch —, and the state's description names it (``last exit 75: checkpoint lost``).
 
 The state file (JSON, rewritten atomically) says how often the command was restarted, how the last runs ended
 (their exit statuses) and when the next start is due: ``trends stack status`` shows it, and the fault suite
@@ -37,7 +39,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Final
 
-from infra.errors import EXIT_CONFIG
+from infra.errors import EXIT_CONFIG, EXIT_REASONS
 from infra.settings import RESTARTS_ENV
 from stack.process import write_private
 
@@ -81,7 +83,8 @@ class SupervisorState:
             return "restarts 0"
         text = f"restarts {self.restarts}"
         if self.last_exit_code is not None:
-            text += f" (last exit {self.last_exit_code} at {self.last_exit_at})"
+            reason = EXIT_REASONS.get(self.last_exit_code)
+            text += f" (last exit {self.last_exit_code}{f': {reason}' if reason else ''} at {self.last_exit_at})"
         if self.child_pid is None and self.next_start_at and not self.stopped:
             text += f", next start at {self.next_start_at}"
         return text
@@ -166,8 +169,8 @@ def supervise(
         state = SupervisorState(**{**asdict(state), "restarts": state.restarts + 1, "next_start_at": due})
         state.write(state_file)
         logger.warning(
-            "%s exited with status %s after %.0f s; restart %s in %.1f s", " ".join(cmd[-3:]), code, ran,
-            state.restarts, delay,
+            "%s exited with status %s%s after %.0f s; restart %s in %.1f s", " ".join(cmd[-3:]), code,
+            f" ({EXIT_REASONS[code]})" if code in EXIT_REASONS else "", ran, state.restarts, delay,
         )  # fmt: skip
         stop.wait(delay)
     state = SupervisorState(**{**asdict(state), "stopped": True})

@@ -61,8 +61,9 @@ def minute_events(start: datetime, end: datetime, per_minute: int, prefix: str) 
     return out
 
 
-def first_offsets_at_or_after(settings: Settings, since: datetime) -> tuple[dict[int, int], dict[int, int]]:
-    """Read the whole topic: per partition, the first offset of a record at or after ``since``, and the end."""
+def first_offsets_at_or_after(settings: Settings, since: datetime) -> tuple[dict[int, int], dict[int, int], int]:
+    """Read the whole topic: per partition, the first offset of a record at or after ``since``, and the end; and
+    the records before ``since`` after those offsets (what a start from them meets and skips)."""
     topic = settings.kafka.events_topic
     consumer = Consumer(
         {**settings.kafka.client_config(), "group.id": uuid.uuid4().hex, "enable.partition.eof": True,
@@ -70,6 +71,7 @@ def first_offsets_at_or_after(settings: Settings, since: datetime) -> tuple[dict
     )  # fmt: skip
     ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in (0, 1)}
     first: dict[int, int] = {}
+    below_after_first = 0
     consumer.assign([TopicPartition(topic, p, 0) for p in (0, 1)])
     pending, deadline = {0, 1}, time.monotonic() + 60
     try:
@@ -80,12 +82,14 @@ def first_offsets_at_or_after(settings: Settings, since: datetime) -> tuple[dict
                     continue
                 part, offset = m.partition(), m.offset()
                 assert part is not None and offset is not None
-                if m.timestamp()[1] >= since.timestamp() * 1000 and part not in first:
-                    first[part] = offset
+                if m.timestamp()[1] >= since.timestamp() * 1000:
+                    first.setdefault(part, offset)
+                elif part in first:
+                    below_after_first += 1
     finally:
         consumer.close()
     assert not pending
-    return {p: first.get(p, ends[p]) for p in (0, 1)}, ends
+    return {p: first.get(p, ends[p]) for p in (0, 1)}, ends, below_after_first
 
 
 def test_a_new_checkpoint_from_the_watermark_answers_every_minute_above_it_exactly_without_reading_history(
@@ -116,9 +120,10 @@ def test_a_new_checkpoint_from_the_watermark_answers_every_minute_above_it_exact
     produce_events(settings, after_index, partitions=2)
     events = log + after_index
     truth = Counter(floor(e.ts, MINUTE) for e in events)
-    expected_start, ends = first_offsets_at_or_after(settings, W)
+    expected_start, ends, below = first_offsets_at_or_after(settings, W)
     topic_size = sum(ends.values())
     assert min(expected_start.values()) > 0  # the history before the block is not read
+    assert below > 0  # hour W-1's records after the block: met, and skipped
 
     checkpoints = tmp_path / "checkpoints"
     env = {
@@ -129,6 +134,7 @@ def test_a_new_checkpoint_from_the_watermark_answers_every_minute_above_it_exact
         "TRENDS_METRICS__SPEED_PORT": "0",
         "TRENDS_SPEED__ALLOWED_LATENESS_S": "3600",
         "TRENDS_SPARK__CHECKPOINT_ROOT": str(checkpoints),
+        "TRENDS_DATA_DIR": str(tmp_path / "data"),  # the metrics textfile, beside nothing else's
     }
     assert console_checkpoint(settings)["exists"] is False  # the console says so before the start
     t0 = time.monotonic()
@@ -146,9 +152,13 @@ def test_a_new_checkpoint_from_the_watermark_answers_every_minute_above_it_exact
     assert {int(p): o for p, o in recorded["offsets"].items()} == expected_start
     read = int(re.search(r"batches, (\d+) rows read", proc.stderr).group(1))  # type: ignore[union-attr]
     assert read == sum(ends[p] - expected_start[p] for p in ends) < topic_size
+    skipped = skipped_metric(tmp_path / "data", query)
+    assert skipped == below, proc.stderr[-3000:]  # every record below the boundary it met, counted as skipped
+    assert f"this run skipped {below} events below it" in proc.stderr
     print(
         f"\nfrom the watermark: caught up in {caught_up_s:.1f} s (JVM start included), read {read} of the topic's "
-        f"{topic_size} records ({read / topic_size:.1%})"
+        f"{topic_size} records ({read / topic_size:.1%}); skipped {skipped} below the watermark "
+        "(trends_speed_skipped_below_batch_watermark_rows_total)"
     )
 
     assert_exact_above_watermark(settings, events, truth, [W])
@@ -169,7 +179,18 @@ def test_a_new_checkpoint_from_the_watermark_answers_every_minute_above_it_exact
     assert proc.returncode == 0, proc.stderr[-3000:]
     read = int(re.search(r"batches, (\d+) rows read", proc.stderr).group(1))  # type: ignore[union-attr]
     assert read == sum(ends[p] - expected_start[p] for p in ends) + len(more)
+    assert skipped_metric(tmp_path / "data", query) == below  # the same records met again, none of `more`
     assert_exact_above_watermark(settings, events, truth, [W, W])
+
+
+def skipped_metric(data_dir: Path, query: str) -> int:
+    """Return the run's skipped-below-the-watermark counter from its metrics textfile (Prometheus exposition)."""
+    text = (data_dir / "metrics" / "speed_layer.prom").read_text()
+    found = re.search(
+        rf'^trends_speed_skipped_below_batch_watermark_rows_total\{{query="{query}"\}} ([0-9.e+]+)$', text, re.M
+    )
+    assert found, text
+    return int(float(found.group(1)))
 
 
 def console_checkpoint(settings: Settings) -> dict[str, Any]:

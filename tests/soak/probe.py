@@ -78,6 +78,7 @@ class SteadyProducer:
         self.rate = rate
         self.on_sample = on_sample
         self.acked: Counter[datetime] = Counter()
+        self.acked_minutes: Counter[datetime] = Counter()  # the same, per event-time minute
         self.failed: list[str] = []
         self.sent = 0
         self.last_ts_ms = 0
@@ -101,7 +102,9 @@ class SteadyProducer:
 
     def _delivered(self, err: Any, msg: Any) -> None:
         if err is None:
-            self.acked[hour_of(msg.timestamp()[1])] += 1
+            ts_ms = msg.timestamp()[1]
+            self.acked[hour_of(ts_ms)] += 1
+            self.acked_minutes[datetime.fromtimestamp(ts_ms // 60_000 * 60, UTC)] += 1
         else:
             self.failed.append(str(err))
 

@@ -19,7 +19,7 @@ PROGRESS = {
         {"numRowsTotal": 40, "numRowsDroppedByWatermark": 1},
     ],
     "sources": [{"metrics": {"maxOffsetsBehindLatest": "120", "avgOffsetsBehindLatest": "30.0"}}],
-    "observedMetrics": {"parse": {"rows": 3000, "unparseable": 4}},
+    "observedMetrics": {"parse": {"rows": 3000, "unparseable": 4, "below_watermark": 5}},
 }
 
 
@@ -30,6 +30,7 @@ def test_progress_is_reduced_to_the_operator_figures() -> None:
     assert m.watermark == datetime(2026, 5, 1, 10, tzinfo=UTC)
     line = m.log_line()
     assert "3000 rows" in line and "dropped late 3" in line and "kafka lag 120" in line
+    assert m.skipped_below_watermark_rows == 5 and "below the batch watermark 5" in line
 
 
 def test_empty_progress_does_not_break() -> None:
@@ -49,6 +50,7 @@ def test_prometheus_text_accumulates_counters() -> None:
     }
     assert samples[("trends_speed_input_rows_total", "speed_view")] == 6000
     assert samples[("trends_speed_dropped_late_rows_total", "speed_view")] == 6
+    assert samples[("trends_speed_skipped_below_batch_watermark_rows_total", "speed_view")] == 10
     assert samples[("trends_speed_last_batch_id", "speed_view")] == 8
     assert samples[("trends_speed_consumer_lag_records", "speed_view")] == 120
     assert samples[("trends_speed_batch_duration_seconds", "speed_view")] == 1.2

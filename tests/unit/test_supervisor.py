@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.errors import EXIT_CONFIG
+from infra.errors import EXIT_CHECKPOINT_LOST, EXIT_CONFIG
 from infra.settings import RESTARTS_ENV
 from stack.supervisor import SupervisorState, backoff_delay
 
@@ -190,3 +190,10 @@ def test_a_command_that_refuses_its_configuration_is_not_restarted(tmp_path: Pat
     state = SupervisorState.read(state_file)
     assert state is not None and state.restarts == 0 and state.exits == [EXIT_CONFIG] and state.stopped
     assert "refused its configuration" in proc.stderr
+
+
+def test_the_state_names_what_a_known_exit_status_means() -> None:
+    """A speed job whose checkpoint was lost exits 75 and is restarted; ``trends stack status`` says why it exited."""
+    state = SupervisorState(1, 2, 1, "t0", last_exit_code=EXIT_CHECKPOINT_LOST, last_exit_at="t1", exits=[75])
+    assert state.describe() == "restarts 1 (last exit 75: checkpoint lost at t1)"
+    assert "(last exit 3 at t1)" in SupervisorState(1, 2, 1, "t0", last_exit_code=3, last_exit_at="t1").describe()
