@@ -39,7 +39,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DEMOTED_STOP_S = 5.0  # a demoted query lets its running micro-batch finish this long at most, then stops
+# A query demoted, or whose checkpoint was lost, lets its running micro-batch finish this long at most, then stops:
+# its rows serve nobody now, or its state cannot be committed where it belongs. The graceful stop's wait would run
+# its whole timeout while micro-batches run back to back (after a lost checkpoint Spark recreates the folders it
+# writes into and carries on).
+ABANDON_STOP_S = 5.0
 
 
 def extract(spark: SparkSession, settings: Settings, start: StreamStart | None = None) -> DataFrame:
@@ -327,13 +331,15 @@ def _drive(
     watch, guard = watchers
     try:
         while query.isActive:
-            lost = guard.check() is not None  # the checkpoint vanished under the query: stop, fail loudly
-            if lost or stop.is_set() or (deadline is not None and time.monotonic() > deadline):
+            if guard.check() is not None:  # the checkpoint vanished under the query: stop, fail loudly
+                stop_gracefully(query, ABANDON_STOP_S)
+                break
+            if stop.is_set() or (deadline is not None and time.monotonic() > deadline):
                 stop_gracefully(query, settings.speed.stop_timeout_s)
                 break
             demoted = _demoted_by(watch, sink)
             if demoted is not None:  # its rows serve nobody now: an unfinished micro-batch need not finish
-                stop_gracefully(query, DEMOTED_STOP_S)
+                stop_gracefully(query, ABANDON_STOP_S)
                 return demoted
             # raises the query's error when it failed; floats are taken (ms), the stub says int
             query.awaitTermination(POLL_S)  # type: ignore[arg-type]
