@@ -364,8 +364,11 @@ def run_flink(
     return seconds, rows
 
 
-def fresh_counts(settings: Settings, system: str) -> Callable[[], dict[int, int]]:
-    """Return a reader of the global slice's minute counts of one system (the speed layer's view or peer_view)."""
+def fresh_counts(settings: Settings, system: str, query: str = "") -> Callable[[], dict[int, int]]:
+    """Return a reader of the global slice's minute counts of one system (the speed layer's view or peer_view).
+
+    :arg query: the speed layer's streaming query (its rows are keyed by it).
+    """
     from infra.cassandra import make_cluster
 
     sess = make_cluster(settings).connect()
@@ -378,7 +381,7 @@ def fresh_counts(settings: Settings, system: str) -> Callable[[], dict[int, int]
         def read() -> dict[int, int]:
             today = datetime.now(UTC).date()
             days = [today - timedelta(days=1), today, today + timedelta(days=1)]
-            rows = sess.execute(stmt, (settings.speed.query_name, days))
+            rows = sess.execute(stmt, (query, days))
             return {int(r.bucket_start.replace(tzinfo=UTC).timestamp()): r.events for r in rows}
 
         return read
@@ -408,20 +411,20 @@ def run_freshness(
         common = ["--bootstrap", settings.kafka.bootstrap_servers, "--topic", topic, "--group", f"{name}-{run}"]
         cassandra_args = ["--cassandra", cassandra, "--keyspace", settings.cassandra.keyspace, "--system", name]
         if system == "speed":
-            interval = "trigger 1 s"
+            interval, query = "trigger 1 s", f"bench_fresh_{run}"
             cmds = [[str(ROOT / ".venv" / "bin" / "trends"), "speed", "run", "--trigger", "1"]]
             cmds[0] += ["--starting-offsets", "earliest"]
             speed_env = {
                 **os.environ,
                 "TRENDS_KAFKA__EVENTS_TOPIC": topic,
                 "TRENDS_CASSANDRA__KEYSPACE": settings.cassandra.keyspace,
-                "TRENDS_SPEED__QUERY_NAME": f"bench_fresh_{run}",
+                "TRENDS_SPEED__QUERY_NAME": query,
                 "TRENDS_METRICS__SPEED_PORT": "0",
                 "TRENDS_VIEWS__SLICE_DIMS": '["origin"]',
                 "TRENDS_SPARK__CHECKPOINT_ROOT": str(work / "fresh-checkpoints"),
             }
             envs = [speed_env]
-            reader = fresh_counts(settings, "speed")
+            reader = fresh_counts(settings, "speed", query)
         elif system.startswith("flink"):
             variant = system.removeprefix("flink-")
             interval = "checkpoint 1 s, watermark 2 s behind"
