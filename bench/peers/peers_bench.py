@@ -257,6 +257,7 @@ def run_quix(
     work: Path,
     fetch_bytes: int = 0,
     grace: float = 10.0,
+    loglevel: str = "WARNING",
 ) -> tuple[float, list[dict[str, Any]]]:
     """Run quixstreams with ``processes`` processes in one consumer group; return (seconds, checked rows)."""
     system = f"quixstreams-{sink}"
@@ -289,6 +290,8 @@ def run_quix(
             str(fetch_bytes),
             "--grace-minutes",
             str(grace),
+            "--loglevel",
+            loglevel,
         ]
         log = (work / f"{system}-{n}.log").open("wb")
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log))
@@ -510,6 +513,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 2, help="quixstreams processes")
     parser.add_argument("--quix-fetch-bytes", type=int, default=0, help="max.partition.fetch.bytes (0: default)")
     parser.add_argument("--quix-grace-minutes", type=float, default=10.0)
+    parser.add_argument("--quix-loglevel", default="WARNING", help="DEBUG logs each process' rebalances")
     parser.add_argument("--quix-sinks", default="null,cassandra")
     parser.add_argument("--flink-sinks", default="null,cassandra")
     parser.add_argument("--freshness-seconds", type=float, default=60, help="sampled span per system (0: skip)")
@@ -576,7 +580,10 @@ def main() -> None:
                 print(f"  flink {variant} {sink}: {seconds:.1f} s, {records / seconds:,.0f} rows/s, {result.line()}")
         if "quix" in systems:
             for sink in args.quix_sinks.split(","):
-                seconds, rows = run_quix(settings, topic, run, sink, truth, args.processes, work, args.quix_fetch_bytes)
+                seconds, rows = run_quix(
+                    settings, topic, run, sink, truth, args.processes, work, args.quix_fetch_bytes,
+                    args.quix_grace_minutes, args.quix_loglevel,
+                )  # fmt: skip
                 result = check.check(rows, truth)
                 results.append((f"quixstreams x{args.processes} ({sink})", records / seconds, result))
                 print(

@@ -146,6 +146,7 @@ def main() -> None:
     parser.add_argument("--commit-interval", type=float, default=5.0)
     parser.add_argument("--grace-minutes", type=float, default=10.0)
     parser.add_argument("--max-partition-fetch-bytes", type=int, default=0, help="0: librdkafka's default")
+    parser.add_argument("--loglevel", default="WARNING", help="quixstreams' (DEBUG logs its rebalances)")
     args = parser.parse_args()
 
     # How much of one partition a fetch takes decides how far partition time runs ahead of the other partitions.
@@ -157,7 +158,7 @@ def main() -> None:
         processing_guarantee="exactly-once",
         commit_interval=args.commit_interval,
         state_dir=args.state_dir,
-        loglevel="WARNING",
+        loglevel=args.loglevel,
         consumer_extra_config=fetch,
     )
     sdf = app.dataframe(app.topic(args.topic, value_deserializer="json"))
