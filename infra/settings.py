@@ -13,6 +13,7 @@ import logging
 import os
 import typing
 import warnings
+from datetime import timedelta
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
@@ -376,6 +377,15 @@ class ServingSettings(BaseModel):
         "many viewers off Cassandra (the state is ~11 small reads) while answers stay well inside the speed "
         "layer's own trigger interval.",
     )
+    speed_live_within_s: float = Field(
+        30.0,
+        gt=0,
+        description="The speed layer's minute under way is answered with what it has read so far only while its "
+        "epoch read everything the topic held at most this long ago (each micro-batch that reads to the end, or "
+        "each trigger that finds nothing new, records it); a minute ending after that time is otherwise a gap "
+        "(the job stopped, fell behind or is catching up) until it is read to its end. Keep it several trigger "
+        "intervals plus a batch's duration.",
+    )
     workers: int = Field(
         1,
         ge=1,
@@ -393,6 +403,11 @@ class ServingSettings(BaseModel):
         if isinstance(secret, str) and not secret.strip():
             return None
         return value
+
+    @property
+    def speed_live_within(self) -> timedelta:
+        """Return :attr:`speed_live_within_s` as the span :class:`serving.plan.SpeedCoverage` takes."""
+        return timedelta(seconds=self.speed_live_within_s)
 
 
 class MetricsSettings(BaseModel):

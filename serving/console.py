@@ -35,7 +35,7 @@ from infra.checkpoints import CheckpointState, checkpoint_state
 from infra.dag_contract import BACKFILL_DAG, CHUNKS_TASK, END_PARAM, ONLY_MISSING_PARAM, RECOMPUTE_TASK, START_PARAM
 from infra.settings import Settings
 from serving import params
-from serving.plan import NOT_YET_SEEN, SPEED_ROWS_GONE, STARTED_AFTER, Span, SpeedCoverage
+from serving.plan import NOT_YET_SEEN, SPEED_ROWS_GONE, STARTED_AFTER, STOPPED_INSIDE, Span, SpeedCoverage
 from serving.reader import ViewReader
 from serving.window import load
 from views.buckets import DAY, HOUR, MINUTE, days_between, floor
@@ -65,10 +65,11 @@ RANGE_RULES = (
     f"{MAX_HOURS} hours keeps its last {MAX_HOURS}."
 )
 
-SpeedState = Literal["covered", "expired", "started_after", "not_yet_seen"]
+SpeedState = Literal["covered", "expired", "started_after", "stopped", "not_yet_seen"]
 STATE_OF_REASON: dict[str, SpeedState] = {
     SPEED_ROWS_GONE: "expired",
     STARTED_AFTER: "started_after",
+    STOPPED_INSIDE: "stopped",
     NOT_YET_SEEN: "not_yet_seen",
 }
 REASON_OF_STATE: dict[SpeedState, str] = {v: k for k, v in STATE_OF_REASON.items()}
@@ -167,6 +168,8 @@ def speed_why(s: SpeedSegment) -> str:
             f"{span}: {SPEED_ROWS_GONE}: {epoch} covers these minutes but has no record that the hour's rows are still "
             "kept (their TTL passed, or it never wrote this hour)"
         )
+    if s.state == "stopped":
+        return f"{span}: {STOPPED_INSIDE}: {epoch} has not read the whole topic lately; it holds only part of it"
     if s.state == "started_after":
         return f"{span}: {STARTED_AFTER}: no epoch counts these minutes completely (lost checkpoint, start at latest)"
     return f"{span}: {NOT_YET_SEEN}: no epoch has read this far"
@@ -183,7 +186,8 @@ def read_speed_coverage(reader: ViewReader, start: datetime, end: datetime, quer
     results = [list(f.result()) for f in futures]
     kept = {(k.hour, k.epoch): k.kept_until for day in results[: len(hour_reqs)] for k in decode_hours(day)}
     counted = {key: n for day in results[len(hour_reqs) :] for key, n in decode_counts(day).items()}
-    return SpeedCoverage(tuple(epochs), kept, counted, datetime.now(UTC))
+    live = reader.settings.serving.speed_live_within
+    return SpeedCoverage(tuple(epochs), kept, counted, datetime.now(UTC), live_within=live)
 
 
 @dataclass(frozen=True)

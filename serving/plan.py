@@ -42,7 +42,11 @@ SPEED_ROWS_GONE = "speed rows expired or missing"
 # fingerprint, or no such slice): never a number of another definition. A backfill recomputes it under this one.
 DEFINITION = "computed with another view definition (backfill: trends batch run --start ... --end ...)"
 NOT_DEFINED = "the serving view definition has no such slice"
-GAP_REASONS = (NO_BATCH_RUN, NOT_YET_SEEN, STARTED_AFTER, SPEED_ROWS_GONE, DEFINITION, NOT_DEFINED)
+# A minute ending after the time its epoch last read the whole topic (``Epoch.read_all_at``) holds only part of its
+# events, and that epoch has not read everything for longer than ``serving.speed_live_within_s``: its job crashed,
+# was killed, lost its checkpoint, or fell behind. A gap until it reads on or a newer epoch reads past the minute.
+STOPPED_INSIDE = "the speed layer stopped or fell behind inside this minute"
+GAP_REASONS = (NO_BATCH_RUN, NOT_YET_SEEN, STARTED_AFTER, SPEED_ROWS_GONE, DEFINITION, NOT_DEFINED, STOPPED_INSIDE)
 RESOLUTIONS: dict[str, timedelta] = {"minute": MINUTE, "hour": HOUR, "day": DAY}
 
 
@@ -51,13 +55,17 @@ class SpeedCoverage:
     """What the speed layer says it counted: its epochs, the hours whose rows are surely kept, minutes counted.
 
     A minute belongs to the newest epoch that counts it completely (``counts_from`` at or before it); it is served
-    when that epoch has read past it and its hour's rows are surely kept at ``now``.
+    when that epoch has read past it and its hour's rows are surely kept at ``now``. Past it means: the epoch read
+    every record the topic held at the minute's end (``read_all_at``), or the minute is still under way and the epoch
+    read everything at most ``live_within`` ago (the live minute, partial only by what is not produced yet).
 
     :arg epochs: the query's epochs (checkpoint lifetimes).
     :arg kept: ``(hour, epoch) -> until when all the hour's rows are surely kept`` (None: unknown any more).
     :arg counted: ``(epoch, minute) -> events counted`` for the slice asked.
     :arg other_definition: epochs whose view definition does not define the slice as the serving one does (or
         not at all): their minutes are gaps, never numbers of another definition.
+    :arg live_within: how recently an epoch must have read the whole topic for its minute under way to be served
+        (None, or ``now`` None: every minute an epoch has an event past is served, the rule before ``read_all_at``).
     """
 
     epochs: tuple[Epoch, ...]
@@ -65,6 +73,7 @@ class SpeedCoverage:
     counted: Mapping[tuple[str, datetime], int] = field(default_factory=dict)
     now: datetime | None = None
     other_definition: frozenset[str] = frozenset()
+    live_within: timedelta | None = None
 
     @property
     def fresh_until(self) -> datetime | None:
@@ -89,10 +98,39 @@ class SpeedCoverage:
         if epoch.seen_until is None or minute >= epoch.seen_until:  # a newer epoch started after it: nobody's
             newest = max(self.epochs, key=lambda e: e.started_at)
             return NOT_YET_SEEN if epoch is newest else STARTED_AFTER
+        return self.unread(epoch, minute) or self._kept_status(epoch, minute)
+
+    def _kept_status(self, epoch: Epoch, minute: datetime) -> str:
         kept = self.kept.get((floor(minute, HOUR), epoch.id))
         if kept is None or (self.now is not None and kept <= self.now):
             return SPEED_ROWS_GONE
         return ""
+
+    def unread(self, epoch: Epoch, minute: datetime) -> str:
+        """Return why ``minute`` may miss events ``epoch`` has not read (``""``: it read them, or it is the live one).
+
+        Its events are read once the epoch has read every record the topic held at the minute's end; events produced
+        later are late and counted when read, as always. A minute under way is answered with what the epoch read
+        while it reads on; once it is over, or the epoch stopped reading, it is a gap until read to its end.
+        """
+        if self.now is None or self.live_within is None:
+            return ""
+        end, read_all = minute + MINUTE, epoch.read_all_at
+        if read_all is not None and read_all >= end:
+            return ""
+        if read_all is None:  # never read the whole topic yet: catching up (or it stopped before it ever did)
+            return NOT_YET_SEEN
+        if self.now - read_all > self.live_within:
+            return STOPPED_INSIDE
+        return "" if self.now < end else NOT_YET_SEEN
+
+    def cuts(self) -> set[datetime]:
+        """Return the times the coverage changes at: epochs' starts and ends, where each read all, the minute now."""
+        out = {t for e in self.epochs for t in (e.counts_from, e.seen_until) if t is not None}
+        if self.now is not None and self.live_within is not None:
+            out |= {floor(e.read_all_at, MINUTE) for e in self.epochs if e.read_all_at is not None}
+            out.add(floor(self.now, MINUTE))
+        return out
 
     def expected(self, minute: datetime) -> int:
         """Return the events the owning epoch counted in ``minute`` (0: it counted none there)."""
@@ -234,7 +272,7 @@ def _speed_spans(start: datetime, end: datetime, speed: SpeedCoverage) -> list[S
     """Walk the window from one change of coverage to the next (an hour, an epoch's start or end)."""
     spans: list[Span] = []
     fresh = speed.fresh_until
-    cuts = sorted({t for e in speed.epochs for t in (e.counts_from, e.seen_until) if t is not None})
+    cuts = sorted(speed.cuts())
     t = start
     while t < end:
         if fresh is None or t >= fresh:  # nothing read here yet: one gap to the end

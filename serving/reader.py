@@ -272,7 +272,9 @@ class ViewReader:
         other_hours = frozenset(h for h, fp in hour_definitions.items() if fp is not None and not same(fp))
         other_epochs = frozenset(e.id for e in epochs if not same(e.definition or version.fingerprint))
         cov = Coverage(
-            speed=SpeedCoverage(tuple(epochs), kept, counted, datetime.now(UTC), other_epochs),
+            speed=SpeedCoverage(
+                tuple(epochs), kept, counted, datetime.now(UTC), other_epochs, self.settings.serving.speed_live_within
+            ),
             stale=stale,
             incomplete=incomplete,
             boundary=mark.boundary,

@@ -155,5 +155,6 @@ def versions(settings: Settings) -> None:
             click.echo(
                 f"{role:8} {q}: definition {e.definition or 'not recorded'}, epoch {e.id} counts from "
                 f"{e.counts_from.isoformat() if e.counts_from else 'nothing'}, seen until "
-                f"{e.seen_until.isoformat() if e.seen_until else 'nothing'}"
+                f"{e.seen_until.isoformat() if e.seen_until else 'nothing'}, read the whole topic as of "
+                f"{e.read_all_at.isoformat() if e.read_all_at else 'never yet'}"
             )

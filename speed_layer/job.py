@@ -14,7 +14,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -121,18 +121,42 @@ class RunSummary:
 
 POLL_S = 0.25  # how often the driver's loop reads the query's progress
 IDLE_EVERY_S = 10.0  # how often a query waiting for data is reported alive (Spark's idle event interval)
+STATUS_SLACK_S = 1.0  # how much older than a trigger interval the trigger behind a "waiting for data" status may be
 
 
 class _ProgressListener:
-    """Adapter from the query's progress reports to the metrics registry, the log and the sink's watermark."""
+    """Adapter from the query's progress reports to the metrics registry, the log and the sink's watermark.
+
+    It also records how far the epoch has read the whole topic (:meth:`SpeedViewSink.read_all`): a batch that read
+    up to the latest offsets Spark saw when planning it read everything the topic held at its trigger's start.
+
+    :arg read_all_cap: a time no record written after was read for sure (an ``availableNow`` run reads up to the
+        offsets of its start).
+    """
 
     def __init__(
-        self, registry: MetricsRegistry, sink: SpeedViewSink, textfile: Path | None, *, state_rows_tracked: bool
+        self,
+        registry: MetricsRegistry,
+        sink: SpeedViewSink,
+        textfile: Path | None,
+        *,
+        state_rows_tracked: bool,
+        read_all_cap: datetime | None = None,
     ) -> None:
         self.registry = registry
         self.sink = sink
         self.textfile = textfile
         self.state_rows_tracked = state_rows_tracked
+        self.read_all_cap = read_all_cap
+
+    def read_all(self, at: datetime) -> None:
+        """Record that the epoch had read every record the topic held at ``at`` (a failed write: the next one)."""
+        if self.read_all_cap is not None:
+            at = min(at, self.read_all_cap)
+        try:
+            self.sink.read_all(at)
+        except Exception:
+            logger.warning("could not record how far speed epoch %s has read", self.sink.epoch_id, exc_info=True)
 
     def on_progress(self, progress: dict[str, Any]) -> None:
         metrics = BatchMetrics.from_progress(progress, state_rows_tracked=self.state_rows_tracked)
@@ -145,6 +169,8 @@ class _ProgressListener:
         if written is not None and written.batch_id == metrics.batch_id:
             line += f"; {written.describe()}"
         logger.info("%s", line)
+        if metrics.read_to_end and metrics.started_at is not None:
+            self.read_all(metrics.started_at)
         if self.textfile is not None:
             try:
                 self.registry.write_textfile(self.textfile)
@@ -163,11 +189,12 @@ class _ProgressPoller:
     did; a batch that hangs is not.
     """
 
-    def __init__(self, query: StreamingQuery, adapter: _ProgressListener) -> None:
+    def __init__(self, query: StreamingQuery, adapter: _ProgressListener, trigger_s: float) -> None:
         self.query = query
         self.adapter = adapter
+        self.trigger_s = trigger_s
         self.last_batch: int | None = None
-        self._idle_checked = time.monotonic()
+        self._idle_checked = self._alive_reported = time.monotonic()
 
     def poll(self, *, final: bool = False) -> None:
         """Report the batches completed since the last poll (all that Spark still holds when ``final``)."""
@@ -187,15 +214,21 @@ class _ProgressPoller:
         self.last_batch = newest
 
     def _idle(self) -> None:
+        """Between batches, once a trigger interval: a trigger that found no new data read the whole topic."""
         now = time.monotonic()
-        if now - self._idle_checked < IDLE_EVERY_S:
+        if now - self._idle_checked < self.trigger_s:
             return
         self._idle_checked = now
         try:
-            waiting = not self.query.status.get("isTriggerActive", True)
+            status = self.query.status
         except Exception:  # noqa: BLE001 - a stopped query has no status
             return
-        if waiting:
+        if status.get("isTriggerActive", True):
+            return
+        if not status.get("isDataAvailable", True):  # its last trigger, at most an interval ago, found nothing new
+            self.adapter.read_all(datetime.now(UTC) - timedelta(seconds=self.trigger_s + STATUS_SLACK_S))
+        if now - self._alive_reported >= IDLE_EVERY_S:
+            self._alive_reported = now
             self.adapter.registry.idle()
 
 
@@ -282,6 +315,7 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
         sink,
         settings.data_dir / "metrics" / "speed_layer.prom",
         state_rows_tracked=settings.speed.track_state_rows,
+        read_all_cap=datetime.now(UTC) if available_now else None,  # it reads up to the offsets of its start
     )
     port = settings.metrics.speed_port
     server = serve_metrics(registry, settings.metrics.host, port) if port else None
@@ -289,10 +323,19 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
     query = start(spark, settings, sink, available_now=available_now, begin=begin)
     logger.info("speed query started (id %s, run %s)", query.id, query.runId)
     guard.watch(query.id)
+    sink.epoch_id = sink.epoch_id or str(query.id)  # the epoch is the checkpoint's query id (Spark's queryId)
     demoted: str | None = None
     try:
         deadline = None if max_seconds is None else started + max_seconds
-        demoted = _drive(query, _ProgressPoller(query, adapter), stop, deadline, (watch, guard), sink, settings)
+        demoted = _drive(
+            query,
+            _ProgressPoller(query, adapter, settings.speed.trigger_seconds),
+            stop,
+            deadline,
+            (watch, guard),
+            sink,
+            settings,
+        )
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

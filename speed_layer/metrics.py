@@ -52,6 +52,8 @@ class BatchMetrics:
     # foreachBatch sink, the Spark job included —, commitOffsets, triggerExecution: the whole batch).
     phases_ms: dict[str, int] = field(default_factory=dict)
     skipped_below_watermark_rows: int = 0  # events below the boundary a checkpoint started from: the batch has them
+    started_at: datetime | None = None  # the trigger's start, before Spark asked Kafka for its latest offsets
+    read_to_end: bool = False  # it read up to the latest offsets Spark saw when planning it (every partition)
 
     @classmethod
     def from_progress(cls, progress: dict[str, Any], *, state_rows_tracked: bool = True) -> BatchMetrics:
@@ -61,7 +63,8 @@ class BatchMetrics:
         """
         ops = progress.get("stateOperators") or []
         lag: int | None = None
-        for source in progress.get("sources") or []:
+        sources = progress.get("sources") or []
+        for source in sources:
             metrics = source.get("metrics") or {}
             if "maxOffsetsBehindLatest" in metrics:
                 value = int(float(metrics["maxOffsetsBehindLatest"]))
@@ -82,6 +85,10 @@ class BatchMetrics:
             future_rows=int(parse.get("future") or 0),
             phases_ms={k: int(v) for k, v in (progress.get("durationMs") or {}).items()},
             skipped_below_watermark_rows=int(parse.get("below_watermark") or 0),
+            started_at=_parse_ts(progress.get("timestamp")),
+            read_to_end=bool(sources)
+            and lag == 0
+            and all("maxOffsetsBehindLatest" in (s.get("metrics") or {}) for s in sources),
         )
 
     def log_line(self) -> str:

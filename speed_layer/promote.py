@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from infra.settings import Settings
@@ -30,6 +30,10 @@ logger = logging.getLogger(__name__)
 def current_epoch(epochs: list[Epoch]) -> Epoch | None:
     """Return a query's current epoch (the newest checkpoint lifetime), None when it has none."""
     return max(epochs, key=lambda e: e.started_at, default=None)
+
+
+# Two caught-up queries record reading the whole topic a trigger or two apart (Epoch.read_all_at).
+READ_ALL_SLACK = timedelta(seconds=10)
 
 
 def _at(t: datetime | None) -> str:
@@ -60,10 +64,15 @@ def promote_problems(
     if green.definition is None:
         problems.append(f"{query}'s epoch {green.id} records no view definition (started by an older version)")
     ours, theirs = green.seen_until, blue.seen_until if blue is not None else None
-    if ours is None or (theirs is not None and ours < theirs):
+    ours_all, theirs_all = green.read_all_at, blue.read_all_at if blue is not None else None
+    behind = ours is None or (theirs is not None and ours < theirs)
+    # an event past a minute is not the whole minute: serving answers what green has read the whole topic to
+    unread = ours_all is None or (theirs_all is not None and ours_all < theirs_all - READ_ALL_SLACK)
+    if behind or unread:
         problems.append(
-            f"{query} has not caught up: it has read up to {_at(ours)}, the serving query {serving.query} up to "
-            f"{_at(theirs)}; wait (`trends speed versions` shows both)"
+            f"{query} has not caught up: it has read up to {_at(ours)} (the whole topic as of {_at(ours_all)}), "
+            f"the serving query {serving.query} up to {_at(theirs)} (as of {_at(theirs_all)}); wait (`trends speed "
+            "versions` shows both)"
         )
     bound = boundary if boundary is not None else (blue.counts_from if blue is not None else None)
     counts_from = green.counts_from

@@ -83,6 +83,7 @@ class SpeedViewSink:
     newest_event_ts: datetime | None = field(default=None, init=False)
     watermark: datetime | None = field(default=None, init=False)
     last: BatchResult | None = field(default=None, init=False)  # the last batch written (the progress log reads it)
+    read_all_at: datetime | None = field(default=None, init=False)  # the last time recorded by :meth:`read_all`
 
     def _connect(self) -> SpeedRows:
         if self._rows is None:
@@ -95,6 +96,24 @@ class SpeedViewSink:
     def session(self) -> Any:
         """Return the sink's Cassandra session once its first batch opened it (None before)."""
         return self._rows.sess if self._rows is not None else None
+
+    def read_all(self, at: datetime) -> bool:
+        """Record that this epoch had read, and written the rows of, every record the topic held at ``at``.
+
+        Serving answers a minute ending after it only while it is the minute under way (``speed_epochs.read_all_at``,
+        infra/cql/0008). Only forward, and only for an epoch its first batch registered; tell if written.
+        """
+        if not self.epoch_id or (self.read_all_at is not None and at <= self.read_all_at):
+            return False
+        rows = self._connect()
+        if self._epoch is None or self._epoch.id != self.epoch_id:  # a restart on its checkpoint, before a batch
+            known = {e.id: e for e in rows.epochs(self.query)}
+            if self.epoch_id not in known:
+                return False
+            self._epoch, self._marked = known[self.epoch_id], set()
+        rows.read_all(self.query, self._epoch.id, at)
+        self.read_all_at = at
+        return True
 
     def close(self) -> None:
         """Shut the driver's connections down."""

@@ -65,6 +65,7 @@ class Planted:
         last = MINUTE - timedelta(milliseconds=1)
         rows = [ViewRow("*", m, n, *sketches_of(self.rng, n), m, m + last) for m, n in sorted(minutes.items())]
         sink.write_rows(rows, batch_id)
+        sink.read_all(datetime.now(UTC))  # as the job records after a batch that read the whole topic
         self.speed.update(minutes)
 
     def batch_run(self, store: BatchStore, hour: datetime, per_minute: int) -> uuid.UUID:

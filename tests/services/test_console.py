@@ -152,6 +152,12 @@ def test_the_console_explains_each_hour_with_the_faults_visible(
             while window.load(reader, c0, c0 + 2 * MINUTE, "*").merged.events < 100:
                 assert time.monotonic() < deadline, (tmp_path / "speed.log").read_text()[-3000:]
                 time.sleep(2)
+            # the job runs on until it has read the whole topic past both minutes: stopped before, what it had
+            # read of a minute not yet over would be a gap ("stopped or fell behind"), not the minute
+            deadline = time.monotonic() + 240
+            while (read_all(reader, settings.speed.query_name) or c0) < c0 + 2 * MINUTE:
+                assert time.monotonic() < deadline, (tmp_path / "speed.log").read_text()[-3000:]
+                time.sleep(2)
     finally:
         proc.terminate()
         proc.wait(120)
@@ -255,3 +261,9 @@ def test_the_console_explains_each_hour_with_the_faults_visible(
             driver.quit()
     (artifacts_dir / "console.json").write_text(json.dumps(answer, indent=1, default=str))
     print(f"console test: setup {setup_s:.0f} s, total {time.monotonic() - began:.0f} s")
+
+
+def read_all(reader: ViewReader, query: str) -> datetime | None:
+    """Return when the query's newest epoch last read the whole topic (None: not yet)."""
+    newest = max(reader.speed_rows.epochs(query), key=lambda e: e.started_at, default=None)
+    return newest.read_all_at if newest is not None else None

@@ -34,7 +34,7 @@ from infra.cassandra import session, table
 from infra.settings import Settings
 from serving import queries, window
 from serving.api import create_app
-from serving.plan import NOT_YET_SEEN, SPEED_ROWS_GONE, STARTED_AFTER
+from serving.plan import NOT_YET_SEEN, SPEED_ROWS_GONE, STARTED_AFTER, STOPPED_INSIDE
 from serving.reader import ViewReader
 from tests.helpers import speed_drain
 from views.buckets import MINUTE, floor
@@ -44,6 +44,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.faults]  # make test-faults (slow: 
 
 TRENDS = str(Path(sys.executable).parent / "trends")
 TTL_S = 90  # the speed rows' TTL in the expiry case: the checks before it must end within it
+LIVE_WITHIN_S = 10.0  # a stopped job's unread minute turns into a gap this long after it last read the whole topic
 
 
 def iso(t: datetime) -> str:
@@ -135,11 +136,13 @@ def cov_env(
         "TRENDS_SPEED__TRIGGER_SECONDS": "1",
         "TRENDS_SPEED__ALLOWED_LATENESS_S": "3600",
         "TRENDS_SPARK__CHECKPOINT_ROOT": str(tmp_path / "checkpoints"),
+        "TRENDS_SERVING__SPEED_LIVE_WITHIN_S": str(LIVE_WITHIN_S),
     }
     settings = keyspace_settings.model_copy(
         update={
             "kafka": keyspace_settings.kafka.model_copy(update={"events_topic": topic}),
             "speed": keyspace_settings.speed.model_copy(update={"query_name": query}),
+            "serving": keyspace_settings.serving.model_copy(update={"speed_live_within_s": LIVE_WITHIN_S}),
         }
     )
     yield Env(settings, env, tmp_path / "checkpoints", tmp_path, Counter())
@@ -256,17 +259,32 @@ def test_a_lost_checkpoint_restarted_at_latest_leaves_a_reported_gap(cov_env: En
         deadline = time.monotonic() + 180
         while env.window(c0, c0 + 2 * MINUTE).merged.events < 200 and time.monotonic() < deadline:
             time.sleep(2)
+        # while the job reads on, both minutes ahead of the clock are answered as read so far (the live minutes)
+        start, end = t0, c0 + 3 * MINUTE
+        who = assert_no_hidden_hole(env, start, end)
+        assert all(who[t0 + i * MINUTE] == "speed" for i in range(5))  # the first epoch's minutes still served
+        # the minutes the lost checkpoint's job never read, up to the new epoch's start, are gaps with the reason
+        assert {who[m] for m in _minutes(t0 + 10 * MINUTE, c0)} == {STARTED_AFTER}
+        assert all(who[c0 + i * MINUTE] == "speed" for i in range(2)), who
+        assert who[c0 + 2 * MINUTE] == NOT_YET_SEEN
+        assert env.window(start, end).merged.events == 700  # 500 of b are in a gap, not counted as zero
     finally:
         proc.terminate()
         proc.wait(120)
-    start, end = t0, c0 + 3 * MINUTE
+    # Stopped: a minute that ends after the last time the epoch read the whole topic may miss events produced since,
+    # so once it has not read for serving.speed_live_within_s it is a gap, not what the stopped job had read of it.
+    with session(env.settings) as sess:
+        read_all = {r.epoch: r.read_all_at for r in sess.execute(
+            f"SELECT epoch, read_all_at FROM {table(env.settings, 'speed_epochs')}"
+        )}  # fmt: skip
+    assert all(read_all.values()), read_all  # both epochs read the whole topic at some point
+    newest = max(read_all.values()).replace(tzinfo=UTC)
+    time.sleep(max(0.0, (newest + env.settings.serving.speed_live_within - datetime.now(UTC)).total_seconds() + 1))
     who = assert_no_hidden_hole(env, start, end)
-    assert all(who[t0 + i * MINUTE] == "speed" for i in range(5))  # the first epoch's minutes still served
-    # the minutes the lost checkpoint's job never read, up to the new epoch's start, are gaps with the reason
-    assert {who[m] for m in _minutes(t0 + 10 * MINUTE, c0)} == {STARTED_AFTER}
-    assert all(who[c0 + i * MINUTE] == "speed" for i in range(2))
-    assert who[c0 + 2 * MINUTE] == NOT_YET_SEEN
-    assert env.window(start, end).merged.events == 700  # 500 of b are in a gap, not counted as zero
+    unread = [m for m in _minutes(c0, c0 + 2 * MINUTE) if m + MINUTE > newest]
+    assert unread and {who[m] for m in unread} == {STOPPED_INSIDE}, (newest, who)
+    assert all(who[m] == "speed" for m in _minutes(c0, c0 + 2 * MINUTE) if m not in unread)
+    assert STOPPED_INSIDE in env.cli(start, end)
     gaps = env.api(start, end)["provenance"]["gaps"]
     assert any(g["reason"] == STARTED_AFTER for g in gaps)
     assert STARTED_AFTER in env.cli(start, end)

@@ -7,6 +7,7 @@ and events counted per minute; the reference decides each minute from those fact
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from datetime import UTC, datetime, timedelta
 
@@ -19,6 +20,7 @@ from serving.plan import (
     NOT_YET_SEEN,
     SPEED_ROWS_GONE,
     STARTED_AFTER,
+    STOPPED_INSIDE,
     Span,
     SpeedCoverage,
     plan,
@@ -30,6 +32,7 @@ from views.store.speed import Epoch
 T0 = datetime(2026, 5, 1, tzinfo=UTC)
 HOURS = 24 * 4  # four days of possible coverage
 NOW = T0 + 5 * DAY
+SEC = timedelta(seconds=1)
 
 
 def live(fresh: datetime | None) -> SpeedCoverage:
@@ -60,11 +63,27 @@ def reference(start, end, boundary, batch_hours, speed):  # type: ignore[no-unty
                 out[m] = ("gap", STARTED_AFTER)
             elif owner.seen_until is None or m >= owner.seen_until:
                 out[m] = ("gap", NOT_YET_SEEN if owner is newest else STARTED_AFTER)
+            elif unread_reason(speed, owner, m):
+                out[m] = ("gap", unread_reason(speed, owner, m))
             else:
                 kept = speed.kept.get((floor(m, HOUR), owner.id))
                 out[m] = ("speed", "") if kept is not None and kept > speed.now else ("gap", SPEED_ROWS_GONE)
         m += MINUTE
     return out
+
+
+def unread_reason(speed: SpeedCoverage, owner: Epoch, m: datetime) -> str:
+    """Whether the owner has read the minute to its end, stated as the docs state it (not as the code computes it)."""
+    if speed.live_within is None or speed.now is None:
+        return ""
+    read_all = owner.read_all_at
+    if read_all is not None and read_all >= m + MINUTE:
+        return ""  # everything the topic held at the minute's end was read
+    if read_all is None:
+        return NOT_YET_SEEN
+    if speed.now - read_all > speed.live_within:
+        return STOPPED_INSIDE
+    return "" if m <= speed.now < m + MINUTE or m > speed.now else NOT_YET_SEEN  # under way (or ahead): live
 
 
 @st.composite
@@ -77,12 +96,18 @@ def speed_coverages(draw):  # type: ignore[no-untyped-def]
         covered = None if i == 0 and draw(st.booleans()) else T0 + t * MINUTE
         seen = draw(st.one_of(st.none(), st.integers(0, HOURS * 60 // 2).map(lambda d, t=t: T0 + (t + d) * MINUTE)))
         first = None if seen is None else floor(T0 + (t + draw(st.integers(-120, 120))) * MINUTE, HOUR)
-        epochs.append(Epoch(f"e{i}", T0 + t * MINUTE + i * timedelta(seconds=1), covered, seen, first_hour=first))
+        read_all = draw(st.one_of(st.none(), st.integers(0, HOURS * 3600).map(lambda d: T0 + timedelta(seconds=d))))
+        epochs.append(
+            Epoch(f"e{i}", T0 + t * MINUTE + i * timedelta(seconds=1), covered, seen, first_hour=first,
+                  read_all_at=read_all)
+        )  # fmt: skip
     kept = {}
     for e in epochs:
         for h in draw(st.sets(st.integers(-24, HOURS + 24), max_size=HOURS + 48)):
             kept[(T0 + h * HOUR, e.id)] = draw(st.sampled_from([None, NOW - HOUR, NOW + DAY]))
-    return SpeedCoverage(tuple(epochs), kept, now=NOW)
+    live_within = draw(st.sampled_from([None, timedelta(seconds=30), timedelta(minutes=90)]))
+    now = draw(st.one_of(st.just(NOW), st.integers(0, HOURS * 3600).map(lambda d: T0 + timedelta(seconds=d))))
+    return SpeedCoverage(tuple(epochs), kept, now=now, live_within=live_within)
 
 
 @st.composite
@@ -188,3 +213,39 @@ def test_punch_leaves_batch_spans_and_uncounted_minutes_alone() -> None:
     spans = [Span(T0, T0 + HOUR, "batch", "hour"), Span(T0 + HOUR, T0 + 2 * HOUR, "speed", "minute")]
     assert punch(spans, []) == spans
     assert punch(spans, [T0 + 5 * MINUTE]) == spans  # a batch minute is never punched
+
+
+def test_a_minute_the_epoch_has_not_read_to_its_end_is_live_while_under_way_else_a_gap() -> None:
+    """The job dies 40 s into 10:05 (its checkpoint lost, a kill): what it read of 10:05 is never a whole minute."""
+    t = T0 + 10 * HOUR
+    kept = {(t, "e"): t + DAY}
+    died = Epoch("e", t - HOUR, t - HOUR, t + 6 * MINUTE, first_hour=t - HOUR, read_all_at=t + 5 * MINUTE + 38 * SEC)
+
+    def reasons(now: datetime) -> list[tuple[str, str, datetime, datetime]]:
+        speed = SpeedCoverage((died,), kept, now=now, live_within=30 * SEC)
+        return [(s.layer, s.reason, s.start, s.end) for s in plan(t, t + 6 * MINUTE, t - HOUR, set(), set(), speed)]
+
+    # the job reads on (a trigger 2 s ago found nothing new): 10:05 is the live minute, answered as read so far
+    assert reasons(t + 5 * MINUTE + 40 * SEC) == [("speed", "", t, t + 6 * MINUTE)]
+    # 10:05 is over and the job has not read everything since: what it holds of 10:05 is not the whole minute
+    assert reasons(t + 6 * MINUTE + 1 * SEC) == [
+        ("speed", "", t, t + 5 * MINUTE), ("gap", NOT_YET_SEEN, t + 5 * MINUTE, t + 6 * MINUTE)
+    ]  # fmt: skip
+    # still under way, but nothing read for longer than live_within: the job stopped (or fell behind) inside it
+    early = dataclasses.replace(died, read_all_at=t + 5 * MINUTE + 10 * SEC)
+    speed = SpeedCoverage((early,), kept, now=t + 5 * MINUTE + 50 * SEC, live_within=30 * SEC)
+    assert [(s.layer, s.reason, s.start) for s in plan(t, t + 6 * MINUTE, t - HOUR, set(), set(), speed)][-1] == (
+        "gap", STOPPED_INSIDE, t + 5 * MINUTE
+    )  # fmt: skip
+    # read to its end (a trigger after 10:06 found nothing new, or a batch read up to the latest offsets)
+    read = dataclasses.replace(died, read_all_at=t + 6 * MINUTE + 2 * SEC)
+    speed = SpeedCoverage((read,), kept, now=t + HOUR, live_within=30 * SEC)
+    assert [(s.layer, s.start, s.end) for s in plan(t, t + 6 * MINUTE, t - HOUR, set(), set(), speed)] == [
+        ("speed", t, t + 6 * MINUTE)
+    ]
+    # an epoch that never read the whole topic (catching up from the watermark): nothing is a whole minute yet
+    catching = dataclasses.replace(died, read_all_at=None)
+    speed = SpeedCoverage((catching,), kept, now=t + 5 * MINUTE, live_within=30 * SEC)
+    assert [(s.layer, s.reason) for s in plan(t, t + 6 * MINUTE, t - HOUR, set(), set(), speed)] == [
+        ("gap", NOT_YET_SEEN)
+    ]

@@ -36,6 +36,19 @@ def test_progress_is_reduced_to_the_operator_figures() -> None:
 def test_empty_progress_does_not_break() -> None:
     m = BatchMetrics.from_progress({"batchId": 0})
     assert (m.input_rows, m.watermark, m.kafka_lag_max) == (0, None, None)
+    assert (m.started_at, m.read_to_end) == (None, False)
+
+
+def test_a_batch_read_the_whole_topic_only_when_no_partition_was_left_behind() -> None:
+    """Its trigger's start is then how far the epoch has read everything (serving's live minute rests on it)."""
+    at = {"timestamp": "2026-05-01T10:00:01.500Z"}
+    behind = BatchMetrics.from_progress({**PROGRESS, **at})
+    assert behind.started_at == datetime(2026, 5, 1, 10, 0, 1, 500000, tzinfo=UTC) and not behind.read_to_end
+    level = {"metrics": {"maxOffsetsBehindLatest": "0"}}
+    assert BatchMetrics.from_progress({**PROGRESS, **at, "sources": [level]}).read_to_end
+    unknown = {"metrics": {}}  # a source that reports no lag is not known to be level
+    assert not BatchMetrics.from_progress({**PROGRESS, **at, "sources": [level, unknown]}).read_to_end
+    assert not BatchMetrics.from_progress({**PROGRESS, **at, "sources": []}).read_to_end
 
 
 def test_prometheus_text_accumulates_counters() -> None:

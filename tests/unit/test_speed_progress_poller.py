@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ class Report:
 class FakeQuery:
     done: list[int] = field(default_factory=list)
     trigger_active: bool = False
+    data_available: bool = True
 
     @property
     def lastProgress(self) -> Report | None:  # noqa: N802
@@ -35,7 +37,7 @@ class FakeQuery:
 
     @property
     def status(self) -> dict[str, Any]:
-        return {"isTriggerActive": self.trigger_active}
+        return {"isTriggerActive": self.trigger_active, "isDataAvailable": self.data_available}
 
 
 class Recorder:
@@ -45,6 +47,7 @@ class Recorder:
         self.batches: list[int] = []
         self.idles = 0
         self.registry = self
+        self.read_all_at: list[datetime] = []
 
     def on_progress(self, progress: dict[str, Any]) -> None:
         self.batches.append(progress["batchId"])
@@ -52,11 +55,17 @@ class Recorder:
     def idle(self) -> None:
         self.idles += 1
 
+    def read_all(self, at: datetime) -> None:
+        self.read_all_at.append(at)
+
+
+TRIGGER_S = 2.0
+
 
 @pytest.fixture
 def poller() -> tuple[FakeQuery, Recorder, Any]:
     query, rec = FakeQuery(), Recorder()
-    return query, rec, job._ProgressPoller(query, rec)  # type: ignore[arg-type]
+    return query, rec, job._ProgressPoller(query, rec, TRIGGER_S)  # type: ignore[arg-type]
 
 
 def test_each_batch_is_reported_once_and_missed_ones_are_read_back(poller: tuple[FakeQuery, Recorder, Any]) -> None:
@@ -88,7 +97,7 @@ def test_a_query_waiting_for_data_is_reported_alive_but_a_running_batch_is_not(
     query, rec, p = poller
     clock = [1000.0]
     monkeypatch.setattr(job.time, "monotonic", lambda: clock[0])
-    p._idle_checked = clock[0]
+    p._idle_checked = p._alive_reported = clock[0]
     clock[0] += job.IDLE_EVERY_S + 1
     p.poll()
     assert rec.idles == 1
@@ -96,3 +105,32 @@ def test_a_query_waiting_for_data_is_reported_alive_but_a_running_batch_is_not(
     clock[0] += job.IDLE_EVERY_S + 1
     p.poll()
     assert rec.idles == 1
+
+
+def test_a_trigger_that_found_no_new_data_read_the_whole_topic_a_waiting_one_with_data_did_not(
+    poller: tuple[FakeQuery, Recorder, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Serving answers a minute ending after the epoch's read_all_at only while it is under way: idle is caught up."""
+    query, rec, p = poller
+    clock = [1000.0]
+    monkeypatch.setattr(job.time, "monotonic", lambda: clock[0])
+    p._idle_checked = clock[0]
+    query.done = [3]
+    p.poll()  # a batch: its own report says whether it read to the end (the adapter's job)
+    clock[0] += TRIGGER_S
+    p.poll()  # waiting for the next trigger with data seen last time: nothing is known of what came since
+    assert rec.read_all_at == []
+    query.data_available = False  # the last trigger found nothing new
+    clock[0] += TRIGGER_S / 2
+    p.poll()  # not before a trigger interval since the last look
+    assert rec.read_all_at == []
+    clock[0] += TRIGGER_S / 2
+    before = datetime.now(UTC)
+    p.poll()
+    assert len(rec.read_all_at) == 1
+    lag = before - rec.read_all_at[0]
+    assert timedelta(seconds=TRIGGER_S) <= lag <= timedelta(seconds=TRIGGER_S + job.STATUS_SLACK_S + 1)
+    query.trigger_active = True  # a trigger running: the status says nothing yet
+    clock[0] += TRIGGER_S
+    p.poll()
+    assert len(rec.read_all_at) == 1

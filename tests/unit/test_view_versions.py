@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -23,7 +24,8 @@ SERVING = ServingVersion("blue", fingerprint(BLUE))
 
 
 def epoch(id_: str, covered_from: datetime | None, seen_until: datetime | None, definition: str | None) -> Epoch:
-    return Epoch(id_, T0, covered_from, seen_until, definition=definition)
+    """An epoch that has read the whole topic as far as its newest event (a query caught up with live traffic)."""
+    return Epoch(id_, T0, covered_from, seen_until, definition=definition, read_all_at=seen_until)
 
 
 # -- promote ----------------------------------------------------------------------------------------------------
@@ -43,6 +45,19 @@ def test_a_green_behind_the_serving_query_is_refused_and_told_to_wait() -> None:
     assert "has not caught up" in problem and "wait" in problem
     (problem,) = promote_problems("green", SERVING, epoch("g", T0 + 3 * HOUR, None, "x"), blue, T0 + 3 * HOUR)
     assert "has not caught up" in problem
+
+
+def test_a_green_with_an_event_past_blue_but_not_the_whole_topic_is_refused() -> None:
+    """Catching up from the watermark, green meets events past blue's before it has read everything up to them."""
+    blue = epoch("b", None, T0 + 5 * HOUR, fingerprint(BLUE))
+    catching = dataclasses.replace(epoch("g", T0 + 3 * HOUR, T0 + 5 * HOUR, fingerprint(GREEN)), read_all_at=None)
+    (problem,) = promote_problems("green", SERVING, catching, blue, boundary=T0 + 3 * HOUR)
+    assert "has not caught up" in problem and "the whole topic as of nothing" in problem
+    behind = dataclasses.replace(catching, read_all_at=T0 + 5 * HOUR - timedelta(seconds=30))
+    (problem,) = promote_problems("green", SERVING, behind, blue, boundary=T0 + 3 * HOUR)
+    assert "has not caught up" in problem
+    level = dataclasses.replace(catching, read_all_at=T0 + 5 * HOUR - timedelta(seconds=5))  # a trigger apart
+    assert promote_problems("green", SERVING, level, blue, boundary=T0 + 3 * HOUR) == []
 
 
 def test_a_green_without_an_epoch_a_definition_or_a_start_from_the_watermark_is_refused() -> None:

@@ -91,8 +91,9 @@ ADVANCE_EPOCH = (
 )
 SELECT_EPOCHS = (
     "SELECT epoch, started_at, covered_from, starting_offsets, seen_until, first_hour, last_batch_id, updated_at, "
-    "definition FROM {speed_epochs} WHERE query = ?"
+    "definition, read_all_at FROM {speed_epochs} WHERE query = ?"
 )
+READ_ALL_EPOCH = "UPDATE {speed_epochs} SET read_all_at = ? WHERE query = ? AND epoch = ?"  # infra/cql/0008
 INSERT_SPEED_HOUR = (
     "INSERT INTO {speed_hours} (query, day, hour, epoch, first_written_at, ttl_s) VALUES (?, ?, ?, ?, ?, ?) USING TTL ?"
 )
@@ -150,6 +151,7 @@ SELECT_MONTH_FINGERPRINTS = "SELECT day, hour_runs FROM {batch_days} WHERE slice
 IDEMPOTENT = frozenset((
     INSERT_MINUTE, INSERT_HOUR, INSERT_DAY, INSERT_DAY_SLICE, INSERT_POINTER, INSERT_STALE,
     UPSERT_SPEED, UPSERT_PROGRESS, INSERT_EPOCH, ADVANCE_EPOCH, INSERT_SPEED_HOUR, UPSERT_COUNTS, INSERT_DEFINITION,
+    READ_ALL_EPOCH,
 ))  # fmt: skip
 
 

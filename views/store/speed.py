@@ -56,6 +56,7 @@ class Epoch:
     updated_at: datetime | None = None
     first_hour: datetime | None = None
     definition: str | None = None  # the view definition's fingerprint (None: an epoch from before it was recorded)
+    read_all_at: datetime | None = None  # when it had last read every record the topic held (None: not yet)
 
     @property
     def counts_from(self) -> datetime | None:
@@ -87,7 +88,7 @@ def decode_epochs(rows: Iterable[Any]) -> list[Epoch]:
         Epoch(
             r.epoch, utc(r.started_at) or datetime.min.replace(tzinfo=UTC), utc(r.covered_from), utc(r.seen_until),
             r.starting_offsets or "", r.last_batch_id, utc(r.updated_at), utc(r.first_hour),
-            getattr(r, "definition", None),
+            getattr(r, "definition", None), utc(getattr(r, "read_all_at", None)),
         )
         for r in rows
     ]  # fmt: skip
@@ -240,6 +241,10 @@ class SpeedRows:
             (seen_until, first_hour, batch_id, datetime.now(UTC), query, epoch),
             execution_profile=WRITE_PROFILE,
         )
+
+    def read_all(self, query: str, epoch: str, at: datetime) -> None:
+        """Record that the epoch had read every record the topic held at ``at`` (its rows of them written)."""
+        self.sess.execute(self._stmt(cql.READ_ALL_EPOCH), (at, query, epoch), execution_profile=WRITE_PROFILE)
 
     def mark_hours(
         self, query: str, epoch: str, hours: Iterable[datetime], ttl_seconds: int, read_until: datetime | None = None
