@@ -91,13 +91,19 @@ def test_the_final_poll_reports_every_batch_not_seen_yet(poller: tuple[FakeQuery
     assert rec.batches == [0, 1, 2]
 
 
+@pytest.fixture
+def clock(poller: tuple[FakeQuery, Recorder, Any], monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The driver's monotonic clock, moved by hand; the poller's timers start at it."""
+    now = [1000.0]
+    monkeypatch.setattr(job.time, "monotonic", lambda: now[0])
+    poller[2]._idle_checked = poller[2]._alive_reported = now[0]
+    return now
+
+
 def test_a_query_waiting_for_data_is_reported_alive_but_a_running_batch_is_not(
-    poller: tuple[FakeQuery, Recorder, Any], monkeypatch: pytest.MonkeyPatch
+    poller: tuple[FakeQuery, Recorder, Any], clock: list[float]
 ) -> None:
     query, rec, p = poller
-    clock = [1000.0]
-    monkeypatch.setattr(job.time, "monotonic", lambda: clock[0])
-    p._idle_checked = p._alive_reported = clock[0]
     clock[0] += job.IDLE_EVERY_S + 1
     p.poll()
     assert rec.idles == 1
@@ -108,13 +114,10 @@ def test_a_query_waiting_for_data_is_reported_alive_but_a_running_batch_is_not(
 
 
 def test_a_trigger_that_found_no_new_data_read_the_whole_topic_a_waiting_one_with_data_did_not(
-    poller: tuple[FakeQuery, Recorder, Any], monkeypatch: pytest.MonkeyPatch
+    poller: tuple[FakeQuery, Recorder, Any], clock: list[float]
 ) -> None:
     """Serving answers a minute ending after the epoch's read_all_at only while it is under way: idle is caught up."""
     query, rec, p = poller
-    clock = [1000.0]
-    monkeypatch.setattr(job.time, "monotonic", lambda: clock[0])
-    p._idle_checked = clock[0]
     query.done = [3]
     p.poll()  # a batch: its own report says whether it read to the end (the adapter's job)
     clock[0] += TRIGGER_S
