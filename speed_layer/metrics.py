@@ -54,6 +54,9 @@ class BatchMetrics:
     skipped_below_watermark_rows: int = 0  # events below the boundary a checkpoint started from: the batch has them
     started_at: datetime | None = None  # the trigger's start, before Spark asked Kafka for its latest offsets
     read_to_end: bool = False  # it read up to the latest offsets Spark saw when planning it (every partition)
+    # Each stateful operator's time in the batch (updates, removals — the watermark's eviction —, commit), by name:
+    # the dedupe's eviction scans its whole state each batch, so its cost grows with rate x lateness.
+    state_ms: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
     @classmethod
     def from_progress(cls, progress: dict[str, Any], *, state_rows_tracked: bool = True) -> BatchMetrics:
@@ -86,6 +89,14 @@ class BatchMetrics:
             phases_ms={k: int(v) for k, v in (progress.get("durationMs") or {}).items()},
             skipped_below_watermark_rows=int(parse.get("below_watermark") or 0),
             started_at=_parse_ts(progress.get("timestamp")),
+            state_ms={
+                str(op.get("operatorName") or f"op{i}"): (
+                    int(op.get("allUpdatesTimeMs", 0)),
+                    int(op.get("allRemovalsTimeMs", 0)),
+                    int(op.get("commitTimeMs", 0)),
+                )
+                for i, op in enumerate(ops)
+            },
             read_to_end=bool(sources)
             and lag == 0
             and all("maxOffsetsBehindLatest" in (s.get("metrics") or {}) for s in sources),
@@ -102,6 +113,12 @@ class BatchMetrics:
             f"future {self.future_rows}, below the batch watermark {self.skipped_below_watermark_rows}, "
             f"watermark {wm}, kafka lag {self.kafka_lag_max if self.kafka_lag_max is not None else '-'}"
             + (f"; ms: {', '.join(f'{k} {v}' for k, v in self.phases_ms.items())}" if self.phases_ms else "")
+            + (
+                "; state ms (updates/removals/commit): "
+                + ", ".join(f"{name} {u}/{r}/{c}" for name, (u, r, c) in self.state_ms.items())
+                if self.state_ms
+                else ""
+            )
         )
 
 

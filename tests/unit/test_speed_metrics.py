@@ -111,4 +111,17 @@ def test_the_log_line_says_where_the_batch_time_went() -> None:
     progress = {**PROGRESS, "durationMs": {"addBatch": 700, "walCommit": 60, "triggerExecution": 900}}
     line = BatchMetrics.from_progress(progress).log_line()
     assert line.startswith("batch 7: 3000 rows in 1200 ms")  # what the soak and the bench parse
-    assert line.endswith("; ms: addBatch 700, walCommit 60, triggerExecution 900")
+    assert "; ms: addBatch 700, walCommit 60, triggerExecution 900;" in line
+
+
+def test_the_log_line_says_what_each_stateful_operator_took() -> None:
+    """The dedupe's eviction scans its state every batch: its removals time is what grows with the lateness."""
+    ops = [
+        {"operatorName": "dedupeWithinWatermark", "allUpdatesTimeMs": 40, "allRemovalsTimeMs": 310, "commitTimeMs": 9},
+        {"operatorName": "stateStoreSave", "allUpdatesTimeMs": 25, "allRemovalsTimeMs": 3, "commitTimeMs": 7},
+    ]
+    m = BatchMetrics.from_progress({**PROGRESS, "stateOperators": ops})
+    assert m.state_ms == {"dedupeWithinWatermark": (40, 310, 9), "stateStoreSave": (25, 3, 7)}
+    assert m.log_line().endswith(
+        "; state ms (updates/removals/commit): dedupeWithinWatermark 40/310/9, stateStoreSave 25/3/7"
+    )
