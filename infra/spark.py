@@ -66,16 +66,17 @@ def spark_conf(settings: Settings, app: str) -> dict[str, str]:
 
 
 # Checkpoints in a local folder (the single-machine stack): Hadoop's local file system without its native library
-# runs a process for every symlink check and permission change — `readlink` twice per rename in the FileContext API
-# Spark uses by default, `chmod` for every file created through the checksumming LocalFileSystem. A 1 s trigger
-# writes a dozen checkpoint files a batch: ~50 processes a second forked by the speed job's JVM, and walCommit and
-# commitOffsets at ~60 ms each instead of ~5 (docs/tests.md, "The soak"). The FileSystem API renames with rename(2)
-# (atomic on a local disk) and the raw local file system creates files without a chmod. Not for hdfs:// or s3a://.
+# runs a process for every symlink check — `readlink` twice per rename in the FileContext API Spark uses by default.
+# A 1 s trigger writes a dozen checkpoint files a batch, so the speed job's JVM forked tens of processes a second,
+# and walCommit and commitOffsets took ~60 ms each instead of ~5 (docs/tests.md, "The soak"). The FileSystem API
+# renames with rename(2), atomic on a local disk. Not for hdfs:// or s3a://.
+# `fs.file.impl` must stay Hadoop's checksumming LocalFileSystem: with the raw one (which would also save a `chmod`
+# per file) RocksDB's snapshot upload fails its cast in FileSystem.getLocal, Spark's maintenance only logs it, and
+# the checkpoint keeps every changelog for ever (tests/services/test_speed_state_maintenance.py).
 LOCAL_CHECKPOINT_CONF = {
     "spark.sql.streaming.checkpointFileManagerClass": (
         "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
     ),
-    "spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
 }
 
 
