@@ -399,6 +399,11 @@ class Gauges:
         api = scrape(f"http://127.0.0.1:{self.settings.serving.port}/metrics")
         values["row_cache_bytes"] = api.get("trends_api_row_cache_bytes")
         values["answer_cache_bytes"] = api.get("trends_api_answer_cache_bytes")
+        # The workers' caches fill up to their settings by design; what the workers hold beyond them is bounded.
+        workers = values.get("rss_api_workers")
+        cached = ((values["row_cache_bytes"] or 0) + (values["answer_cache_bytes"] or 0)) / 2**20
+        values["rss_api_workers_net"] = workers - cached if workers is not None else None
+        pids["rss_api_workers_net"] = pids.get("rss_api_workers")
         speed = scrape(f"http://127.0.0.1:{self.settings.metrics.speed_port}/metrics")
         values["speed_lag_records"] = speed.get("trends_speed_consumer_lag_records")
         batches = [ms for rows, ms in self.batch_durations() if rows > 0]
