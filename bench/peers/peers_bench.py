@@ -63,7 +63,7 @@ CREATE TABLE IF NOT EXISTS {keyspace}.peer_view (
     PRIMARY KEY ((system), slice, bucket_start)
 )"""
 CLOSING_EVENTS = 30
-CLOSING_AFTER = timedelta(minutes=35)  # past the grace + the window; Kafka refuses over 1 h ahead
+CLOSING_PAST_GRACE = timedelta(minutes=2)  # closing records come this far past the grace + the window
 STALL_S = 90.0
 FLINK_TIMEOUT_S = 900
 
@@ -194,7 +194,9 @@ def wait_for_output(
         time.sleep(0.5)
 
 
-def close_windows(settings: Settings, topic: str, group: str, truth: check.Truth, deadline: float) -> bool:
+def close_windows(
+    settings: Settings, topic: str, group: str, truth: check.Truth, deadline: float, grace_minutes: float
+) -> bool:
     """Once the group has committed the whole topic, close quixstreams' last windows; tell whether it did.
 
     quixstreams has no end of input and closes a window only when a later record's time passes its end + grace.
@@ -220,7 +222,9 @@ def close_windows(settings: Settings, topic: str, group: str, truth: check.Truth
     producer = Producer(settings.kafka.client_config())
     last = max(bucket for bucket, _ in truth.cells)
     for k in range(CLOSING_EVENTS):
-        ts = datetime.fromtimestamp(last, UTC) + CLOSING_AFTER + timedelta(minutes=k)
+        # The topic's events end an hour before it was filled and Kafka refuses records over an hour ahead.
+        ts = datetime.fromtimestamp(last, UTC) + timedelta(minutes=grace_minutes) + CLOSING_PAST_GRACE
+        ts += timedelta(minutes=k)
         value = [format_ts(ts), f"flush-{k}", "flush", 0.0, "#flush", None]
         for p in range(settings.kafka.partitions):
             producer.produce(
@@ -256,11 +260,18 @@ def run_quix(
     processes: int,
     work: Path,
     fetch_bytes: int = 0,
-    grace: float = 10.0,
+    grace: float | None = None,
     loglevel: str = "WARNING",
 ) -> tuple[float, list[dict[str, Any]]]:
-    """Run quixstreams with ``processes`` processes in one consumer group; return (seconds, checked rows)."""
+    """Run quixstreams with ``processes`` processes in one consumer group; return (seconds, checked rows).
+
+    ``grace`` (minutes) defaults to the topic's event-time span: the processes write one repartition topic each at
+    its own pace, so one may run any part of the span ahead of the other, and a record later than the grace is lost
+    (silently, see :func:`quix_peer.count_lost_records`). With the span, windows close only at the closing records.
+    """
     system = f"quixstreams-{sink}"
+    if grace is None:
+        grace = (max(b for b, _ in truth.cells) - min(b for b, _ in truth.cells)) / 60 + 1
     outs = [work / f"{system}-{n}.jsonl" for n in range(processes)]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     procs = []
@@ -292,6 +303,8 @@ def run_quix(
             str(grace),
             "--loglevel",
             loglevel,
+            "--stats",
+            str(work / f"{system}-{n}.stats.json"),
         ]
         log = (work / f"{system}-{n}.log").open("wb")
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log))
@@ -302,7 +315,8 @@ def run_quix(
     t0 = time.monotonic()
     try:
         group = f"bench-peers-{run}-{sink}"
-        threading.Thread(target=close_windows, args=(settings, topic, group, truth, t0 + 1800), daemon=True).start()
+        closing = (settings, topic, group, truth, t0 + 1800, grace)
+        threading.Thread(target=close_windows, args=closing, daemon=True).start()
         if sink == "null":
             seconds, rows = wait_for_output(lambda: file_rows(outs), truth, procs, t0)
         else:
@@ -311,7 +325,24 @@ def run_quix(
         stop(procs)
     if sink == "cassandra":
         rows = peer_rows(settings, system)
+    lost = lost_into_closed(work, system, processes)
+    if lost:
+        minutes = ", ".join(f"{format_ts(datetime.fromtimestamp(m / 1000, UTC))[11:16]} {n:,}" for m, n in lost.items())
+        print(f"  quixstreams {sink}: {sum(lost.values()):,} records went into windows already closed ({minutes})")
     return seconds, rows
+
+
+def lost_into_closed(work: Path, system: str, processes: int) -> dict[int, int]:
+    """Sum the processes' counts of records put into already closed windows (:func:`quix_peer.count_lost_records`)."""
+    lost: dict[int, int] = {}
+    for n in range(processes):
+        path = work / f"{system}-{n}.stats.json"
+        if not path.exists():
+            print(f"  (no stats from quixstreams process {n}: it did not exit by itself)")
+            continue
+        for minute, count in json.loads(path.read_text())["into_closed"].items():
+            lost[int(minute)] = lost.get(int(minute), 0) + count
+    return dict(sorted(lost.items()))
 
 
 def run_flink(
@@ -512,7 +543,9 @@ def main() -> None:
     )
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 2, help="quixstreams processes")
     parser.add_argument("--quix-fetch-bytes", type=int, default=0, help="max.partition.fetch.bytes (0: default)")
-    parser.add_argument("--quix-grace-minutes", type=float, default=10.0)
+    parser.add_argument(
+        "--quix-grace-minutes", type=float, default=None, help="default: the topic's event-time span (exact)"
+    )
     parser.add_argument("--quix-loglevel", default="WARNING", help="DEBUG logs each process' rebalances")
     parser.add_argument("--quix-sinks", default="null,cassandra")
     parser.add_argument("--flink-sinks", default="null,cassandra")
