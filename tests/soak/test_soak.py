@@ -17,6 +17,7 @@ so a failed soak still leaves its record.
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 import urllib.parse
@@ -143,6 +144,15 @@ class Faults:
             thread.join(300)
 
 
+def keep_logs(settings: Settings, out: Path) -> None:
+    """Copy the speed job's and the API's logs beside the report: the private stack's folder goes with pytest's."""
+    shutil.rmtree(out, ignore_errors=True)
+    for service in ("speed", "api"):
+        logs = settings.data_dir / service / "logs"
+        if logs.is_dir():
+            shutil.copytree(logs, out / service)
+
+
 def closed_hour_runs(client: AirflowClient, hours: list[datetime], timeout_s: float) -> dict[datetime, str]:
     """Wait (bounded) until the scheduler's ``trends_batch`` runs of these hours end; return each run's state."""
     deadline = time.monotonic() + timeout_s
@@ -258,6 +268,7 @@ def test_soak(soak_stack: SoakStack, artifacts_dir: Path) -> None:
         files,
     )
     print(doc)
+    keep_logs(settings, artifacts_dir / "soak-logs")
 
     assert not faults.errors, faults.errors
     assert (undelivered, producer.failed[:5]) == (0, []), "events not acknowledged by the broker"
