@@ -89,14 +89,7 @@ class BatchMetrics:
             phases_ms={k: int(v) for k, v in (progress.get("durationMs") or {}).items()},
             skipped_below_watermark_rows=int(parse.get("below_watermark") or 0),
             started_at=_parse_ts(progress.get("timestamp")),
-            state_ms={
-                str(op.get("operatorName") or f"op{i}"): (
-                    int(op.get("allUpdatesTimeMs", 0)),
-                    int(op.get("allRemovalsTimeMs", 0)),
-                    int(op.get("commitTimeMs", 0)),
-                )
-                for i, op in enumerate(ops)
-            },
+            state_ms=_state_ms(ops),
             read_to_end=bool(sources)
             and lag == 0
             and all("maxOffsetsBehindLatest" in (s.get("metrics") or {}) for s in sources),
@@ -120,6 +113,20 @@ class BatchMetrics:
                 else ""
             )
         )
+
+
+def _state_ms(ops: list[dict[str, Any]]) -> dict[str, tuple[int, int, int]]:
+    """Each stateful operator's (updates, removals, commit) ms by name; a repeated name gets its position appended."""
+    out: dict[str, tuple[int, int, int]] = {}
+    for i, op in enumerate(ops):
+        name = str(op.get("operatorName") or "op")
+        key = name if name not in out else f"{name}#{i}"
+        out[key] = (
+            int(op.get("allUpdatesTimeMs", 0)),
+            int(op.get("allRemovalsTimeMs", 0)),
+            int(op.get("commitTimeMs", 0)),
+        )
+    return out
 
 
 def _parse_ts(text: str | None) -> datetime | None:

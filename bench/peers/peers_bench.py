@@ -174,18 +174,24 @@ def file_rows(paths: list[Path]) -> list[dict[str, Any]]:
 
 
 def wait_for_output(
-    read: Any, truth: check.Truth, procs: list[subprocess.Popen[bytes]], t0: float
+    read: Any,
+    truth: check.Truth,
+    procs: list[subprocess.Popen[bytes]],
+    t0: float,
+    closed: threading.Event | None = None,
 ) -> tuple[float, list[dict[str, Any]]]:
     """Poll a peer's output until the global slice holds every event, or it stalls; return (seconds, rows).
 
     The time is that of the last change seen (polling every 0.5 s), so a stall does not count against the peer.
+    :arg closed: set once the closing records are sent: before that, a peer whose windows close only on them
+        (quixstreams with a grace spanning the topic) writes nothing, and no stall is counted.
     """
     last_total, last_change = -1, time.monotonic()
     while True:
         rows = read()
         total = check.global_total(rows, truth)
         now = time.monotonic()
-        if total != last_total:
+        if total != last_total or (closed is not None and not closed.is_set()):
             last_total, last_change = total, now
         if total >= truth.total:
             return now - t0, rows
@@ -195,7 +201,13 @@ def wait_for_output(
 
 
 def close_windows(
-    settings: Settings, topic: str, group: str, truth: check.Truth, deadline: float, grace_minutes: float
+    settings: Settings,
+    topic: str,
+    group: str,
+    truth: check.Truth,
+    deadline: float,
+    grace_minutes: float,
+    closed: threading.Event,
 ) -> bool:
     """Once the group has committed the whole topic, close quixstreams' last windows; tell whether it did.
 
@@ -220,6 +232,7 @@ def close_windows(
         consumer.close()
     repartition = f"repartition__{group}--{topic}--minute"
     producer = Producer(settings.kafka.client_config())
+    failed: list[str] = []  # flush() reports only what was not sent; the broker's refusals come here
     last = max(bucket for bucket, _ in truth.cells)
     for k in range(CLOSING_EVENTS):
         # The topic's events end an hour before it was filled and Kafka refuses records over an hour ahead.
@@ -233,8 +246,11 @@ def close_windows(
                 value=json.dumps(value).encode(),
                 partition=p,
                 timestamp=int(ts.timestamp() * 1000),
+                on_delivery=lambda err, _msg: err is None or failed.append(str(err)),
             )
     assert producer.flush(30) == 0
+    assert not failed, f"closing records refused: {failed[:3]}"
+    closed.set()
     return True
 
 
@@ -272,6 +288,10 @@ def run_quix(
     system = f"quixstreams-{sink}"
     if grace is None:
         grace = (max(b for b, _ in truth.cells) - min(b for b, _ in truth.cells)) / 60 + 1
+    # The closing records come past the grace; Kafka refuses records over an hour ahead of its clock.
+    newest = max(b for b, _ in truth.cells) + (grace + CLOSING_PAST_GRACE.seconds / 60 + CLOSING_EVENTS) * 60
+    if newest > time.time() + 3600:
+        raise ValueError(f"a grace of {grace} minutes puts the closing records over an hour ahead: at most about 85")
     outs = [work / f"{system}-{n}.jsonl" for n in range(processes)]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     procs = []
@@ -315,12 +335,14 @@ def run_quix(
     t0 = time.monotonic()
     try:
         group = f"bench-peers-{run}-{sink}"
-        closing = (settings, topic, group, truth, t0 + 1800, grace)
+        closed = threading.Event()
+        closing = (settings, topic, group, truth, t0 + 1800, grace, closed)
         threading.Thread(target=close_windows, args=closing, daemon=True).start()
         if sink == "null":
-            seconds, rows = wait_for_output(lambda: file_rows(outs), truth, procs, t0)
+            seconds, rows = wait_for_output(lambda: file_rows(outs), truth, procs, t0, closed)
         else:
-            seconds, _ = wait_for_output(lambda: peer_rows(settings, system, counts_only=True), truth, procs, t0)
+            read = lambda: peer_rows(settings, system, counts_only=True)  # noqa: E731
+            seconds, _ = wait_for_output(read, truth, procs, t0, closed)
     finally:
         stop(procs)
     if sink == "cassandra":
@@ -338,7 +360,7 @@ def lost_into_closed(work: Path, system: str, processes: int) -> dict[int, int]:
     for n in range(processes):
         path = work / f"{system}-{n}.stats.json"
         if not path.exists():
-            print(f"  (no stats from quixstreams process {n}: it did not exit by itself)")
+            print(f"  (no stats from quixstreams process {n}: it crashed, or was killed after ignoring SIGTERM)")
             continue
         for minute, count in json.loads(path.read_text())["into_closed"].items():
             lost[int(minute)] = lost.get(int(minute), 0) + count

@@ -50,8 +50,7 @@ def count_lost_records(stats: Path) -> None:
     (``FixedTimeWindow.process_window`` subtracts the grace from ``max(timestamp, E)``, from E a second time). A
     record whose window ended in (E - grace, E] re-creates that window, which is never closed again: its values are
     neither emitted nor logged. With two processes writing one repartition topic this happens whenever one runs more
-    than a grace of event time ahead of the other. Counted per minute and written to ``stats`` at exit (and the
-    records that quixstreams itself reports late, through ``on_late``).
+    than a grace of event time ahead of the other. Counted per minute and written to ``stats`` at exit.
     """
     lost: Counter[int] = Counter()
     original = time_based.FixedTimeWindow.process_window

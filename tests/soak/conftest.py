@@ -11,8 +11,9 @@ it, each for a reason:
 * ``spark.conf["spark.local.dir"]``: the speed job's RocksDB working copy in a folder the soak can measure;
 * ``spark.conf["spark.driver.defaultJavaOptions"]`` ``-Xms`` = ``-Xmx`` and ``-XX:+AlwaysPreTouch``: the speed
   JVM's heap resident from its start. Otherwise its RSS climbs toward ``spark.driver.memory`` for longer than the
-  10 minutes between faults (the first 60-minute run: 450 MiB to 1.3 GiB in each incarnation), a heap being
-  touched that the growth bound would take for a leak; pre-touched, what grows is native memory or a leak;
+  10 minutes between faults (the first 60-minute run: from 450-700 MiB to 1.2-1.35 GiB in each incarnation), a
+  heap being touched that the growth bound would take for a leak; pre-touched, what grows is native memory or a
+  leak. The hourly batch job's driver shares the setting (its runs are short);
 * ``serving.workers`` 2, as the issue asks.
 """
 

@@ -400,9 +400,9 @@ class Gauges:
         values["row_cache_bytes"] = api.get("trends_api_row_cache_bytes")
         values["answer_cache_bytes"] = api.get("trends_api_answer_cache_bytes")
         # The workers' caches fill up to their settings by design; what the workers hold beyond them is bounded.
-        workers = values.get("rss_api_workers")
-        cached = ((values["row_cache_bytes"] or 0) + (values["answer_cache_bytes"] or 0)) / 2**20
-        values["rss_api_workers_net"] = workers - cached if workers is not None else None
+        workers, rows, answers = values.get("rss_api_workers"), values["row_cache_bytes"], values["answer_cache_bytes"]
+        known = workers is not None and rows is not None and answers is not None  # a failed scrape is no sample
+        values["rss_api_workers_net"] = workers - (rows + answers) / 2**20 if known else None  # type: ignore[operator]
         pids["rss_api_workers_net"] = pids.get("rss_api_workers")
         speed = scrape(f"http://127.0.0.1:{self.settings.metrics.speed_port}/metrics")
         values["speed_lag_records"] = speed.get("trends_speed_consumer_lag_records")

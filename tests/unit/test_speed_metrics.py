@@ -125,3 +125,9 @@ def test_the_log_line_says_what_each_stateful_operator_took() -> None:
     assert m.log_line().endswith(
         "; state ms (updates/removals/commit): dedupeWithinWatermark 40/310/9, stateStoreSave 25/3/7"
     )
+
+
+def test_operators_of_one_name_are_kept_apart() -> None:
+    ops = [{"operatorName": "stateStoreSave", "allRemovalsTimeMs": 1}, {"operatorName": "stateStoreSave"}]
+    m = BatchMetrics.from_progress({**PROGRESS, "stateOperators": ops})
+    assert m.state_ms == {"stateStoreSave": (0, 1, 0), "stateStoreSave#1": (0, 0, 0)}
