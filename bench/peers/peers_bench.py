@@ -200,6 +200,14 @@ def wait_for_output(
         time.sleep(0.5)
 
 
+def closing_time(last_bucket: int, grace_minutes: float, k: int) -> datetime:
+    """Return the event time of the ``k``-th closing record: past the last minute's end + the grace.
+
+    The topic's events end an hour before it was filled, and Kafka refuses records over an hour ahead of its clock.
+    """
+    return datetime.fromtimestamp(last_bucket, UTC) + timedelta(minutes=grace_minutes + k) + CLOSING_PAST_GRACE
+
+
 def close_windows(
     settings: Settings,
     topic: str,
@@ -235,9 +243,7 @@ def close_windows(
     failed: list[str] = []  # flush() reports only what was not sent; the broker's refusals come here
     last = max(bucket for bucket, _ in truth.cells)
     for k in range(CLOSING_EVENTS):
-        # The topic's events end an hour before it was filled and Kafka refuses records over an hour ahead.
-        ts = datetime.fromtimestamp(last, UTC) + timedelta(minutes=grace_minutes) + CLOSING_PAST_GRACE
-        ts += timedelta(minutes=k)
+        ts = closing_time(last, grace_minutes, k)
         value = [format_ts(ts), f"flush-{k}", "flush", 0.0, "#flush", None]
         for p in range(settings.kafka.partitions):
             producer.produce(
@@ -286,11 +292,10 @@ def run_quix(
     (silently, see :func:`quix_peer.count_lost_records`). With the span, windows close only at the closing records.
     """
     system = f"quixstreams-{sink}"
+    buckets = [b for b, _ in truth.cells]
     if grace is None:
-        grace = (max(b for b, _ in truth.cells) - min(b for b, _ in truth.cells)) / 60 + 1
-    # The closing records come past the grace; Kafka refuses records over an hour ahead of its clock.
-    newest = max(b for b, _ in truth.cells) + (grace + CLOSING_PAST_GRACE.seconds / 60 + CLOSING_EVENTS) * 60
-    if newest > time.time() + 3600:
+        grace = (max(buckets) - min(buckets)) / 60 + 1
+    if closing_time(max(buckets), grace, CLOSING_EVENTS) > datetime.now(UTC) + timedelta(hours=1):
         raise ValueError(f"a grace of {grace} minutes puts the closing records over an hour ahead: at most about 85")
     outs = [work / f"{system}-{n}.jsonl" for n in range(processes)]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

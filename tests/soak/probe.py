@@ -401,8 +401,9 @@ class Gauges:
         values["answer_cache_bytes"] = api.get("trends_api_answer_cache_bytes")
         # The workers' caches fill up to their settings by design; what the workers hold beyond them is bounded.
         workers, rows, answers = values.get("rss_api_workers"), values["row_cache_bytes"], values["answer_cache_bytes"]
-        known = workers is not None and rows is not None and answers is not None  # a failed scrape is no sample
-        values["rss_api_workers_net"] = workers - (rows + answers) / 2**20 if known else None  # type: ignore[operator]
+        values["rss_api_workers_net"] = None  # a failed scrape is no sample
+        if workers is not None and rows is not None and answers is not None:
+            values["rss_api_workers_net"] = workers - (rows + answers) / 2**20
         pids["rss_api_workers_net"] = pids.get("rss_api_workers")
         speed = scrape(f"http://127.0.0.1:{self.settings.metrics.speed_port}/metrics")
         values["speed_lag_records"] = speed.get("trends_speed_consumer_lag_records")
