@@ -17,11 +17,22 @@ from infra.errors import ConfigurationError
 from infra.settings import Settings
 from views.definition import KLL_K, differences, fingerprint, view_definition
 
-__all__ = ["KLL_K", "CheckpointFiles", "check_view_definition", "differences", "fingerprint", "view_definition"]
+__all__ = [
+    "KLL_K",
+    "CheckpointFiles",
+    "check_view_definition",
+    "dedupe_of",
+    "differences",
+    "fingerprint",
+    "view_definition",
+]
 
 logger = logging.getLogger(__name__)
 
 DEFINITION_FILE = "trends_view_definition.json"
+DEDUPE_FILE = "trends_speed_dedupe.json"
+DEDUPE_ID_AND_TIME = "id_and_time"  # dropDuplicates(id, ts): ids kept for the lateness
+DEDUPE_ID = "id"  # dropDuplicatesWithinWatermark(id): ids kept for twice the lateness (checkpoints before the record)
 
 
 class ViewDefinitionChangedError(ConfigurationError):
@@ -100,3 +111,23 @@ def check_view_definition(spark: Any, settings: Settings, checkpoint: str) -> st
     files.write(DEFINITION_FILE, json.dumps({"fingerprint": fingerprint(current), "definition": current}, indent=1))
     logger.info("speed checkpoint %s: view definition %s recorded", checkpoint, fingerprint(current))
     return fingerprint(current)
+
+
+def dedupe_of(spark: Any, checkpoint: str) -> str:
+    """Return how the checkpoint's state dedupes events, recording it when the checkpoint has no record yet.
+
+    The dedupe's state schema is the checkpoint's, and Spark refuses to restart a query whose dedupe changed: a
+    checkpoint started before the record (offsets, no record) keeps the dedupe by id it was started with, so an
+    upgrade resumes it with no gap; a new checkpoint dedupes by id and event time (:func:`speed_layer.job.dedupe`).
+    """
+    files = CheckpointFiles(spark, checkpoint)
+    if files.exists(DEDUPE_FILE):
+        by = str(json.loads(files.read(DEDUPE_FILE))["dedupe"])
+        if by not in (DEDUPE_ID, DEDUPE_ID_AND_TIME):
+            msg = f"the speed checkpoint {checkpoint} records an unknown dedupe {by!r} in {DEDUPE_FILE}"
+            raise ConfigurationError(msg)
+        return by
+    by = DEDUPE_ID if files.exists("offsets") else DEDUPE_ID_AND_TIME
+    files.write(DEDUPE_FILE, json.dumps({"dedupe": by}))
+    logger.info("speed checkpoint %s: dedupe by %s recorded", checkpoint, by)
+    return by

@@ -24,7 +24,7 @@ from infra.checkpoints import speed_checkpoint
 from infra.errors import CheckpointLostError
 from infra.settings import Settings
 from infra.spark import get_spark, kafka_options
-from speed_layer.checkpoint import check_view_definition
+from speed_layer.checkpoint import DEDUPE_ID, DEDUPE_ID_AND_TIME, check_view_definition, dedupe_of
 from speed_layer.guard import CheckpointGuard
 from speed_layer.metrics import PARSE_METRICS, BatchMetrics, MetricsRegistry, serve_metrics
 from speed_layer.promote import ServingWatch, replaced
@@ -61,11 +61,14 @@ def extract(spark: SparkSession, settings: Settings, start: StreamStart | None =
     )
 
 
-def transform(records: DataFrame, settings: Settings, since: datetime | None = None) -> DataFrame:
-    """Parse, count unparseable and future rows, watermark, dedupe ids within the watermark, aggregate.
+def transform(
+    records: DataFrame, settings: Settings, since: datetime | None = None, dedupe_by: str = DEDUPE_ID_AND_TIME
+) -> DataFrame:
+    """Parse, count unparseable and future rows, watermark, dedupe events within the watermark, aggregate.
 
     :arg since: skip events before it (a start from the batch watermark: the batch view holds them), before they
         reach the watermark, the dedupe state or the aggregation.
+    :arg dedupe_by: the checkpoint's dedupe (:func:`dedupe`).
     """
     from pyspark.sql import functions as F  # noqa: PLC0415
 
@@ -89,13 +92,24 @@ def transform(records: DataFrame, settings: Settings, since: datetime | None = N
     events = valid_events(parsed.where(~future))
     if since is not None:
         events = events.where(F.col("ts") >= F.lit(since))
-    return aggregate(dedupe(events, settings), settings.views.slice_dims, settings.views.top_k_items)
+    return aggregate(dedupe(events, settings, dedupe_by), settings.views.slice_dims, settings.views.top_k_items)
 
 
-def dedupe(events: DataFrame, settings: Settings) -> DataFrame:
-    """Watermark the events by the allowed lateness and drop repeated ids within it (RocksDB state)."""
-    lateness = f"{settings.speed.allowed_lateness_s} seconds"
-    return events.withWatermark("ts", lateness).dropDuplicatesWithinWatermark(["id"])
+def dedupe(events: DataFrame, settings: Settings, by: str = DEDUPE_ID_AND_TIME) -> DataFrame:
+    """Watermark the events by the allowed lateness and drop the copies of an event within it (RocksDB state).
+
+    By id and event time (a re-sent event has both), an id is kept until the watermark passes its event time, after
+    which any copy is dropped as late anyway. Spark's ``dropDuplicatesWithinWatermark`` (``by`` ``id``, the dedupe of
+    checkpoints started before this one) keeps it for twice the lateness. Either scans its whole state every batch
+    for expired ids: that scan is the speed job's largest cost per batch at a steady rate (docs/tests.md, "The soak").
+    The batch layer dedupes by id alone, exactly, per hour.
+
+    :arg by: the checkpoint's dedupe (:func:`speed_layer.checkpoint.dedupe_of`): its state's schema.
+    """
+    watermarked = events.withWatermark("ts", f"{settings.speed.allowed_lateness_s} seconds")
+    if by == DEDUPE_ID:
+        return watermarked.dropDuplicatesWithinWatermark(["id"])
+    return watermarked.dropDuplicates(["id", "ts"])
 
 
 def checkpoint_location(settings: Settings) -> str:
@@ -244,7 +258,8 @@ def start(
 
     :arg begin: the checkpoint's start from the batch watermark (:mod:`speed_layer.start`), if it has one.
     """
-    view = transform(extract(spark, settings, begin), settings, begin.since if begin else None)
+    dedupe_by = dedupe_of(spark, checkpoint_location(settings))
+    view = transform(extract(spark, settings, begin), settings, begin.since if begin else None, dedupe_by)
     writer = (
         view.writeStream.queryName(settings.speed.query_name)
         .outputMode("update")

@@ -319,7 +319,10 @@ class Kafka(Service):
 
     @override
     def command(self, java: str, config: Path) -> list[str]:
-        return [*self._java(java, self.settings.stack.kafka_heap), "kafka.Kafka", str(config)]
+        # The heap resident from the start (as Cassandra's own jvm-server.options does): otherwise the broker's RSS
+        # climbs toward -Xmx for as long as it runs, which hides real growth (the soak's bound on it).
+        java_args = self._java(java, self.settings.stack.kafka_heap)
+        return [*java_args[:1], "-XX:+AlwaysPreTouch", *java_args[1:], "kafka.Kafka", str(config)]
 
     @override
     def accepts_clients(self) -> bool:

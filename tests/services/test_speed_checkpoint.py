@@ -1,4 +1,5 @@
-"""A speed checkpoint started with one view definition refuses a start with another, and says what to do.
+"""A speed checkpoint started with one view definition refuses a start with another, and says what to do; one
+started before the speed job recorded its dedupe resumes with the dedupe it was started with.
 
 The real speed job (``trends speed run --available-now``) over a fresh topic and keyspace: a first run records the
 definition beside its checkpoint; a run with a new slice dimension on that checkpoint exits 78 (EX_CONFIG: the
@@ -23,7 +24,14 @@ from infra.cassandra import session
 from infra.errors import EXIT_CONFIG
 from infra.settings import Settings
 from ingestion.producer import EventProducer
-from speed_layer.checkpoint import DEFINITION_FILE, fingerprint, view_definition
+from speed_layer.checkpoint import (
+    DEDUPE_FILE,
+    DEDUPE_ID,
+    DEDUPE_ID_AND_TIME,
+    DEFINITION_FILE,
+    fingerprint,
+    view_definition,
+)
 from views.event import Event
 
 pytestmark = [pytest.mark.spark, pytest.mark.install]  # make test-install (installs and upgrades)
@@ -89,3 +97,61 @@ def test_a_changed_view_definition_is_refused_on_an_old_checkpoint(
     fresh = _speed(settings, root, "speed_ckpt_v2", ["country"])  # the way out: a new checkpoint
     assert fresh.returncode == 0, fresh.stderr[-3000:]
     assert _slices(settings) == {"*", "country=US", "country=FR"}
+
+
+def _produce(settings: Settings, ids: range, copies: int = 1) -> None:
+    with EventProducer(settings) as producer:
+        for i in ids:
+            for _ in range(copies):
+                producer.produce(Event(id=f"d{i}", ts=T0 + timedelta(seconds=7 * i), item=f"#i{i % 9}"))
+    assert producer.summary.ok
+
+
+def _events(settings: Settings, query: str) -> int:
+    with session(settings) as sess:
+        ks = settings.cassandra.keyspace
+        rows = sess.execute(f"SELECT query, slice, events FROM {ks}.speed_minutes")
+        return sum(r.events for r in rows if r.query == query and r.slice == "*")
+
+
+def _set_record(record: Path, by: str | None) -> None:
+    """Write (or remove, None) the dedupe record by hand, with the checksum file Hadoop's local file system keeps."""
+    record.with_name(f".{record.name}.crc").unlink(missing_ok=True)
+    record.unlink(missing_ok=True)
+    if by is not None:
+        record.write_text(json.dumps({"dedupe": by}))
+
+
+def test_a_checkpoint_without_a_dedupe_record_resumes_with_the_dedupe_by_id(
+    keyspace_settings: Settings, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    topic = new_topic(2)
+    settings = keyspace_settings.model_copy(
+        update={"kafka": keyspace_settings.kafka.model_copy(update={"events_topic": topic})}
+    )
+    migrations.migrate(settings)
+    root = tmp_path / "checkpoints"
+    record = root / "old" / DEDUPE_FILE
+    record.parent.mkdir(parents=True)
+    _set_record(record, DEDUPE_ID)  # the dedupe of every checkpoint before the record
+    _produce(settings, range(200))
+    old = _speed(settings, root, "old", [])
+    assert old.returncode == 0, old.stderr[-3000:]
+    _set_record(record, None)  # as the versions before the record left it: offsets and state, no record
+
+    _produce(settings, range(150, 300), copies=2)  # re-sent events, and new ones, each twice
+    resumed = _speed(settings, root, "old", [])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads(record.read_text()) == {"dedupe": DEDUPE_ID}
+    assert _events(settings, "old") == 300  # each event once across the upgrade
+
+    # Why it is recorded: Spark refuses to resume the state under the other dedupe.
+    _set_record(record, DEDUPE_ID_AND_TIME)
+    _produce(settings, range(300, 310))
+    refused = _speed(settings, root, "old", [])
+    assert refused.returncode != 0
+    assert "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA" in refused.stderr, refused.stderr[-3000:]
+
+    fresh = _speed(settings, root, "new", [])  # a new checkpoint dedupes by id and event time
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    assert json.loads((root / "new" / DEDUPE_FILE).read_text()) == {"dedupe": DEDUPE_ID_AND_TIME}

@@ -24,11 +24,15 @@ class SoakConfig:
     rate: float = 2000.0
     fault_every_s: float = 600.0
     sample_every_s: float = 30.0
-    warmup_minutes: float = 15.0  # > the speed layer's lateness (its dedupe state fills for that long)
+    # > the speed layer's lateness: its dedupe state fills for that long (ids kept until the watermark passes them).
+    warmup_minutes: float = 15.0
     # A fault's freshness impact ends once a 30 s window's p99 is back within the goal; it must within this.
     recovery_s: float = 300.0
     # A process restarted by a fault re-warms (JVM heap, caches): its first samples after the restart are left out.
     settle_s: float = 120.0
+    # The pipeline's default trigger. The dedupe's eviction scans its whole state once a batch (rate x 2 x lateness
+    # ids), so a 1 s trigger ran that scan back to back and kept the machine busy (docs/tests.md, the first run).
+    trigger_s: float = 2.0
     lateness_s: int = 600  # speed.allowed_lateness_s of the soak's speed job (the pipeline's default)
     seed_events: int = 100_000  # events over the hour before the soak, so even a short run has a closed hour
     close_wait_s: float = 1200.0  # after the run, the longest wait for the DAG runs of the closed hours
@@ -53,6 +57,7 @@ class SoakConfig:
             warmup_minutes=_num("SOAK_WARMUP_MINUTES", d.warmup_minutes * scale),
             recovery_s=_num("SOAK_RECOVERY_S", d.recovery_s),
             settle_s=_num("SOAK_SETTLE_S", min(d.settle_s, d.fault_every_s * scale / 2)),
+            trigger_s=_num("SOAK_TRIGGER_S", d.trigger_s),
             lateness_s=int(_num("SOAK_LATENESS_S", d.lateness_s)),
             seed_events=int(_num("SOAK_SEED_EVENTS", d.seed_events)),
             close_wait_s=_num("SOAK_CLOSE_WAIT_S", d.close_wait_s),

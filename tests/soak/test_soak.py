@@ -53,8 +53,15 @@ PROCESSES = {
 SPECS = [
     # The API workers' RSS includes their row and answer caches, which fill up to serving.cache_mb and
     # serving.answer_cache_mb by design: the bound applies to what they hold beyond them.
-    *(Spec(f"rss_{k}", f"RSS, {label}", "MiB", "memory", bounded=k != "api_workers") for k, label in PROCESSES.items()),
+    # The broker's RSS includes its mapped segment indexes, which grow with the log as its disk does: the bound
+    # applies to its anonymous memory (heap and native).
+    *(
+        Spec(f"rss_{k}", f"RSS, {label}", "MiB", "memory", bounded=k not in ("api_workers", "kafka"))
+        for k, label in PROCESSES.items()
+    ),
     Spec("rss_api_workers_net", "RSS, API workers beyond their caches (/metrics)", "MiB", "memory", bounded=True),
+    Spec("rss_kafka_anon", "RSS, Kafka broker, anonymous (heap and native)", "MiB", "memory", bounded=True),
+    Spec("rss_kafka_file", "RSS, Kafka broker, file-backed (mapped indexes, jars)", "MiB", "memory"),
     Spec(
         "state_bytes",
         "RocksDB state of the running speed job (spark.local.dir, StateStoreId*)",
@@ -330,7 +337,8 @@ def write_report(
         f"{cfg.minutes:g} min at {cfg.rate:,.0f} events/s (achieved {producer.achieved:,.0f}/s, "
         f"{producer.sent_steady:,} events, plus {seeded:,} seeded over the hour before), a fault every "
         f"{cfg.fault_every_s:.0f} s, a sample every {cfg.sample_every_s:.0f} s ({len(samples)} samples), warm-up "
-        f"{cfg.warmup_minutes:g} min, speed lateness {cfg.lateness_s} s, settle after a restart {cfg.settle_s:.0f} s. "
+        f"{cfg.warmup_minutes:g} min, speed trigger {cfg.trigger_s:g} s and lateness {cfg.lateness_s} s, "
+        f"settle after a restart {cfg.settle_s:.0f} s. "
         f"Private stack ({stack.settings.data_dir}); started {datetime.now(UTC):%Y-%m-%d %H:%M} UTC minus the run.",
         "",
         "Growth is the least-squares slope over the samples after the warm-up (per process incarnation for RSS), "
