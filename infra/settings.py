@@ -217,6 +217,13 @@ class SpeedSettings(BaseModel):
         description="Watermark delay: events up to this many seconds behind the newest event time are still "
         "counted (and deduplicated); later ones are dropped and counted as dropped.",
     )
+    dedupe_by: Literal["id_and_time", "id"] = Field(
+        "id_and_time",
+        description="How a new speed checkpoint drops the copies of an event. id_and_time: a re-sent event (same "
+        "id and event time), its id kept until the watermark passes it. id: Spark's dropDuplicatesWithinWatermark, "
+        "copies with another event time too, each id kept for twice the lateness, so the eviction scans twice the "
+        "state every micro-batch. A checkpoint keeps the dedupe its state was started with (Spark refuses another).",
+    )
     track_state_rows: bool = Field(
         False,
         description="Count the rows of the job's RocksDB state (the trends_speed_state_rows gauge; Spark's "

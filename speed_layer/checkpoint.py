@@ -30,9 +30,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEFINITION_FILE = "trends_view_definition.json"
-DEDUPE_FILE = "trends_speed_dedupe.json"
-DEDUPE_ID_AND_TIME = "id_and_time"  # dropDuplicates(id, ts): ids kept for the lateness
-DEDUPE_ID = "id"  # dropDuplicatesWithinWatermark(id): ids kept for twice the lateness (checkpoints before the record)
+DEDUPE_ID_AND_TIME = "id_and_time"  # dropDuplicates(id, ts): ids kept for the lateness (speed.dedupe_by)
+DEDUPE_ID = "id"  # dropDuplicatesWithinWatermark(id): ids kept for twice the lateness
+SPARK_DEDUPE = {"dedupe": DEDUPE_ID_AND_TIME, "dedupeWithinWatermark": DEDUPE_ID}  # Spark's operator names
 
 
 class ViewDefinitionChangedError(ConfigurationError):
@@ -113,21 +113,36 @@ def check_view_definition(spark: Any, settings: Settings, checkpoint: str) -> st
     return fingerprint(current)
 
 
-def dedupe_of(spark: Any, checkpoint: str) -> str:
-    """Return how the checkpoint's state dedupes events, recording it when the checkpoint has no record yet.
+def _state_dedupe(files: CheckpointFiles) -> str | None:
+    """Return the dedupe Spark recorded for the checkpoint's state (its operator metadata), or None if none."""
+    if not files.exists("state"):
+        return None
+    for status in files.fs.listStatus(files.path("state")):
+        name = f"state/{status.getPath().getName()}/_metadata/metadata"
+        if files.exists(name):
+            lines = files.read(name).strip().splitlines()  # "v1", then the operator's JSON
+            operator = json.loads(lines[-1]).get("operatorInfo", {}).get("operatorName") if lines else None
+            if operator in SPARK_DEDUPE:
+                return SPARK_DEDUPE[operator]
+    return None
 
-    The dedupe's state schema is the checkpoint's, and Spark refuses to restart a query whose dedupe changed: a
-    checkpoint started before the record (offsets, no record) keeps the dedupe by id it was started with, so an
-    upgrade resumes it with no gap; a new checkpoint dedupes by id and event time (:func:`speed_layer.job.dedupe`).
+
+def dedupe_of(spark: Any, settings: Settings, checkpoint: str) -> str:
+    """Return how the checkpoint's query dedupes: as its state was started, or ``speed.dedupe_by`` for a new one.
+
+    Spark refuses to resume state under another dedupe operator, so an existing checkpoint keeps its own (read from
+    the operator metadata Spark keeps beside the state): an upgrade resumes a checkpoint started with the dedupe by
+    id with no gap, and a new query (docs/runbook.md, blue/green) gets the setting's.
     """
     files = CheckpointFiles(spark, checkpoint)
-    if files.exists(DEDUPE_FILE):
-        by = str(json.loads(files.read(DEDUPE_FILE))["dedupe"])
-        if by not in (DEDUPE_ID, DEDUPE_ID_AND_TIME):
-            msg = f"the speed checkpoint {checkpoint} records an unknown dedupe {by!r} in {DEDUPE_FILE}"
-            raise ConfigurationError(msg)
-        return by
-    by = DEDUPE_ID if files.exists("offsets") else DEDUPE_ID_AND_TIME
-    files.write(DEDUPE_FILE, json.dumps({"dedupe": by}))
-    logger.info("speed checkpoint %s: dedupe by %s recorded", checkpoint, by)
-    return by
+    wanted = settings.speed.dedupe_by
+    found = _state_dedupe(files)
+    if found is None and files.exists("state") and files.exists("offsets"):
+        found = DEDUPE_ID  # state without Spark's operator metadata: written before it kept one, by the dedupe by id
+    if found is not None and found != wanted:
+        logger.warning(
+            "the speed checkpoint %s keeps the dedupe by %s its state was started with; TRENDS_SPEED__DEDUPE_BY=%s "
+            "applies to a new checkpoint (docs/runbook.md, 'Upgrades')",
+            checkpoint, found, wanted,
+        )  # fmt: skip
+    return found or wanted

@@ -99,12 +99,13 @@ def dedupe(events: DataFrame, settings: Settings, by: str = DEDUPE_ID_AND_TIME) 
     """Watermark the events by the allowed lateness and drop the copies of an event within it (RocksDB state).
 
     By id and event time (a re-sent event has both), an id is kept until the watermark passes its event time, after
-    which any copy is dropped as late anyway. Spark's ``dropDuplicatesWithinWatermark`` (``by`` ``id``, the dedupe of
-    checkpoints started before this one) keeps it for twice the lateness. Either scans its whole state every batch
-    for expired ids: that scan is the speed job's largest cost per batch at a steady rate (docs/tests.md, "The soak").
-    The batch layer dedupes by id alone, exactly, per hour.
+    which any copy is dropped as late anyway. Spark's ``dropDuplicatesWithinWatermark`` (``by`` ``id``, the dedupe
+    of checkpoints started before ``speed.dedupe_by``) keeps it for twice the lateness. Either scans its whole state
+    every batch for expired ids: the speed job's largest cost per batch at a steady rate (docs/tests.md, "The soak").
+    The batch layer dedupes by id alone, exactly.
 
-    :arg by: the checkpoint's dedupe (:func:`speed_layer.checkpoint.dedupe_of`): its state's schema.
+    :arg by: the checkpoint's dedupe (:func:`speed_layer.checkpoint.dedupe_of`): Spark resumes state only under
+        the operator that wrote it.
     """
     watermarked = events.withWatermark("ts", f"{settings.speed.allowed_lateness_s} seconds")
     if by == DEDUPE_ID:
@@ -253,12 +254,13 @@ def start(
     *,
     available_now: bool = False,
     begin: StreamStart | None = None,
+    dedupe_by: str = DEDUPE_ID_AND_TIME,
 ) -> StreamingQuery:
     """Start the streaming query (processing-time trigger, or ``availableNow`` to drain what is there and stop).
 
     :arg begin: the checkpoint's start from the batch watermark (:mod:`speed_layer.start`), if it has one.
+    :arg dedupe_by: the checkpoint's dedupe (:func:`speed_layer.checkpoint.dedupe_of`).
     """
-    dedupe_by = dedupe_of(spark, checkpoint_location(settings))
     view = transform(extract(spark, settings, begin), settings, begin.since if begin else None, dedupe_by)
     writer = (
         view.writeStream.queryName(settings.speed.query_name)
@@ -312,6 +314,7 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
         guard.clear_remnant()  # what is left of a checkpoint lost under a running query is never resumed
         definition = _register_version(spark, settings, watch)
         begin = resolve_start(spark, settings, checkpoint_location(settings))
+        dedupe_by = dedupe_of(spark, settings, checkpoint_location(settings))
     except Exception:
         spark.stop()
         raise
@@ -335,7 +338,7 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
     port = settings.metrics.speed_port
     server = serve_metrics(registry, settings.metrics.host, port) if port else None
     started = time.monotonic()
-    query = start(spark, settings, sink, available_now=available_now, begin=begin)
+    query = start(spark, settings, sink, available_now=available_now, begin=begin, dedupe_by=dedupe_by)
     logger.info("speed query started (id %s, run %s)", query.id, query.runId)
     guard.watch(query.id)
     sink.epoch_id = sink.epoch_id or str(query.id)  # the epoch is the checkpoint's query id (Spark's queryId)

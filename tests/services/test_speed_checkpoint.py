@@ -24,14 +24,7 @@ from infra.cassandra import session
 from infra.errors import EXIT_CONFIG
 from infra.settings import Settings
 from ingestion.producer import EventProducer
-from speed_layer.checkpoint import (
-    DEDUPE_FILE,
-    DEDUPE_ID,
-    DEDUPE_ID_AND_TIME,
-    DEFINITION_FILE,
-    fingerprint,
-    view_definition,
-)
+from speed_layer.checkpoint import DEFINITION_FILE, fingerprint, view_definition
 from views.event import Event
 
 pytestmark = [pytest.mark.spark, pytest.mark.install]  # make test-install (installs and upgrades)
@@ -39,7 +32,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.install]  # make test-install (inst
 T0 = datetime(2025, 8, 3, 10, tzinfo=UTC)
 
 
-def _speed(settings: Settings, root: Path, query: str, dims: list[str]) -> subprocess.CompletedProcess[str]:
+def _speed(
+    settings: Settings, root: Path, query: str, dims: list[str], **more: str
+) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "TRENDS_KAFKA__EVENTS_TOPIC": settings.kafka.events_topic,
@@ -49,6 +44,7 @@ def _speed(settings: Settings, root: Path, query: str, dims: list[str]) -> subpr
         "TRENDS_SPEED__ALLOWED_LATENESS_S": "3600",
         "TRENDS_SPARK__CHECKPOINT_ROOT": str(root),
         "TRENDS_VIEWS__SLICE_DIMS": json.dumps(dims),
+        **more,
     }
     return subprocess.run(
         [str(Path(sys.executable).parent / "trends"), "speed", "run", "--available-now"],
@@ -114,15 +110,17 @@ def _events(settings: Settings, query: str) -> int:
         return sum(r.events for r in rows if r.query == query and r.slice == "*")
 
 
-def _set_record(record: Path, by: str | None) -> None:
-    """Write (or remove, None) the dedupe record by hand, with the checksum file Hadoop's local file system keeps."""
-    record.with_name(f".{record.name}.crc").unlink(missing_ok=True)
-    record.unlink(missing_ok=True)
-    if by is not None:
-        record.write_text(json.dumps({"dedupe": by}))
+def _dedupe_operator(checkpoint: Path) -> str:
+    """Return the dedupe operator Spark recorded in the checkpoint's state metadata."""
+    names = [
+        json.loads(p.read_text().splitlines()[-1])["operatorInfo"]["operatorName"]
+        for p in checkpoint.glob("state/*/_metadata/metadata")
+    ]
+    (name,) = [n for n in names if n.startswith("dedupe")]
+    return name
 
 
-def test_a_checkpoint_without_a_dedupe_record_resumes_with_the_dedupe_by_id(
+def test_a_checkpoint_keeps_the_dedupe_its_state_was_started_with(
     keyspace_settings: Settings, new_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     topic = new_topic(2)
@@ -131,27 +129,19 @@ def test_a_checkpoint_without_a_dedupe_record_resumes_with_the_dedupe_by_id(
     )
     migrations.migrate(settings)
     root = tmp_path / "checkpoints"
-    record = root / "old" / DEDUPE_FILE
-    record.parent.mkdir(parents=True)
-    _set_record(record, DEDUPE_ID)  # the dedupe of every checkpoint before the record
     _produce(settings, range(200))
-    old = _speed(settings, root, "old", [])
+    old = _speed(settings, root, "old", [], TRENDS_SPEED__DEDUPE_BY="id")  # as every version before the setting
     assert old.returncode == 0, old.stderr[-3000:]
-    _set_record(record, None)  # as the versions before the record left it: offsets and state, no record
+    assert _dedupe_operator(root / "old") == "dedupeWithinWatermark"
 
     _produce(settings, range(150, 300), copies=2)  # re-sent events, and new ones, each twice
-    resumed = _speed(settings, root, "old", [])
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert json.loads(record.read_text()) == {"dedupe": DEDUPE_ID}
+    resumed = _speed(settings, root, "old", [])  # the upgrade: the default is now by id and event time
+    assert resumed.returncode == 0, resumed.stderr[-3000:]  # Spark refuses state under another dedupe operator
+    assert "keeps the dedupe by id its state was started with" in resumed.stderr
     assert _events(settings, "old") == 300  # each event once across the upgrade
 
-    # Why it is recorded: Spark refuses to resume the state under the other dedupe.
-    _set_record(record, DEDUPE_ID_AND_TIME)
     _produce(settings, range(300, 310))
-    refused = _speed(settings, root, "old", [])
-    assert refused.returncode != 0
-    assert "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA" in refused.stderr, refused.stderr[-3000:]
-
     fresh = _speed(settings, root, "new", [])  # a new checkpoint dedupes by id and event time
     assert fresh.returncode == 0, fresh.stderr[-3000:]
-    assert json.loads((root / "new" / DEDUPE_FILE).read_text()) == {"dedupe": DEDUPE_ID_AND_TIME}
+    assert _dedupe_operator(root / "new") == "dedupe"
+    assert _events(settings, "new") == 310

@@ -30,8 +30,8 @@ class SoakConfig:
     recovery_s: float = 300.0
     # A process restarted by a fault re-warms (JVM heap, caches): its first samples after the restart are left out.
     settle_s: float = 120.0
-    # The pipeline's default trigger. The dedupe's eviction scans its whole state once a batch (rate x 2 x lateness
-    # ids), so a 1 s trigger ran that scan back to back and kept the machine busy (docs/tests.md, the first run).
+    # The pipeline's default trigger. The dedupe's eviction scans its whole state once a batch (rate x lateness ids),
+    # so a 1 s trigger ran that scan back to back and kept the machine busy (docs/tests.md, the first run).
     trigger_s: float = 2.0
     lateness_s: int = 600  # speed.allowed_lateness_s of the soak's speed job (the pipeline's default)
     seed_events: int = 100_000  # events over the hour before the soak, so even a short run has a closed hour

@@ -58,10 +58,12 @@ def test_events_are_counted_once_late_copies_dropped_and_ids_kept_while_a_copy_c
             .trigger(availableNow=True)
             .start()
         )
-        query.awaitTermination(180)
+        assert query.awaitTermination(180), "the query did not drain its four files in 180 s"
         progress = [p for p in query.recentProgress if p["numInputRows"] > 0]
         ids = [r["id"] for r in spark.sql("select id from dedupe_test").collect()]
     finally:
+        for active in spark.streams.active:
+            active.stop()
         spark.conf.set(TRACK_ROWS, before)
         spark.catalog.dropTempView("dedupe_test")
 
