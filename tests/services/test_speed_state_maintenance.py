@@ -8,8 +8,8 @@ for ever and a restart replays all of them. That happened on the local stack fro
 which ``FileSystem.getLocal`` — used by the snapshot upload — cannot cast to ``LocalFileSystem``.
 
 The project's own Spark configuration (:func:`infra.spark.spark_conf`, a local checkpoint root) in a fresh JVM, the
-speed layer's stateful operators over a rate source, maintenance every second: the state folder must hold a
-snapshot of every store, and fewer changelogs than batches.
+speed layer's dedupe and a window count over a rate source, maintenance every second: the state folder must hold
+a snapshot of every store, and fewer changelogs than batches.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import sys, time
 from infra.settings import Settings
 from infra.spark import get_spark
 from pyspark.sql import functions as F
+from speed_layer.job import dedupe
 
 settings = Settings()
 spark = get_spark(settings, "state-maintenance-test")
@@ -39,7 +40,7 @@ events = (
     spark.readStream.format("rate").option("rowsPerSecond", 200).load()
     .select(F.col("timestamp").alias("ts"), (F.col("value") % 500).cast("string").alias("id"))
 )
-deduped = events.withWatermark("ts", "60 seconds").dropDuplicatesWithinWatermark(["id"])
+deduped = dedupe(events, settings, settings.speed.dedupe_by)  # a 60 s lateness (the test's environment)
 counts = deduped.groupBy(F.window("ts", "1 minute")).count()
 query = (
     counts.writeStream.outputMode("update").format("noop").trigger(processingTime="300 milliseconds")
@@ -61,6 +62,7 @@ def test_a_local_checkpoint_uploads_state_snapshots_and_deletes_old_changelogs(t
         **os.environ,
         "TRENDS_DATA_DIR": str(tmp_path),
         "TRENDS_SPARK__CHECKPOINT_ROOT": str(tmp_path / "checkpoints"),
+        "TRENDS_SPEED__ALLOWED_LATENESS_S": "60",
         "TRENDS_SPARK__CONF": json.dumps(
             {
                 "spark.sql.streaming.stateStore.maintenanceInterval": "1s",
