@@ -53,16 +53,24 @@ def hour_of(ts_ms: int) -> datetime:
 
 
 def dir_bytes(path: Path, name_contains: str = "") -> int | None:
-    """Return the bytes of the files under ``path`` (only in folders whose name holds ``name_contains``)."""
+    """Return the bytes of the files under ``path`` (only in folders whose name holds ``name_contains``).
+
+    A file hard-linked twice counts once: RocksDB's snapshot checkpoints (and Cassandra's snapshots) are hard
+    links to the live files, and counting them twice made the speed job's state swing by half each minute.
+    """
     if not path.exists():
         return None
     total = 0
+    seen: set[tuple[int, int]] = set()
     for root, _dirs, files in os.walk(path):
         if name_contains and name_contains not in root:
             continue
         for f in files:
             with contextlib.suppress(OSError):
-                total += os.stat(os.path.join(root, f)).st_size
+                st = os.stat(os.path.join(root, f))
+                if (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    total += st.st_size
     return total
 
 
@@ -361,15 +369,18 @@ class Gauges:
         return [(int(m[1]), int(m[2])) for m in BATCH_LINE.finditer(chunk[:cut])]
 
     def state_bytes(self) -> tuple[int | None, int | None]:
-        """Return the RocksDB state of the running speed job (its newest Spark temp folder) and the whole local dir.
+        """Return the RocksDB state of the running speed job and the whole local dir.
 
-        A SIGKILLed job leaves its temp folder behind; the second figure includes those leftovers.
+        The speed job's temp folder is the newest that holds state stores: the hourly batch job's driver shares the
+        local dir (its folder has none), and a SIGKILLed speed job leaves its own behind (the second figure
+        includes those leftovers).
         """
         root = self.spark_local_dir
         if not root.exists():
             return None, None
         runs = sorted((p for p in root.glob("spark-*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
-        live = dir_bytes(runs[-1], "StateStoreId") if runs else None
+        stateful = [p for p in runs if any(p.glob("StateStoreId*"))]
+        live = dir_bytes(stateful[-1], "StateStoreId") if stateful else None
         return live, dir_bytes(root)
 
     def _machine_cpu(self) -> float | None:
@@ -415,6 +426,7 @@ class Gauges:
         values["cpu_other"] = max(0.0, machine - ours) if machine is not None else None
         live, local = self.state_bytes()
         values["state_bytes"] = live
+        pids["state_bytes"] = pids.get("rss_speed_jvm")  # a restarted job rebuilds its working copy: its incarnation
         values["spark_local_bytes"] = local
         values["checkpoint_bytes"] = dir_bytes(Path(self.settings.checkpoint_root) / self.settings.speed.query_name)
         values["kafka_disk_bytes"] = sum(dir_bytes(p) or 0 for p in self.kafka.data_paths()) or None

@@ -1,0 +1,35 @@
+"""The soak's disk gauges: what they count is what is on disk, and the speed job's state is the speed job's."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from tests.soak.probe import Gauges, dir_bytes
+
+
+def test_a_hard_linked_file_counts_once(tmp_path: Path) -> None:
+    live = tmp_path / "workingDir"
+    snapshot = tmp_path / "checkpoint-1"  # RocksDB's snapshot checkpoint: hard links to the live SST files
+    live.mkdir()
+    snapshot.mkdir()
+    (live / "000001.sst").write_bytes(b"x" * 1000)
+    os.link(live / "000001.sst", snapshot / "000001.sst")
+    (snapshot / "MANIFEST").write_bytes(b"m" * 10)
+    assert dir_bytes(tmp_path) == 1010
+
+
+def test_the_speed_jobs_state_is_the_newest_temp_folder_holding_state_stores(tmp_path: Path) -> None:
+    killed = tmp_path / "spark-killed" / "StateStoreId(opId=1,partId=0,name=default)-a" / "workingDir"
+    running = tmp_path / "spark-running" / "StateStoreId(opId=1,partId=0,name=default)-b" / "workingDir"
+    batch = tmp_path / "spark-batch" / "blocks"  # the hourly batch job shares spark.local.dir: no state stores
+    for folder, size in ((killed, 100), (running, 300), (batch, 5000)):
+        folder.mkdir(parents=True)
+        (folder / "f").write_bytes(b"x" * size)
+    now = time.time()
+    for age, name in ((30, "spark-killed"), (20, "spark-running"), (10, "spark-batch")):
+        os.utime(tmp_path / name, (now - age, now - age))
+    live, local = Gauges.state_bytes(SimpleNamespace(spark_local_dir=tmp_path))  # type: ignore[arg-type]
+    assert (live, local) == (300, 5400)
