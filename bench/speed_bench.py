@@ -161,7 +161,7 @@ def throughput(
 
         events = valid_events(parse_events(kafka(s)))  # type: ignore[arg-type]
         if dedupe:
-            events = job.dedupe(events, s, s.speed.dedupe_by)
+            events = job.dedupe(events, s)
         return (
             events.writeStream.format("noop")
             .option("checkpointLocation", f"{s.checkpoint_root}/bench-{tag}-{uuid.uuid4().hex[:6]}")

@@ -24,7 +24,7 @@ from infra.checkpoints import speed_checkpoint
 from infra.errors import CheckpointLostError
 from infra.settings import Settings
 from infra.spark import get_spark, kafka_options
-from speed_layer.checkpoint import DEDUPE_ID, DEDUPE_ID_AND_TIME, check_view_definition, dedupe_of
+from speed_layer.checkpoint import DEDUPE_ID, check_view_definition, dedupe_of
 from speed_layer.guard import CheckpointGuard
 from speed_layer.metrics import PARSE_METRICS, BatchMetrics, MetricsRegistry, serve_metrics
 from speed_layer.promote import ServingWatch, replaced
@@ -62,7 +62,7 @@ def extract(spark: SparkSession, settings: Settings, start: StreamStart | None =
 
 
 def transform(
-    records: DataFrame, settings: Settings, since: datetime | None = None, dedupe_by: str = DEDUPE_ID_AND_TIME
+    records: DataFrame, settings: Settings, since: datetime | None = None, dedupe_by: str | None = None
 ) -> DataFrame:
     """Parse, count unparseable and future rows, watermark, dedupe events within the watermark, aggregate.
 
@@ -95,7 +95,7 @@ def transform(
     return aggregate(dedupe(events, settings, dedupe_by), settings.views.slice_dims, settings.views.top_k_items)
 
 
-def dedupe(events: DataFrame, settings: Settings, by: str = DEDUPE_ID_AND_TIME) -> DataFrame:
+def dedupe(events: DataFrame, settings: Settings, by: str | None = None) -> DataFrame:
     """Watermark the events by the allowed lateness and drop the copies of an event within it (RocksDB state).
 
     By id and event time (a re-sent event has both), an id is kept until the watermark passes its event time, after
@@ -105,10 +105,10 @@ def dedupe(events: DataFrame, settings: Settings, by: str = DEDUPE_ID_AND_TIME) 
     The batch layer dedupes by id alone, exactly.
 
     :arg by: the checkpoint's dedupe (:func:`speed_layer.checkpoint.dedupe_of`): Spark resumes state only under
-        the operator that wrote it.
+        the operator that wrote it. None: ``speed.dedupe_by`` (a new checkpoint).
     """
     watermarked = events.withWatermark("ts", f"{settings.speed.allowed_lateness_s} seconds")
-    if by == DEDUPE_ID:
+    if (by or settings.speed.dedupe_by) == DEDUPE_ID:
         return watermarked.dropDuplicatesWithinWatermark(["id"])
     return watermarked.dropDuplicates(["id", "ts"])
 
@@ -254,7 +254,7 @@ def start(
     *,
     available_now: bool = False,
     begin: StreamStart | None = None,
-    dedupe_by: str = DEDUPE_ID_AND_TIME,
+    dedupe_by: str | None = None,
 ) -> StreamingQuery:
     """Start the streaming query (processing-time trigger, or ``availableNow`` to drain what is there and stop).
 

@@ -275,10 +275,11 @@ class Kafka(Service):
             internal_min_isr=min(2, len(brokers)),
         )
 
-    def _java(self, java: str, heap: str) -> list[str]:
+    def _java(self, java: str, heap: str, *flags: str) -> list[str]:
         classpath = str(jars.bundle_dir(self.settings, jars.KAFKA) / "*")
         return [
             java,
+            *flags,
             f"-Xms{heap}",
             f"-Xmx{heap}",
             "-XX:+UseG1GC",
@@ -321,8 +322,7 @@ class Kafka(Service):
     def command(self, java: str, config: Path) -> list[str]:
         # The heap resident from the start (as Cassandra's own jvm-server.options does): otherwise the broker's RSS
         # climbs toward -Xmx for as long as it runs, which hides real growth (the soak's bound on it).
-        java_args = self._java(java, self.settings.stack.kafka_heap)
-        return [*java_args[:1], "-XX:+AlwaysPreTouch", *java_args[1:], "kafka.Kafka", str(config)]
+        return [*self._java(java, self.settings.stack.kafka_heap, "-XX:+AlwaysPreTouch"), "kafka.Kafka", str(config)]
 
     @override
     def accepts_clients(self) -> bool:

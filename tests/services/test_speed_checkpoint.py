@@ -1,5 +1,5 @@
 """A speed checkpoint started with one view definition refuses a start with another, and says what to do; one
-started before the speed job recorded its dedupe resumes with the dedupe it was started with.
+started with the dedupe by id (every checkpoint before ``speed.dedupe_by``) resumes with it under the new default.
 
 The real speed job (``trends speed run --available-now``) over a fresh topic and keyspace: a first run records the
 definition beside its checkpoint; a run with a new slice dimension on that checkpoint exits 78 (EX_CONFIG: the
@@ -58,14 +58,19 @@ def _slices(settings: Settings) -> set[str]:
         return {r.slice for r in sess.execute(f"SELECT slice FROM {ks}.speed_minutes")}
 
 
-def test_a_changed_view_definition_is_refused_on_an_old_checkpoint(
-    keyspace_settings: Settings, new_topic: Callable[..., str], tmp_path: Path
-) -> None:
+@pytest.fixture
+def fresh(keyspace_settings: Settings, new_topic: Callable[..., str]) -> Settings:
+    """A fresh keyspace, migrated, and a fresh topic of 2 partitions."""
     topic = new_topic(2)
     settings = keyspace_settings.model_copy(
         update={"kafka": keyspace_settings.kafka.model_copy(update={"events_topic": topic})}
     )
     migrations.migrate(settings)
+    return settings
+
+
+def test_a_changed_view_definition_is_refused_on_an_old_checkpoint(fresh: Settings, tmp_path: Path) -> None:
+    settings = fresh
     with EventProducer(settings) as producer:
         for i in range(200):
             ts = T0 + timedelta(seconds=7 * i)
@@ -120,14 +125,8 @@ def _dedupe_operator(checkpoint: Path) -> str:
     return name
 
 
-def test_a_checkpoint_keeps_the_dedupe_its_state_was_started_with(
-    keyspace_settings: Settings, new_topic: Callable[..., str], tmp_path: Path
-) -> None:
-    topic = new_topic(2)
-    settings = keyspace_settings.model_copy(
-        update={"kafka": keyspace_settings.kafka.model_copy(update={"events_topic": topic})}
-    )
-    migrations.migrate(settings)
+def test_a_checkpoint_keeps_the_dedupe_its_state_was_started_with(fresh: Settings, tmp_path: Path) -> None:
+    settings = fresh
     root = tmp_path / "checkpoints"
     _produce(settings, range(200))
     old = _speed(settings, root, "old", [], TRENDS_SPEED__DEDUPE_BY="id")  # as every version before the setting

@@ -40,7 +40,7 @@ events = (
     spark.readStream.format("rate").option("rowsPerSecond", 200).load()
     .select(F.col("timestamp").alias("ts"), (F.col("value") % 500).cast("string").alias("id"))
 )
-deduped = dedupe(events, settings, settings.speed.dedupe_by)  # a 60 s lateness (the test's environment)
+deduped = dedupe(events, settings)  # a 60 s lateness (the test's environment)
 counts = deduped.groupBy(F.window("ts", "1 minute")).count()
 query = (
     counts.writeStream.outputMode("update").format("noop").trigger(processingTime="300 milliseconds")
