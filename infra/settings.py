@@ -39,6 +39,8 @@ SECRETS_DIR_ENV = "TRENDS_SECRETS_DIR"
 RESTARTS_ENV = "TRENDS_SUPERVISED_RESTARTS"
 # Old name -> new name of settings moved between sections (the old one still works, with a deprecation warning).
 RENAMED = {("speed", "metrics_port"): ("metrics", "speed_port")}
+# How the speed layer drops an event's copies (speed.dedupe_by): by id and event time, or by id alone.
+DedupeBy = Literal["id_and_time", "id"]
 
 
 def _xdg(var: str, fallback: str) -> Path:
@@ -217,7 +219,7 @@ class SpeedSettings(BaseModel):
         description="Watermark delay: events up to this many seconds behind the newest event time are still "
         "counted (and deduplicated); later ones are dropped and counted as dropped.",
     )
-    dedupe_by: Literal["id_and_time", "id"] = Field(
+    dedupe_by: DedupeBy = Field(
         "id_and_time",
         description="How a new speed checkpoint drops the copies of an event. id_and_time: a re-sent event (same "
         "id and event time), its id kept until the watermark passes it. id: Spark's dropDuplicatesWithinWatermark, "

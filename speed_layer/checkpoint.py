@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from infra.errors import ConfigurationError
-from infra.settings import Settings
+from infra.settings import DedupeBy, Settings
 from views.definition import KLL_K, differences, fingerprint, view_definition
 
 __all__ = [
@@ -30,9 +30,11 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEFINITION_FILE = "trends_view_definition.json"
-DEDUPE_ID_AND_TIME = "id_and_time"  # dropDuplicates(id, ts): ids kept for the lateness (speed.dedupe_by)
-DEDUPE_ID = "id"  # dropDuplicatesWithinWatermark(id): ids kept for twice the lateness
-SPARK_DEDUPE = {"dedupe": DEDUPE_ID_AND_TIME, "dedupeWithinWatermark": DEDUPE_ID}  # Spark's operator names
+# Typed as the setting's values, so mypy refuses one that is not among them.
+DEDUPE_ID_AND_TIME: DedupeBy = "id_and_time"  # dropDuplicates(id, ts): ids kept for the lateness
+DEDUPE_ID: DedupeBy = "id"  # dropDuplicatesWithinWatermark(id): ids kept for twice the lateness
+# Spark's names of the two operators, in the state's metadata.
+SPARK_DEDUPE: dict[str, DedupeBy] = {"dedupe": DEDUPE_ID_AND_TIME, "dedupeWithinWatermark": DEDUPE_ID}
 
 
 class ViewDefinitionChangedError(ConfigurationError):
@@ -113,7 +115,7 @@ def check_view_definition(spark: Any, settings: Settings, checkpoint: str) -> st
     return fingerprint(current)
 
 
-def _state_dedupe(files: CheckpointFiles) -> str | None:
+def _state_dedupe(files: CheckpointFiles) -> DedupeBy | None:
     """Return the dedupe Spark recorded for the checkpoint's state (its operator metadata), or None if none."""
     if not files.exists("state"):
         return None
@@ -127,7 +129,7 @@ def _state_dedupe(files: CheckpointFiles) -> str | None:
     return None
 
 
-def dedupe_of(spark: Any, settings: Settings, checkpoint: str) -> str:
+def dedupe_of(spark: Any, settings: Settings, checkpoint: str) -> DedupeBy:
     """Return how the checkpoint's query dedupes: as its state was started, or ``speed.dedupe_by`` for a new one.
 
     Spark refuses to resume state under another dedupe operator, so an existing checkpoint keeps its own (read from

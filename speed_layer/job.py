@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from infra.cassandra import session
 from infra.checkpoints import speed_checkpoint
 from infra.errors import CheckpointLostError
-from infra.settings import Settings
+from infra.settings import DedupeBy, Settings
 from infra.spark import get_spark, kafka_options
 from speed_layer.checkpoint import DEDUPE_ID, check_view_definition, dedupe_of
 from speed_layer.guard import CheckpointGuard
@@ -62,7 +62,7 @@ def extract(spark: SparkSession, settings: Settings, start: StreamStart | None =
 
 
 def transform(
-    records: DataFrame, settings: Settings, since: datetime | None = None, dedupe_by: str | None = None
+    records: DataFrame, settings: Settings, since: datetime | None = None, dedupe_by: DedupeBy | None = None
 ) -> DataFrame:
     """Parse, count unparseable and future rows, watermark, dedupe events within the watermark, aggregate.
 
@@ -95,7 +95,7 @@ def transform(
     return aggregate(dedupe(events, settings, dedupe_by), settings.views.slice_dims, settings.views.top_k_items)
 
 
-def dedupe(events: DataFrame, settings: Settings, by: str | None = None) -> DataFrame:
+def dedupe(events: DataFrame, settings: Settings, by: DedupeBy | None = None) -> DataFrame:
     """Watermark the events by the allowed lateness and drop the copies of an event within it (RocksDB state).
 
     By id and event time (a re-sent event has both), an id is kept until the watermark passes its event time, after
@@ -254,7 +254,7 @@ def start(
     *,
     available_now: bool = False,
     begin: StreamStart | None = None,
-    dedupe_by: str | None = None,
+    dedupe_by: DedupeBy | None = None,
 ) -> StreamingQuery:
     """Start the streaming query (processing-time trigger, or ``availableNow`` to drain what is there and stop).
 
