@@ -1,13 +1,18 @@
 """The API's Prometheus metrics: requests and latency by route, Cassandra up, the caches, gap minutes by reason."""
 
+import logging
 import os
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.multiprocess import mark_process_dead
 
 from serving.reader import ViewReader
+
+logger = logging.getLogger(__name__)
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # set by `trends serve --workers N` (N > 1) to a fresh directory
 
@@ -15,6 +20,36 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # set by `trends serve --workers N` 
 def multiprocess() -> bool:
     """Tell whether this process is one of several workers whose metrics prometheus_client adds up in files."""
     return bool(os.environ.get(MULTIPROC_ENV))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        return True
+    return True
+
+
+def forget_dead_workers(directory: str | None = None) -> list[int]:
+    """Remove the live-gauge files of workers that died, and return their process ids.
+
+    A ``livesum`` gauge (the caches' bytes) adds every file in the directory, so a worker killed by a signal or the
+    OOM killer would be counted at its last value for as long as the server runs, beside the worker uvicorn started
+    in its place. prometheus_client leaves this to the server's exit hook (gunicorn's ``child_exit``); uvicorn has
+    none, so each scrape does it. Counters keep the dead worker's files: what it counted, it counted.
+    """
+    directory = directory or os.environ[MULTIPROC_ENV]
+    dead = {
+        pid
+        for path in Path(directory).glob("gauge_live*_*.db")
+        if (pid := int(path.stem.rsplit("_", 1)[1])) and not _alive(pid)
+    }
+    for pid in sorted(dead):
+        mark_process_dead(pid, directory)  # type: ignore[no-untyped-call]
+        logger.info("metrics: worker %s is gone, its live gauges no longer counted", pid)
+    return sorted(dead)
 
 
 class CacheMetrics:

@@ -24,7 +24,7 @@ from serving import console, params, queries, window
 from serving.backend import Backend
 from serving.budget import ReadBudget, ReadBudgetExceededError
 from serving.errors import BAD_REQUEST, QUERY_ERRORS, UNAVAILABLE_503, CassandraUnavailableError, driver_errors, reason
-from serving.metrics import Metrics, multiprocess
+from serving.metrics import Metrics, forget_dead_workers, multiprocess
 from serving.openapi import API_PREFIX, WINDOW_RULES
 from serving.plan import RESOLUTIONS, Resolution
 from serving.status import gap_minutes, losses, pin_effect
@@ -348,6 +348,7 @@ def prometheus(ctx: Context) -> Response:
             ctx.metrics.gaps.labels(why).set(minutes)
     ctx.metrics.cache.sync(ctx.backend.current)
     if multiprocess():  # every worker's figures, added up from prometheus_client's files
+        forget_dead_workers()
         registry = CollectorRegistry()
         MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
