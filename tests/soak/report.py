@@ -7,7 +7,10 @@ fails the soak.
 **The growth bound.** A series grows by its least-squares slope over the samples after the warm-up, relative to its
 mean level over the same samples, per hour. A process a fault restarted starts again from a lower RSS and warms up:
 its samples are grouped by process id and the slope is the pooled within-group slope (each incarnation keeps its own
-intercept), and the first ``settle_s`` of a restarted incarnation are left out. A slope rather than end minus start:
+intercept), and the first ``settle_s`` of a restarted incarnation are left out. A series may also step once at a
+fault and stay at its new level (the API workers' allocator keeps what a reconnection touched): its samples get a
+new intercept after such a fault, the fault and ``settle_s`` after it left out; what a fault adds each time is bounded
+by ``tests/soak/test_api_outages.py``, which repeats the fault. A slope rather than end minus start:
 a 30-s sample lands anywhere in a JVM's garbage-collection cycle, and one unlucky end point would decide the verdict.
 """
 
@@ -38,6 +41,7 @@ class Spec:
     unit: str  # "MiB", "bytes", "s", "ms", "%", "records"
     group: str
     bounded: bool = False
+    steps_at: tuple[str, ...] = ()  # fault kinds after which the series is judged at its new level
 
 
 @dataclass(frozen=True)
@@ -65,19 +69,25 @@ class Fault:
     kind: str
     detail: str
     recovered_s: float | None = None
+    ended: float | None = None  # when the fault's action returned (e.g. Cassandra accepted clients again)
 
 
-def growth(samples: Sequence[Sample], name: str, warmup_s: float, settle_s: float) -> Growth:
+def growth(
+    samples: Sequence[Sample], name: str, warmup_s: float, settle_s: float, steps: Sequence[Fault] = ()
+) -> Growth:
     """Return the growth of series ``name`` after ``warmup_s``.
 
     :arg settle_s: the first samples of a restarted incarnation (a pid first seen after the series' first one)
         within this of its first sample are left out: a restarted JVM refilling its heap is not a leak.
+    :arg steps: faults the series may step at: from each one's start to ``settle_s`` after its end is left out,
+        and the samples after it are a group of their own (as a new incarnation).
     """
+    spans = sorted((f.t, (f.ended if f.ended is not None else f.t) + settle_s) for f in steps)
     first_seen: dict[int | None, float] = {}
     for s in samples:
         if s.values.get(name) is not None:
             first_seen.setdefault(s.pids.get(name), s.t)
-    groups: dict[int | None, list[tuple[float, float]]] = defaultdict(list)
+    groups: dict[tuple[int | None, int], list[tuple[float, float]]] = defaultdict(list)
     for s in samples:
         v = s.values.get(name)
         if v is None or s.t < warmup_s:
@@ -86,7 +96,9 @@ def growth(samples: Sequence[Sample], name: str, warmup_s: float, settle_s: floa
         began = first_seen[pid]
         if began > min(first_seen.values()) and s.t - began < settle_s:
             continue
-        groups[pid].append((s.t, v))
+        if any(start <= s.t < end for start, end in spans):
+            continue
+        groups[(pid, sum(end <= s.t for _, end in spans))].append((s.t, v))
     points = [p for g in groups.values() for p in g]
     if not points:
         return Growth(name, None, None, None, None, None, 0)
@@ -129,7 +141,7 @@ def freshness_recovery(
         found = next(
             (end - f.t for end, p99 in windows if f.t < end <= limit and p99 is not None and p99 <= goal_s), None
         )
-        out.append(Fault(f.t, f.kind, f.detail, found))
+        out.append(Fault(f.t, f.kind, f.detail, found, f.ended))
     return out
 
 

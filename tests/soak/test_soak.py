@@ -59,7 +59,14 @@ SPECS = [
         Spec(f"rss_{k}", f"RSS, {label}", "MiB", "memory", bounded=k not in ("api_workers", "kafka"))
         for k, label in PROCESSES.items()
     ),
-    Spec("rss_api_workers_net", "RSS, API workers beyond their caches (/metrics)", "MiB", "memory", bounded=True),
+    Spec(
+        "rss_api_workers_net",
+        "RSS, API workers beyond their caches (/metrics)",
+        "MiB",
+        "memory",
+        bounded=True,
+        steps_at=("Cassandra stopped 30 s",),  # the reconnection's high-water mark (tests/soak/test_api_outages.py)
+    ),
     Spec("rss_kafka_anon", "RSS, Kafka broker, anonymous (heap and native)", "MiB", "memory", bounded=True),
     Spec("rss_kafka_file", "RSS, Kafka broker, file-backed (mapped indexes, jars)", "MiB", "memory"),
     Spec(
@@ -131,6 +138,7 @@ class Faults:
     def inject(self, t: float) -> None:
         kind, act = self.rotation[len(self.done) % len(self.rotation)]
         fault = Fault(t, kind, "")
+        began = time.monotonic()
         self.done.append(fault)
         index = len(self.done) - 1
 
@@ -140,7 +148,7 @@ class Faults:
             except Exception as exc:  # noqa: BLE001 - recorded, fails the soak at the end
                 detail = f"FAILED: {exc}"
                 self.errors.append(f"{kind} at {t:.0f} s: {exc}")
-            self.done[index] = Fault(t, kind, detail)
+            self.done[index] = Fault(t, kind, detail, ended=t + time.monotonic() - began)
 
         thread = threading.Thread(target=run, name=f"soak-fault-{index}", daemon=True)
         thread.start()
@@ -254,8 +262,14 @@ def test_soak(soak_stack: SoakStack, artifacts_dir: Path) -> None:
         served, batch_only = served_hour(settings, h)
         exact.append((h, producer.acked[h], served, batch_only, runs.get(h, "no run")))
 
-    growths = [report.growth(samples, s.name, warmup_s, cfg.settle_s) for s in SPECS if s.bounded]
-    recorded = [report.growth(samples, s.name, warmup_s, cfg.settle_s) for s in SPECS if not s.bounded]
+    growths, recorded = (
+        [
+            report.growth(samples, s.name, warmup_s, cfg.settle_s, [f for f in faults.done if f.kind in s.steps_at])
+            for s in SPECS
+            if s.bounded == bounded
+        ]
+        for bounded in (True, False)
+    )
     (artifacts_dir / "soak-samples.json").write_text(
         json.dumps([{"t": s.t, **s.values, "pids": s.pids} for s in samples], indent=1)
     )
@@ -341,8 +355,10 @@ def write_report(
         f"settle after a restart {cfg.settle_s:.0f} s. "
         f"Private stack ({stack.settings.data_dir}); started {datetime.now(UTC):%Y-%m-%d %H:%M} UTC minus the run.",
         "",
-        "Growth is the least-squares slope over the samples after the warm-up (per process incarnation for RSS), "
-        f"relative to the series' mean level after the warm-up; bound < {cfg.growth_bound:.0%} per hour.",
+        "Growth is the least-squares slope over the samples after the warm-up (per process incarnation for RSS; "
+        "the API workers also per Cassandra outage, whose reconnection steps them once to a new level, bounded per "
+        "outage by test_api_outages.py), relative to the series' mean level after the warm-up; "
+        f"bound < {cfg.growth_bound:.0%} per hour.",
         "",
         "| series | first after warm-up | last | growth per hour | relative | bound |",
         "|---|---|---|---|---|---|",

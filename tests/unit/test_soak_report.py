@@ -73,3 +73,16 @@ def test_plots_are_written(tmp_path: Path) -> None:
         s, [Spec("a", "a", "MiB", "one"), Spec("b", "b", "bytes", "one")], [Fault(60, "k", "")], tmp_path
     )
     assert [f.name for f in files] == ["soak-one.png"] and files[0].stat().st_size > 1000
+
+
+def test_a_step_at_a_named_fault_is_judged_at_its_new_level() -> None:
+    # flat at 190 MiB; Cassandra stopped at 30 min for 50 s, the series steps +4 MiB at reconnection, then flat
+    outage = Fault(1800.0, "Cassandra stopped 30 s", "", ended=1850.0)
+    ts = [i * 30.0 for i in range(121)]
+    stepped = series([(t, 190.0 + (4.0 if t >= 1890 else 0.0), 1) for t in ts])
+    assert not report.growth(stepped, "x", WARMUP, 120).ok(0.03)  # through the step: a slope of +3.6 %/h
+    assert report.growth(stepped, "x", WARMUP, 120, [outage]).ok(0.001)
+    # growth after the step is still caught
+    leaky = series([(t, 190.0 + (4.0 + 0.2 * 190 * (t - 1890) / 3600 if t >= 1890 else 0.0), 1) for t in ts])
+    g = report.growth(leaky, "x", WARMUP, 120, [outage])
+    assert g.relative is not None and not g.ok(0.10)
