@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.multiprocess import mark_process_dead
 
 from serving.reader import ViewReader
 
@@ -41,13 +40,13 @@ def forget_dead_workers(directory: str | None = None) -> list[int]:
     none, so each scrape does it. Counters keep the dead worker's files: what it counted, it counted.
     """
     directory = directory or os.environ[MULTIPROC_ENV]
-    dead = {
-        pid
-        for path in Path(directory).glob("gauge_live*_*.db")
-        if (pid := int(path.stem.rsplit("_", 1)[1])) and not _alive(pid)
-    }
+    dead: set[int] = set()
+    for path in Path(directory).glob("gauge_live*_*.db"):  # prometheus_client: gauge_{mode}_{pid}.db
+        digits = path.stem.rsplit("_", 1)[1]
+        if digits.isdigit() and not _alive(int(digits)):
+            path.unlink(missing_ok=True)  # as mark_process_dead, but two scrapes at once may both find it
+            dead.add(int(digits))
     for pid in sorted(dead):
-        mark_process_dead(pid, directory)  # type: ignore[no-untyped-call]
         logger.info("metrics: worker %s is gone, its live gauges no longer counted", pid)
     return sorted(dead)
 

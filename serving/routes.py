@@ -348,7 +348,10 @@ def prometheus(ctx: Context) -> Response:
             ctx.metrics.gaps.labels(why).set(minutes)
     ctx.metrics.cache.sync(ctx.backend.current)
     if multiprocess():  # every worker's figures, added up from prometheus_client's files
-        forget_dead_workers()
+        try:
+            forget_dead_workers()
+        except OSError as exc:  # a clean-up: the scrape still answers
+            logger.warning("metrics: dead workers' gauges not removed: %s", exc)
         registry = CollectorRegistry()
         MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

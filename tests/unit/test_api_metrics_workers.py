@@ -45,7 +45,11 @@ def test_a_dead_workers_cache_bytes_leave_the_sum_and_its_counts_stay(tmp_path: 
         counted = sorted(p.name for p in tmp_path.glob("counter_*.db"))
         assert _row_bytes(tmp_path) == 3500  # the dead ones still added in
 
+        stray = tmp_path / "gauge_livesum_notapid.db"  # not prometheus_client's name: left alone, no error
+        stray.touch()
         assert forget_dead_workers(str(tmp_path)) == sorted(w.pid for w in killed)
+        assert stray.exists()
+        stray.unlink()
 
         assert _row_bytes(tmp_path) == 500
         assert [p.name for p in tmp_path.glob("gauge_livesum_*.db")] == [f"gauge_livesum_{live.pid}.db"]

@@ -76,13 +76,14 @@ def test_plots_are_written(tmp_path: Path) -> None:
 
 
 def test_a_step_at_a_named_fault_is_judged_at_its_new_level() -> None:
-    # flat at 190 MiB; Cassandra stopped at 30 min for 50 s, the series steps +4 MiB at reconnection, then flat
-    outage = Fault(1800.0, "Cassandra stopped 30 s", "", ended=1850.0)
+    # flat at 190 MiB; Cassandra stopped at 30 min, back after 100 s; the series steps +4 MiB at reconnection (past
+    # the fault's start + settle time: the window must run from when the fault ended), then flat
+    outage = Fault(1800.0, "Cassandra stopped 30 s", "", ended=1900.0)
     ts = [i * 30.0 for i in range(121)]
-    stepped = series([(t, 190.0 + (4.0 if t >= 1890 else 0.0), 1) for t in ts])
+    stepped = series([(t, 190.0 + (4.0 if t >= 1950 else 0.0), 1) for t in ts])
     assert not report.growth(stepped, "x", WARMUP, 120).ok(0.03)  # through the step: a slope of +3.6 %/h
     assert report.growth(stepped, "x", WARMUP, 120, [outage]).ok(0.001)
     # growth after the step is still caught
-    leaky = series([(t, 190.0 + (4.0 + 0.2 * 190 * (t - 1890) / 3600 if t >= 1890 else 0.0), 1) for t in ts])
+    leaky = series([(t, 190.0 + (4.0 + 0.2 * 190 * (t - 1950) / 3600 if t >= 1950 else 0.0), 1) for t in ts])
     g = report.growth(leaky, "x", WARMUP, 120, [outage])
     assert g.relative is not None and not g.ok(0.10)
