@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from serving.reader import ViewReader
@@ -21,16 +22,6 @@ def multiprocess() -> bool:
     return bool(os.environ.get(MULTIPROC_ENV))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, another user's
-        return True
-    return True
-
-
 def forget_dead_workers(directory: str | None = None) -> list[int]:
     """Remove the live-gauge files of workers that died, and return their process ids.
 
@@ -43,11 +34,11 @@ def forget_dead_workers(directory: str | None = None) -> list[int]:
     dead: set[int] = set()
     for path in Path(directory).glob("gauge_live*_*.db"):  # prometheus_client: gauge_{mode}_{pid}.db
         digits = path.stem.rsplit("_", 1)[1]
-        if digits.isdigit() and not _alive(int(digits)):
+        if digits.isdigit() and not psutil.pid_exists(int(digits)):
             path.unlink(missing_ok=True)  # as mark_process_dead, but two scrapes at once may both find it
             dead.add(int(digits))
-    for pid in sorted(dead):
-        logger.info("metrics: worker %s is gone, its live gauges no longer counted", pid)
+    if dead:
+        logger.info("metrics: workers %s are gone, their live gauges no longer counted", sorted(dead))
     return sorted(dead)
 
 

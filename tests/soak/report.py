@@ -82,7 +82,7 @@ def growth(
     :arg steps: faults the series may step at: from each one's start to ``settle_s`` after its end is left out,
         and the samples after it are a group of their own (as a new incarnation).
     """
-    spans = sorted((f.t, (f.ended if f.ended is not None else f.t) + settle_s) for f in steps)
+    spans = [(f.t, (f.ended if f.ended is not None else f.t) + settle_s) for f in steps]
     first_seen: dict[int | None, float] = {}
     for s in samples:
         if s.values.get(name) is not None:
