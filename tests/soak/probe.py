@@ -236,9 +236,12 @@ class Freshness:
 class Poller:
     """Dashboards hitting the API: one request every ``every_s``, round-robin over :data:`DASHBOARD`."""
 
-    def __init__(self, url: str, every_s: float = 0.5) -> None:
+    def __init__(self, url: str, every_s: float = 0.5, *, fresh_connections: bool = False) -> None:
         self.url = url
         self.every_s = every_s
+        # A connection per request reaches every worker (the kernel spreads new connections); one kept alive stays
+        # with one worker, as a browser tab does.
+        self.fresh_connections = fresh_connections
         self.statuses: Counter[str] = Counter()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="soak-poller", daemon=True)
@@ -249,7 +252,8 @@ class Poller:
     def _run(self) -> None:
         import httpx
 
-        with httpx.Client(base_url=self.url, timeout=10) as client:
+        keep = 0 if self.fresh_connections else 20  # 20: httpx's default
+        with httpx.Client(base_url=self.url, timeout=10, limits=httpx.Limits(max_keepalive_connections=keep)) as client:
             i = 0
             while not self._stop.is_set():
                 try:
@@ -299,6 +303,16 @@ def rss_split(pid: int) -> tuple[float, float] | None:
     return fields["RssAnon"], fields["RssFile"] + fields.get("RssShmem", 0.0)
 
 
+def api_workers(api: ApiService) -> list[psutil.Process]:
+    """Return the uvicorn worker processes of the API (spawned children; the resource tracker is not one)."""
+    master = api.pid()
+    if master is None:
+        return []
+    with contextlib.suppress(psutil.Error):
+        return [c for c in psutil.Process(master).children() if "spawn_main" in " ".join(c.cmdline())]
+    return []
+
+
 class Gauges:
     """Read every series of one 30-s sample: processes' RSS and CPU, folders, caches, batch durations, lag."""
 
@@ -322,13 +336,7 @@ class Gauges:
         return self._procs[pid]
 
     def api_workers(self) -> list[psutil.Process]:
-        """Return the uvicorn worker processes of the API (spawned children; the resource tracker is not one)."""
-        master = self.api.pid()
-        if master is None:
-            return []
-        with contextlib.suppress(psutil.Error):
-            return [c for c in psutil.Process(master).children() if "spawn_main" in " ".join(c.cmdline())]
-        return []
+        return api_workers(self.api)
 
     def speed_pids(self) -> tuple[int | None, int | None]:
         """Return the speed job's driver (Python) and its JVM, or None for one not running."""
