@@ -96,8 +96,11 @@ def test_the_api_memory_levels_off_across_cassandra_outages(tmp_path: Path) -> N
         half = OUTAGES // 2
         late = readings[-1].rss_mib - readings[half].rss_mib
         assert late <= LATE_GROWTH_MIB, f"outages {half + 1}-{OUTAGES} still added {late:.1f} MiB: steps {steps}"
-        first, last = readings[1], readings[-1]  # the first reconnection starts the driver's threads for good
-        assert last.threads == first.threads, f"threads after each outage: {[r.threads for r in readings]}"
+        # From the first reconnection on, threads and files stay put (9 and 31 per worker here). Sync endpoints run
+        # on anyio's worker threads, which end after 10 s idle, and a request's socket may be open: 2 of slack, where
+        # one leaked per reconnection would add 7.
+        first, last = readings[1], readings[-1]
+        assert last.threads <= first.threads + 2, f"threads after each outage: {[r.threads for r in readings]}"
         assert last.files <= first.files + 2, f"open files after each outage: {[r.files for r in readings]}"
     finally:
         control.down(settings)
