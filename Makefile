@@ -148,7 +148,7 @@ bench-peers: setup $(PEERS_VENV)/.installed
 # The soak: a private stack (Kafka, Cassandra, Airflow's scheduler with the hourly DAG, the speed service, the API
 # with 2 workers) at a steady rate for SOAK_MINUTES (default 60; SOAK_MINUTES=10 scales the fault interval and the
 # warm-up with it), a fault every 10 minutes; resources sampled every 30 s and bounded; writes artifacts/soak.md and
-# its plots; first, the API's memory across eight Cassandra outages and four quiet spells (~26 min,
+# its plots; first, the API's memory across eight Cassandra outages and four quiet spells (~28 min,
 # artifacts/api-outages.md). Under the services lock, so it never overlaps another engineer's service tests on this
 # machine.
 SOAK_LOCK ?= /tmp/trends-services.lock
