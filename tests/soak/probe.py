@@ -252,8 +252,8 @@ class Poller:
     def _run(self) -> None:
         import httpx
 
-        keep = 0 if self.fresh_connections else 20  # 20: httpx's default
-        with httpx.Client(base_url=self.url, timeout=10, limits=httpx.Limits(max_keepalive_connections=keep)) as client:
+        fresh = {"limits": httpx.Limits(max_keepalive_connections=0)} if self.fresh_connections else {}
+        with httpx.Client(base_url=self.url, timeout=10, **fresh) as client:
             i = 0
             while not self._stop.is_set():
                 try:

@@ -4,8 +4,8 @@ The 60-minute soak stops Cassandra once, and the API workers' RSS steps up a few
 tell a high-water mark from a leak per reconnection, so this stops Cassandra again and again under a polled
 ``trends serve --workers 2``. The first ``WARM_OUTAGES`` reach the high-water mark; then outages alternate with quiet
 spells of the same length, and the outages may add little more than the quiet spells do. The quiet spells are the
-control: the workers also grow slowly with time (a few %/h in the soak), which an outage count alone would blame on
-the outages. Threads and open files are bounded too. Writes ``artifacts/api-outages.md``.
+control: the workers may also grow slowly with time (a few %/h in the soak), which an outage count alone would blame
+on the outages. Threads and open files are bounded too. Writes ``artifacts/api-outages.md``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ DOWN_S = 30  # as the soak's Cassandra fault
 SETTLE_S = 90  # after Cassandra accepts clients: the API reconnects and answers again within it
 # Both workers, the PAIRS outages against the PAIRS quiet spells: a leak of 1 MiB per reconnection adds 4 MiB. Four
 # runs without the control added 0.3, 1.1, 1.3 and 2.1 MiB over their last four outages, ~0.3 MiB per 2 minutes,
-# which is the slow growth of the workers with time that the quiet spells take out.
+# which a rule on outages alone cannot tell from the workers' slow growth with time; the quiet spells measure that.
 EXCESS_MIB = 2.0
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 
@@ -132,6 +132,6 @@ def _write_report(readings: list[Reading], statuses: dict[str, int]) -> None:
         f"The first {WARM_OUTAGES} outages reach the high-water mark; the outages after them are judged against the "
         "quiet spells between them.\n\n"
         f"| # | spell | RSS (MiB) | step (MiB) | threads | open files |\n|---|---|---:|---:|---:|---:|\n{rows}\n\n"
-        f"Answers: {dict(statuses)}.\n",
+        f"Answers: {statuses}.\n",
         encoding="utf-8",
     )
