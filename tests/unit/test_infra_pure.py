@@ -83,6 +83,22 @@ def test_cassandra_config_renders_commitlog_mode(tmp_path: Path) -> None:
     assert "$" not in text.replace("${", "")
 
 
+def test_cassandra_start_clears_only_the_compaction_log(tmp_path: Path) -> None:
+    """Cassandra 5.0 rewrites all of ``system.compaction_history`` at each start: the stack starts it empty."""
+    cas = Cassandra(Settings(data_dir=tmp_path))
+    system = cas.home / "data" / "data" / "system"
+    history = system / "compaction_history-b4dbb7b4dc493fb5b3bfce6e434832ca"
+    peers = system / "peers_v2-c4325fbb8e5e3bafbd070f9250ed818e"
+    for table in (history, peers):
+        (table / "backups").mkdir(parents=True)
+        (table / "nb-1-big-Data.db").write_bytes(b"x" * 1000)
+        (table / "nb-1-big-TOC.txt").write_bytes(b"x" * 24)
+    assert cas.clear_compaction_history() == 1024
+    assert [p.name for p in history.iterdir()] == ["backups"]
+    assert sorted(p.name for p in peers.iterdir()) == ["backups", "nb-1-big-Data.db", "nb-1-big-TOC.txt"]
+    assert cas.clear_compaction_history() == 0
+
+
 def test_taken_port_gives_a_clear_error() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
