@@ -57,6 +57,9 @@ class BatchMetrics:
     # Each stateful operator's time in the batch (updates, removals — the watermark's eviction —, commit), by name:
     # the dedupe's eviction scans its whole state each batch, so its cost grows with rate x lateness.
     state_ms: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    # Spark's memoryUsedBytes over the stateful operators: with RocksDB, its memtables, block cache and table
+    # readers (native memory, outside the JVM heap). None: no stateful operator reported it.
+    state_memory_bytes: int | None = None
 
     @classmethod
     def from_progress(cls, progress: dict[str, Any], *, state_rows_tracked: bool = True) -> BatchMetrics:
@@ -90,6 +93,9 @@ class BatchMetrics:
             skipped_below_watermark_rows=int(parse.get("below_watermark") or 0),
             started_at=_parse_ts(progress.get("timestamp")),
             state_ms=_state_ms(ops),
+            state_memory_bytes=sum(int(op["memoryUsedBytes"]) for op in ops if "memoryUsedBytes" in op)
+            if any("memoryUsedBytes" in op for op in ops)
+            else None,
             read_to_end=bool(sources)
             and lag == 0
             and all("maxOffsetsBehindLatest" in (s.get("metrics") or {}) for s in sources),
@@ -161,6 +167,9 @@ GAUGES = {
     "trends_speed_processed_rows_per_second": "Processing rate of the last micro-batch.",
     "trends_speed_batch_duration_seconds": "Duration of the last micro-batch.",
     "trends_speed_state_rows": "Rows in the streaming state (buckets within the watermark, ids for dedupe).",
+    "trends_speed_state_memory_bytes": (
+        "Memory of the streaming state (RocksDB: memtables, block cache, table readers; native, not heap)."
+    ),
     "trends_speed_consumer_lag_records": "Records of the events topic not read yet (largest over partitions).",
     "trends_speed_watermark_timestamp_seconds": "The streaming watermark (event time), Unix time.",
     "trends_speed_newest_event_timestamp_seconds": "Newest event time written to the speed view, Unix time.",
@@ -227,6 +236,7 @@ class MetricsRegistry(Collector):
                         "trends_speed_processed_rows_per_second": last.processed_rows_per_s,
                         "trends_speed_batch_duration_seconds": last.batch_duration_ms / 1000,
                         "trends_speed_state_rows": last.state_rows,
+                        "trends_speed_state_memory_bytes": last.state_memory_bytes,
                         "trends_speed_consumer_lag_records": last.kafka_lag_max,
                         "trends_speed_watermark_timestamp_seconds": last.watermark.timestamp()
                         if last.watermark

@@ -38,6 +38,8 @@ class SoakConfig:
     close_wait_s: float = 1200.0  # after the run, the longest wait for the DAG runs of the closed hours
     growth_bound: float = 0.10  # state, checkpoint and each process's RSS: < 10 % of its level per hour
     freshness_p99_goal_s: float = 5.0  # docs/benchmarks.md: freshness p99 <= 5 s
+    # More options for the speed JVM, e.g. -XX:NativeMemoryTracking=summary to read `jcmd <pid> VM.native_memory`.
+    java_options: str = ""
 
     @classmethod
     def from_env(cls) -> SoakConfig:
@@ -63,4 +65,5 @@ class SoakConfig:
             close_wait_s=_num("SOAK_CLOSE_WAIT_S", d.close_wait_s),
             growth_bound=_num("SOAK_GROWTH_BOUND", d.growth_bound),
             freshness_p99_goal_s=d.freshness_p99_goal_s,
+            java_options=os.environ.get("SOAK_JAVA_OPTIONS", d.java_options).strip(),
         )

@@ -73,7 +73,7 @@ def soak_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoakStack]:
         spark={
             "conf": {
                 "spark.local.dir": str(local),
-                "spark.driver.defaultJavaOptions": f"-Xms{DRIVER_MEMORY} -XX:+AlwaysPreTouch",
+                "spark.driver.defaultJavaOptions": f"-Xms{DRIVER_MEMORY} -XX:+AlwaysPreTouch {cfg.java_options}",
             },
             "driver_memory": DRIVER_MEMORY,
         },

@@ -327,6 +327,22 @@ class Gauges:
         self._procs: dict[int, psutil.Process] = {}
         self._log_offset = 0
         self._cpu_times = psutil.cpu_times()
+        self._state_low: int | None = None  # the RocksDB state's lowest reading since the last sample
+        self._state_watched = 0.0
+
+    def watch_state(self, every_s: float = 5.0) -> None:
+        """Read the RocksDB state every ``every_s`` between samples and keep its low (call it often).
+
+        Its files double between compactions; a sample's low is what the last compaction left, which the growth
+        bound judges (``report.growth``'s ``envelope_s``) rather than a reading anywhere in that cycle.
+        """
+        now = time.monotonic()
+        if now - self._state_watched < every_s:
+            return
+        self._state_watched = now
+        live, _ = self.state_bytes()
+        if live is not None and (self._state_low is None or live < self._state_low):
+            self._state_low = live
 
     def _proc(self, pid: int) -> psutil.Process:
         if pid not in self._procs:
@@ -433,7 +449,8 @@ class Gauges:
         values["cpu_machine"] = machine
         values["cpu_other"] = max(0.0, machine - ours) if machine is not None else None
         live, local = self.state_bytes()
-        values["state_bytes"] = live
+        low, self._state_low = self._state_low, None
+        values["state_bytes"] = min(live, low) if live is not None and low is not None else live
         pids["state_bytes"] = pids.get("rss_speed_jvm")  # a restarted job rebuilds its working copy: its incarnation
         values["spark_local_bytes"] = local
         values["checkpoint_bytes"] = dir_bytes(Path(self.settings.checkpoint_root) / self.settings.speed.query_name)
@@ -450,6 +467,8 @@ class Gauges:
         pids["rss_api_workers_net"] = pids.get("rss_api_workers")
         speed = scrape(f"http://127.0.0.1:{self.settings.metrics.speed_port}/metrics")
         values["speed_lag_records"] = speed.get("trends_speed_consumer_lag_records")
+        values["state_memory_bytes"] = speed.get("trends_speed_state_memory_bytes")
+        pids["state_memory_bytes"] = pids.get("rss_speed_jvm")
         batches = [ms for rows, ms in self.batch_durations() if rows > 0]
         values["batch_ms_max"] = float(max(batches)) if batches else None
         values["batch_ms_mean"] = sum(batches) / len(batches) if batches else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import random
 from pathlib import Path
 
 from tests.soak import report
@@ -87,3 +89,34 @@ def test_a_step_at_a_named_fault_is_judged_at_its_new_level() -> None:
     leaky = series([(t, 190.0 + (4.0 + 0.2 * 190 * (t - 1950) / 3600 if t >= 1950 else 0.0), 1) for t in ts])
     g = report.growth(leaky, "x", WARMUP, 120, [outage])
     assert g.relative is not None and not g.ok(0.10)
+
+
+def test_a_store_between_compactions_is_judged_by_what_each_compaction_leaves() -> None:
+    """RocksDB's files swing up to twice their size between compactions; the envelope sees through it, not past growth.
+
+    Read every 5 s, each 30-s sample its low (``probe.Gauges.watch_state``); three incarnations (faults at 25 and
+    45 min), a compaction every 2.5-5 min at a random phase: flat, every seed passes; growing 20 % of the level an
+    hour underneath, every seed fails (judged per incarnation without the envelope, some would pass).
+    """
+
+    def store(seed: int, per_hour: float) -> list[Sample]:
+        rng = random.Random(seed)
+        values, low, t_compacted, period = [], math.inf, -rng.uniform(0, 300), rng.uniform(150, 300)
+        for i in range(721):
+            t = i * 5.0
+            if t - t_compacted >= period:
+                t_compacted, period = t - rng.uniform(0, 5), rng.uniform(150, 300)
+            low = min(low, 12e6 * (1 + per_hour * t / 3600) * (1 + (t - t_compacted) / period))
+            if i % 6 == 0:
+                values.append((t, low, 1 if t < 1500 else 2 if t < 2700 else 3))
+                low = math.inf
+        return series(values)
+
+    missed = 0
+    for seed in range(40):
+        flat = report.growth(store(seed, 0.0), "x", 900, 120, envelope_s=600)
+        assert flat.ok(0.10), (seed, flat.relative)
+        grows = report.growth(store(seed, 0.2), "x", 900, 120, envelope_s=600)
+        assert not grows.ok(0.10), (seed, grows.relative)
+        missed += report.growth(store(seed, 0.2), "x", 900, 120).ok(0.10)
+    assert missed > 0  # judged per incarnation, without the envelope, some growing stores would pass

@@ -15,8 +15,8 @@ PROGRESS = {
     "batchDuration": 1200,
     "eventTime": {"watermark": "2026-05-01T10:00:00.000Z"},
     "stateOperators": [
-        {"numRowsTotal": 100, "numRowsDroppedByWatermark": 2},
-        {"numRowsTotal": 40, "numRowsDroppedByWatermark": 1},
+        {"numRowsTotal": 100, "numRowsDroppedByWatermark": 2, "memoryUsedBytes": 3000},
+        {"numRowsTotal": 40, "numRowsDroppedByWatermark": 1, "memoryUsedBytes": 500},
     ],
     "sources": [{"metrics": {"maxOffsetsBehindLatest": "120", "avgOffsetsBehindLatest": "30.0"}}],
     "observedMetrics": {"parse": {"rows": 3000, "unparseable": 4, "below_watermark": 5}},
@@ -31,12 +31,14 @@ def test_progress_is_reduced_to_the_operator_figures() -> None:
     line = m.log_line()
     assert "3000 rows" in line and "dropped late 3" in line and "kafka lag 120" in line
     assert m.skipped_below_watermark_rows == 5 and "below the batch watermark 5" in line
+    assert m.state_memory_bytes == 3500
 
 
 def test_empty_progress_does_not_break() -> None:
     m = BatchMetrics.from_progress({"batchId": 0})
     assert (m.input_rows, m.watermark, m.kafka_lag_max) == (0, None, None)
     assert (m.started_at, m.read_to_end) == (None, False)
+    assert m.state_memory_bytes is None  # no stateful operator: no figure rather than 0
 
 
 def test_a_batch_read_the_whole_topic_only_when_no_partition_was_left_behind() -> None:
