@@ -35,6 +35,7 @@ from stack import control
 from stack.airflow.config import AirflowConfig
 from tests.helpers import free_port
 from tests.soak.config import SoakConfig
+from tests.soak.private_stack import private_settings
 
 REPO_DAGS = Path(__file__).resolve().parents[2] / "dags"
 CACHE_MB, ANSWER_CACHE_MB = 2, 1  # per worker; a run filled 4 MiB of rows by 11 min, 2 MiB of answers by 15
@@ -61,15 +62,9 @@ def soak_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoakStack]:
     root = tmp_path_factory.mktemp("soak")
     local = root / "spark-local"
     local.mkdir()
-    settings = Settings(
-        data_dir=root / "data",
-        kafka={"bootstrap_servers": f"127.0.0.1:{free_port()}", "partitions": 4},
-        cassandra={"port": free_port(), "keyspace": "trends"},
-        stack={
-            "kafka_controller_port": free_port(),
-            "cassandra_storage_port": free_port(),
-            "cassandra_jmx_port": free_port(),
-        },
+    settings = private_settings(
+        root,
+        kafka={"partitions": 4},
         spark={
             "conf": {
                 "spark.local.dir": str(local),
@@ -79,7 +74,6 @@ def soak_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoakStack]:
         },
         speed={"trigger_seconds": cfg.trigger_s, "allowed_lateness_s": cfg.lateness_s, "query_name": "soak"},
         batch={"lateness_s": 60, "grace_s": 120, "heal_max_hours": 2},
-        views={"slice_dims": ["origin"]},
         serving={"port": free_port(), "workers": 2, "cache_mb": CACHE_MB, "answer_cache_mb": ANSWER_CACHE_MB},
         metrics={"speed_port": free_port()},
         airflow={"api_port": free_port(), "dags_folder": REPO_DAGS},

@@ -40,7 +40,8 @@ from stack.services.cassandra import Cassandra
 from stack.services.kafka import Kafka
 from stack.services.pipeline import SpeedService
 from tests.helpers import free_port
-from tests.soak.probe import Freshness, SteadyProducer, dir_bytes, scrape
+from tests.soak.private_stack import private_settings
+from tests.soak.probe import Freshness, SteadyProducer, dir_bytes, scrape, speed_pids
 
 TICK = os.sysconf("SC_CLK_TCK")
 BATCH = re.compile(r"batch (\d+): (\d+) rows in (\d+) ms")
@@ -180,34 +181,13 @@ def make_settings(root: Path, trigger_s: float, lateness_s: int) -> Settings:
     """The soak's private stack settings (tests/soak/conftest.py), without Airflow and the API."""
     local = root / "spark-local"
     local.mkdir(parents=True, exist_ok=True)
-    return Settings(
-        data_dir=root / "data",
-        kafka={"bootstrap_servers": f"127.0.0.1:{free_port()}", "partitions": 4},
-        cassandra={"port": free_port(), "keyspace": "trends"},
-        stack={
-            "kafka_controller_port": free_port(),
-            "cassandra_storage_port": free_port(),
-            "cassandra_jmx_port": free_port(),
-        },
+    return private_settings(
+        root,
+        kafka={"partitions": 4},
         spark={"conf": {"spark.local.dir": str(local)}},
         speed={"trigger_seconds": trigger_s, "allowed_lateness_s": lateness_s, "query_name": "soak"},
-        views={"slice_dims": ["origin"]},
         metrics={"speed_port": free_port()},
     )
-
-
-def speed_pids(speed: SpeedService) -> tuple[int | None, int | None]:
-    """Return the speed job's driver and its JVM."""
-    import psutil
-
-    state = speed.supervisor_state()
-    driver = state.child_pid if state is not None else None
-    if driver is None:
-        return None, None
-    with contextlib.suppress(psutil.Error):
-        jvms = [c.pid for c in psutil.Process(driver).children(recursive=True) if c.name() == "java"]
-        return driver, (jvms[0] if jvms else None)
-    return driver, None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -313,6 +313,18 @@ def api_workers(api: ApiService) -> list[psutil.Process]:
     return []
 
 
+def speed_pids(speed: SpeedService) -> tuple[int | None, int | None]:
+    """Return the speed job's driver (Python) and its JVM, or None for one not running."""
+    state = speed.supervisor_state()
+    driver = state.child_pid if state is not None else None
+    if driver is None or not psutil.pid_exists(driver):
+        return None, None
+    with contextlib.suppress(psutil.Error):
+        jvms = [c.pid for c in psutil.Process(driver).children(recursive=True) if c.name() == "java"]
+        return driver, (jvms[0] if jvms else None)
+    return None, None
+
+
 class Gauges:
     """Read every series of one 30-s sample: processes' RSS and CPU, folders, caches, batch durations, lag."""
 
@@ -355,15 +367,7 @@ class Gauges:
         return api_workers(self.api)
 
     def speed_pids(self) -> tuple[int | None, int | None]:
-        """Return the speed job's driver (Python) and its JVM, or None for one not running."""
-        state = self.speed.supervisor_state()
-        driver = state.child_pid if state is not None else None
-        if driver is None or not psutil.pid_exists(driver):
-            return None, None
-        with contextlib.suppress(psutil.Error):
-            jvms = [c.pid for c in psutil.Process(driver).children(recursive=True) if c.name() == "java"]
-            return driver, (jvms[0] if jvms else None)
-        return None, None
+        return speed_pids(self.speed)
 
     def processes(self) -> dict[str, list[int]]:
         """Return the processes of each series (a series' RSS and CPU are summed over its processes)."""

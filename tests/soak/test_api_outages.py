@@ -22,6 +22,7 @@ from infra.settings import Settings
 from stack import control
 from stack.services.pipeline import ApiService
 from tests.helpers import free_port
+from tests.soak.private_stack import private_settings
 from tests.soak.probe import Poller, api_workers
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(2400)]
@@ -38,18 +39,7 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 
 
 def _settings(root: Path) -> Settings:
-    return Settings(
-        data_dir=root / "data",
-        kafka={"bootstrap_servers": f"127.0.0.1:{free_port()}"},
-        cassandra={"port": free_port(), "keyspace": "trends"},
-        stack={
-            "kafka_controller_port": free_port(),
-            "cassandra_storage_port": free_port(),
-            "cassandra_jmx_port": free_port(),
-        },
-        views={"slice_dims": ["origin"]},
-        serving={"port": free_port(), "workers": 2, "cache_mb": 2, "answer_cache_mb": 1},
-    )
+    return private_settings(root, serving={"port": free_port(), "workers": 2, "cache_mb": 2, "answer_cache_mb": 1})
 
 
 @dataclass(frozen=True)
