@@ -30,6 +30,9 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 REDACTED_OPTIONS = r"(?i)url|jaas|ssl\.keystore\.key|ssl\.key\.password|sasl\.password"
 
 
+JVM_GC_OPTIONS = "-XX:+ExplicitGCInvokesConcurrent"  # System.gc() (spark.cleaner.periodicGC) starts a G1 cycle
+
+
 def spark_conf(settings: Settings, app: str) -> dict[str, str]:
     """Return the Spark configuration of a job (separate from session creation so it can be tested and logged)."""
     cfg = settings.spark
@@ -53,8 +56,14 @@ def spark_conf(settings: Settings, app: str) -> dict[str, str]:
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.memory": cfg.driver_memory,
         "spark.ui.enabled": str(cfg.ui_enabled).lower(),
-        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2_CONF}",
-        "spark.executor.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2_CONF}",
+        # Spark compiles new classes in every micro-batch of a query with a watermark (the eviction predicates,
+        # and the code stages, inline its value): ~10 a batch, freed only by a GC that unloads classes. Under the
+        # speed job's load G1 ran young collections only, so its metaspace, code cache and malloc arenas grew about
+        # 6 MiB a minute until Spark's periodic System.gc() (default every 30 min). Every 5 minutes, run as a
+        # concurrent cycle rather than a stop-the-world full GC (docs/tests.md, "The speed JVM's memory").
+        "spark.cleaner.periodicGC.interval": "5min",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2_CONF} {JVM_GC_OPTIONS}",
+        "spark.executor.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2_CONF} {JVM_GC_OPTIONS}",
         # Kafka's TLS/SASL options hold secrets (the JAAS config, an inline PEM key, its password): redact them from
         # plans and the UI like URLs (Spark's default for data source options).
         "spark.sql.redaction.options.regex": REDACTED_OPTIONS,

@@ -144,3 +144,15 @@ def test_a_local_checkpoint_root_uses_the_file_system_api_without_forking(tmp_pa
     assert LOCAL_CHECKPOINT_CONF.items() <= local.items()
     remote = spark_conf(Settings(data_dir=tmp_path, spark={"checkpoint_root": "hdfs://nn:8020/trends"}), "speed")
     assert not set(LOCAL_CHECKPOINT_CONF) & set(remote)
+
+
+def test_jobs_unload_their_generated_classes_every_5_minutes_unless_told_otherwise(tmp_path: Path) -> None:
+    """A query with a watermark compiles classes every batch; only a GC that unloads classes frees them (the soak)."""
+    from infra.spark import JVM_GC_OPTIONS, spark_conf
+
+    conf = spark_conf(Settings(data_dir=tmp_path), "speed")
+    assert conf["spark.cleaner.periodicGC.interval"] == "5min"
+    assert JVM_GC_OPTIONS in conf["spark.driver.extraJavaOptions"] and "log4j2" in conf["spark.driver.extraJavaOptions"]
+    assert JVM_GC_OPTIONS in conf["spark.executor.extraJavaOptions"]
+    own = spark_conf(Settings(data_dir=tmp_path, spark={"conf": {"spark.cleaner.periodicGC.interval": "1min"}}), "x")
+    assert own["spark.cleaner.periodicGC.interval"] == "1min"
