@@ -313,6 +313,21 @@ def api_workers(api: ApiService) -> list[psutil.Process]:
     return []
 
 
+def resident_mib(proc: psutil.Process) -> float | None:
+    """Return a process's RSS in MiB; None for one that is gone, or a zombie not reaped yet.
+
+    A process SIGKILLed a moment before reads 0 until its parent reaps it: the fifth soak recorded the speed JVM at
+    0 MiB under its old pid, and that one sample turned its fitted growth from +10 %/h to -23 %/h.
+    """
+    try:
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        rss = proc.memory_info().rss
+    except psutil.Error:
+        return None
+    return rss / 2**20 if rss > 0 else None
+
+
 def speed_pids(speed: SpeedService) -> tuple[int | None, int | None]:
     """Return the speed job's driver (Python) and its JVM, or None for one not running."""
     state = speed.supervisor_state()
@@ -433,7 +448,10 @@ class Gauges:
             for pid in group:
                 with contextlib.suppress(psutil.Error):
                     proc = self._proc(pid)
-                    rss += proc.memory_info().rss / 2**20
+                    mib = resident_mib(proc)
+                    if mib is None:
+                        continue
+                    rss += mib
                     cpu += proc.cpu_percent(None)
                     alive.append(pid)
             values[f"rss_{name}"] = rss if alive else None

@@ -46,6 +46,7 @@ class Spec:
     steps_at: tuple[str, ...] = ()  # fault kinds after which the series is judged at its new level
     # > 0: judged by its lowest sample in each window of this many seconds (a store on disk between compactions)
     envelope_s: float = 0.0
+    settle_s: float | None = None  # a restarted process's warm-up left out, when longer than the soak's default
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from tests.soak.probe import Gauges, dir_bytes
+import psutil
+
+from tests.soak.probe import Gauges, dir_bytes, resident_mib
 
 
 def test_a_hard_linked_file_counts_once(tmp_path: Path) -> None:
@@ -33,3 +38,21 @@ def test_the_speed_jobs_state_is_the_newest_temp_folder_holding_state_stores(tmp
         os.utime(tmp_path / name, (now - age, now - age))
     live, local = Gauges.state_bytes(SimpleNamespace(spark_local_dir=tmp_path))  # type: ignore[arg-type]
     assert (live, local) == (300, 5400)
+
+
+def test_a_killed_process_not_reaped_yet_is_no_sample() -> None:
+    """A zombie reads 0 MiB; as a sample it would drag the fitted growth of its series down (the fifth soak)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        proc = psutil.Process(child.pid)
+        mib = resident_mib(proc)
+        assert mib is not None and mib > 0
+        os.kill(child.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while proc.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert resident_mib(proc) is None
+    finally:
+        child.kill()
+        child.wait()
+    assert resident_mib(proc) is None  # reaped: gone
