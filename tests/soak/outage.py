@@ -41,7 +41,7 @@ from stack.services.kafka import Kafka
 from stack.services.pipeline import SpeedService
 from tests.helpers import free_port
 from tests.soak.private_stack import private_settings
-from tests.soak.probe import Freshness, SteadyProducer, dir_bytes, scrape, speed_pids
+from tests.soak.probe import Freshness, SteadyProducer, dir_bytes, live_state_bytes, scrape, speed_pids
 
 TICK = os.sysconf("SC_CLK_TCK")
 BATCH = re.compile(r"batch (\d+): (\d+) rows in (\d+) ms")
@@ -169,12 +169,6 @@ class CassandraPools:
     def close(self) -> None:
         if self.cluster is not None:
             self.cluster.shutdown()
-
-
-def _live_state(local: Path) -> int | None:
-    """Return the RocksDB working copy of the running speed job (its newest Spark temp folder)."""
-    runs = sorted((p for p in local.glob("spark-*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
-    return dir_bytes(runs[-1], "StateStoreId") if runs else None
 
 
 def make_settings(root: Path, trigger_s: float, lateness_s: int) -> Settings:
@@ -307,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
                 "checkpoint_files": sum(
                     len(f) for _r, _d, f in os.walk(Path(settings.checkpoint_root) / settings.speed.query_name)
                 ),
-                "state_bytes": _live_state(out / "stack" / "spark-local"),
+                "state_bytes": live_state_bytes(out / "stack" / "spark-local"),
             }
             seen_upto = len(sample["fresh_seen"]) + seen_upto
             samples.write(json.dumps(sample) + "\n")

@@ -328,6 +328,19 @@ def resident_mib(proc: psutil.Process) -> float | None:
     return rss / 2**20 if rss > 0 else None
 
 
+def live_state_bytes(spark_local_dir: Path) -> int | None:
+    """Return the RocksDB state of the running speed job, None before it has one.
+
+    The speed job's temp folder is the newest that holds state stores: the hourly batch job's driver shares the
+    local dir (its folder has none), and a SIGKILLed speed job leaves its own behind.
+    """
+    if not spark_local_dir.exists():
+        return None
+    runs = sorted((p for p in spark_local_dir.glob("spark-*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    stateful = [p for p in runs if any(p.glob("StateStoreId*"))]
+    return dir_bytes(stateful[-1], "StateStoreId") if stateful else None
+
+
 def speed_pids(speed: SpeedService) -> tuple[int | None, int | None]:
     """Return the speed job's driver (Python) and its JVM, or None for one not running."""
     state = speed.supervisor_state()
@@ -367,7 +380,7 @@ class Gauges:
         if now - self._state_watched < every_s:
             return
         self._state_watched = now
-        live, _ = self.state_bytes()
+        live = live_state_bytes(self.spark_local_dir)  # not the whole local dir: only the state is watched
         if live is not None and (self._state_low is None or live < self._state_low):
             self._state_low = live
 
@@ -412,19 +425,11 @@ class Gauges:
         return [(int(m[1]), int(m[2])) for m in BATCH_LINE.finditer(chunk[:cut])]
 
     def state_bytes(self) -> tuple[int | None, int | None]:
-        """Return the RocksDB state of the running speed job and the whole local dir.
-
-        The speed job's temp folder is the newest that holds state stores: the hourly batch job's driver shares the
-        local dir (its folder has none), and a SIGKILLed speed job leaves its own behind (the second figure
-        includes those leftovers).
-        """
+        """Return the RocksDB state of the running speed job and the whole local dir (leftovers of killed runs)."""
         root = self.spark_local_dir
         if not root.exists():
             return None, None
-        runs = sorted((p for p in root.glob("spark-*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
-        stateful = [p for p in runs if any(p.glob("StateStoreId*"))]
-        live = dir_bytes(stateful[-1], "StateStoreId") if stateful else None
-        return live, dir_bytes(root)
+        return live_state_bytes(root), dir_bytes(root)
 
     def _machine_cpu(self) -> float | None:
         """Return the CPU every process used since the last call, in % of one core (steal and iowait excluded)."""

@@ -364,6 +364,7 @@ def write_report(
         for s in SPECS
         if s.group == "cpu"
     }
+    longer_settles = "".join(f" ({s.label}: {s.settle_s:.0f} s)" for s in SPECS if s.settle_s is not None)
     lines = [
         "# Soak",
         "",
@@ -371,7 +372,7 @@ def write_report(
         f"{producer.sent_steady:,} events, plus {seeded:,} seeded over the hour before), a fault every "
         f"{cfg.fault_every_s:.0f} s, a sample every {cfg.sample_every_s:.0f} s ({len(samples)} samples), warm-up "
         f"{cfg.warmup_minutes:g} min, speed trigger {cfg.trigger_s:g} s and lateness {cfg.lateness_s} s, "
-        f"settle after a restart {cfg.settle_s:.0f} s (the speed JVM 600 s). "
+        f"settle after a restart {cfg.settle_s:.0f} s{longer_settles}. "
         f"Private stack ({stack.settings.data_dir}); started {datetime.now(UTC):%Y-%m-%d %H:%M} UTC minus the run.",
         "",
         "Growth is the least-squares slope over the samples after the warm-up (per process incarnation for RSS; "
