@@ -170,7 +170,8 @@ GAUGES = {
     "trends_speed_state_memory_bytes": (
         "Memory of the streaming state (RocksDB: memtables, block cache, table readers; native, not heap)."
     ),
-    "trends_speed_consumer_lag_records": "Records of the events topic not read yet (largest over partitions).",
+    "trends_speed_consumer_lag_records": "Records the last batch left unread of the offsets seen when it was planned "
+    "(largest over partitions): above 0 only while maxOffsetsPerTrigger caps catch-up batches.",
     "trends_speed_watermark_timestamp_seconds": "The streaming watermark (event time), Unix time.",
     "trends_speed_newest_event_timestamp_seconds": "Newest event time written to the speed view, Unix time.",
     "trends_speed_last_progress_timestamp_seconds": "When the query last reported progress (wall clock), Unix time.",
