@@ -179,6 +179,13 @@ class AirflowConfig:
         }
         if self.conf.database_url is None:
             env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = self.database_url
+        if self.database_url.startswith("sqlite"):
+            # No connection pool on SQLite. A result left unread holds a read snapshot on its connection (Airflow's
+            # backfill creation leaves one when it reprocesses a run and the write fails); once another process
+            # commits, every write on that connection fails at once with "database is locked", whatever the busy
+            # timeout, until the result is garbage-collected. Pooled, the next request inherits that connection;
+            # unpooled, it is closed with its session (SQLAlchemy 1.4's default for a SQLite file).
+            env["AIRFLOW__DATABASE__SQL_ALCHEMY_POOL_ENABLED"] = "False"
         # The batch DAG submits to this connection; an operator's own definition wins.
         conn_var = f"AIRFLOW_CONN_{self.settings.batch.spark_conn_id.upper()}"
         if conn_var not in os.environ:
@@ -403,8 +410,9 @@ class AirflowConfig:
             out = proc.stdout + proc.stderr
             # Retried: the refusal while the previous backfill is being completed, and a lock error of SQLite
             # (SQLITE_BUSY on a lock upgrade does not wait for the busy timeout) — on that one Airflow deletes the
-            # half-created backfill and its runs itself (models.backfill._cleanup_partial_backfill). Anything
-            # else may have left runs behind: not retried.
+            # half-created backfill and its runs itself (models.backfill._cleanup_partial_backfill; when that delete
+            # fails too, the scheduler closes the empty backfill after 2 minutes and the retries see it running
+            # until then). Anything else may have left runs behind: not retried.
             transient = next((t for t in ("AlreadyRunningBackfill", "database is locked") if t in out), None)
             if transient is None or time.monotonic() > deadline:
                 msg = f"airflow backfill create failed (earlier attempts: {reasons or 'none'}): {out[-2000:]}"

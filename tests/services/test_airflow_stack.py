@@ -109,8 +109,9 @@ class Instance:
                 return exc.code, text.decode(errors="replace")
 
     def create_backfill(self, body: dict[str, Any], retry_s: float = 300) -> tuple[int, Any]:
-        """POST a backfill; retried while SQLite reports a lock (Airflow answers 503 and removes the half-made one)
-        or the previous backfill is still being completed (409), as ``AirflowClient.backfill`` does for the CLI."""
+        """POST a backfill; retried while SQLite reports a lock (Airflow answers 503 and removes the half-made one,
+        or the scheduler closes it 2 minutes later) or the previous backfill is still being completed (409), as
+        ``Airflow.backfill`` does for the CLI."""
         deadline = time.monotonic() + retry_s
         while True:
             status, created = self.call("POST", "/api/v2/backfills", body)
@@ -192,7 +193,10 @@ def instance(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Instance]:
     dags.mkdir()
     out.mkdir()
     (dags / f"{DAG_ID}.py").write_text(PROBE_DAG.format(out=str(out), dag_id=DAG_ID))
-    settings = Settings(data_dir=root / "data", airflow={"api_port": free_port(), "dags_folder": dags})
+    # A database error's answer names its statement and SQLite's message (else only an id in the API server's log).
+    config = {"AIRFLOW__API__EXPOSE_STACKTRACE": "True"}
+    airflow = {"api_port": free_port(), "dags_folder": dags, "config": config}
+    settings = Settings(data_dir=root / "data", airflow=airflow)
     try:
         started = time.monotonic()
         (result,) = control.up(settings, ["airflow"])

@@ -6,6 +6,7 @@ import configparser
 import json
 import os
 import stat
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,6 +72,51 @@ def test_airflow_env_follows_the_settings(tmp_path: Path) -> None:
     assert process["PATH"].split(os.pathsep)[0] == str(airflow.bin_dir())
     assert (airflow.bin_dir() / "airflow").exists()
     assert process["TRENDS_DATA_DIR"] == str(tmp_path)  # tasks read the same settings
+
+
+# Run by Airflow's own engine set-up, with the stack's environment: a session leaves a result unread (its read
+# snapshot open), another process commits, then the next session writes.
+UNREAD_RESULT_THEN_WRITE = """
+import sqlite3
+from sqlalchemy import text
+from airflow import settings
+
+settings.configure_orm()
+with settings.engine.begin() as conn:
+    conn.execute(text("CREATE TABLE probe (x INTEGER)"))
+    conn.execute(text("INSERT INTO probe VALUES (1), (2), (3)"))
+held = settings.Session()
+unread = held.execute(text("SELECT x FROM probe"))  # kept alive, as a traceback's frames keep Airflow's
+unread.fetchone()
+held.close()
+other = sqlite3.connect(settings.engine.url.database)
+other.execute("INSERT INTO probe VALUES (4)")
+other.commit()
+fresh = settings.Session()
+fresh.execute(text("INSERT INTO probe VALUES (5)"))
+fresh.commit()
+print(type(settings.engine.pool).__name__)
+"""
+
+
+@pytest.mark.parametrize("pool_enabled", [None, "True"], ids=["stack", "pooled"])
+def test_a_connection_left_with_an_unread_result_never_fails_the_next_write(
+    tmp_path: Path, pool_enabled: str | None
+) -> None:
+    """On SQLite an unread result makes every later write on its connection fail at once ("database is locked",
+    whatever the busy timeout): the stack's Airflow must not hand that connection to the next request."""
+    airflow = Airflow(Settings(data_dir=tmp_path))
+    airflow.render_config()  # also makes the folder of the SQLite file
+    env = airflow.process_env()
+    if pool_enabled is not None:  # the pool SQLAlchemy 2 would use: shows the probe can fail
+        env["AIRFLOW__DATABASE__SQL_ALCHEMY_POOL_ENABLED"] = pool_enabled
+    proc = subprocess.run(
+        [sys.executable, "-c", UNREAD_RESULT_THEN_WRITE], env=env, capture_output=True, text=True, check=False
+    )
+    if pool_enabled is None:
+        assert (proc.returncode, proc.stdout.strip()) == (0, "NullPool"), proc.stderr[-2000:]
+    else:
+        assert proc.returncode != 0 and "database is locked" in proc.stderr, proc.stdout + proc.stderr[-2000:]
 
 
 def test_extra_config_applies_last_and_must_be_airflow_variables(tmp_path: Path) -> None:
