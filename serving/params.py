@@ -12,8 +12,8 @@ from datetime import UTC, datetime, timedelta
 
 from infra.params import parse_utc
 from infra.settings import Settings
-from views.aggregation import GLOBAL_SLICE
 from views.buckets import MINUTE, floor
+from views.definition import GLOBAL_SLICE
 
 _DIM = r"[A-Za-z_][A-Za-z0-9_]{0,63}"
 _SLICE_VALUE = r"[^\x00-\x1f]{1,256}"
