@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 SUBCOMMANDS = {
     "stack": "stack.cli:stack",
     "config": "infra.config_cli:config",
+    "admin": "infra.admin_cli:admin",
     "demo": "app.demo:demo",
     "ingest": "ingestion.cli:ingest",
     "speed": "speed_layer.cli:speed",

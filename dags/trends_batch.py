@@ -20,8 +20,8 @@ backfills replace instead of adding.
 from __future__ import annotations
 
 import os
+import sys
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -45,10 +45,13 @@ from infra.dag_contract import (
     START_PARAM,
     VERIFY_TASK,
     WAIT_TASK,
+    submit_script,
 )
 
-REPO = Path(__file__).resolve().parent.parent
-SUBMIT = str(REPO / "batch_layer" / "submit.py")
+# The batch job's spark-submit entry point inside the installed package (found without importing it), and the
+# interpreter that has the package: the DAG processor's own, unless the worker's environment names another.
+SUBMIT = str(submit_script())
+PYTHON = os.environ.get("PYSPARK_PYTHON", sys.executable)
 # Settings read from the environment at parse time without reading files (the defaults are those of
 # infra.settings.BatchSettings; tests/unit/test_dags.py checks they agree).
 SPARK_CONN_ID = os.environ.get("TRENDS_BATCH__SPARK_CONN_ID", "trends_spark")
@@ -75,14 +78,18 @@ DEFAULT_ARGS = {
 
 
 def _submit(task_id: str, **kwargs: Any) -> Any:
-    """Return the spark-submit of ``batch_layer/submit.py`` (partial when mapped)."""
+    """Return the spark-submit of the installed ``batch_layer/submit.py`` (partial when mapped)."""
     common = {
         "task_id": task_id,
         "conn_id": SPARK_CONN_ID,
         "application": SUBMIT,
         "jars": "{{ connector_jars() }}",
         # The driver binds where settings say (loopback by default); the job reads TRENDS_* like everything else.
-        "env_vars": {"PYTHONPATH": str(REPO), "SPARK_LOCAL_IP": os.environ.get("TRENDS_SPARK__LOCAL_IP", "127.0.0.1")},
+        "env_vars": {
+            "PYSPARK_PYTHON": PYTHON,
+            "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON", PYTHON),
+            "SPARK_LOCAL_IP": os.environ.get("TRENDS_SPARK__LOCAL_IP", "127.0.0.1"),
+        },
         "pool_slots": 1,
     }
     return {**common, **kwargs}
@@ -179,7 +186,8 @@ def trends_batch() -> None:
     wait_until_closed() >> plan() >> recompute >> verify() >> advance_watermark()
 
 
-trends_batch()
+# Named at module level, so a one-line DAG file elsewhere (`trends admin dags --install`) can import them.
+batch_dag = trends_batch()
 
 
 @dag(
@@ -254,4 +262,4 @@ def trends_backfill() -> None:
     recompute >> advance_watermark()
 
 
-trends_backfill()
+backfill_dag = trends_backfill()

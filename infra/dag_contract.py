@@ -7,6 +7,8 @@ changes every side at once (a run already triggered keeps the names it was trigg
 
 from __future__ import annotations
 
+from importlib.util import find_spec
+from pathlib import Path
 from typing import Final
 
 # -- the hourly recompute of live data ---------------------------------------------------------------------------
@@ -34,3 +36,27 @@ HOURS_ARG: Final = "--hours"
 FORCE_ARG: Final = "--force"  # the sensor (or the chunks task) decided the hours are closed
 NO_INDEX_ARG: Final = "--no-index"  # the DAG indexed just before
 ACCEPT_LOSS_ARG: Final = "--accept-loss"
+
+
+# -- where the installed package keeps them ----------------------------------------------------------------------
+DAGS_PACKAGE: Final = "dags"
+DAG_MODULE: Final = "dags.trends_batch"  # what a one-line DAG file imports (`trends admin dags --install`)
+
+
+def _package_dir(package: str) -> Path:
+    """Return the folder of an installed top-level package, found without importing it (no Airflow at parse)."""
+    spec = find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        msg = f"the package {package!r} is not installed with trends (a broken install?)"
+        raise ModuleNotFoundError(msg)
+    return Path(next(iter(spec.submodule_search_locations))).resolve()
+
+
+def dags_folder() -> Path:
+    """Return the folder of the DAG files inside the installed package: Airflow's ``dags_folder`` points here."""
+    return _package_dir(DAGS_PACKAGE)
+
+
+def submit_script() -> Path:
+    """Return the batch job's ``spark-submit`` entry point inside the installed package."""
+    return _package_dir("batch_layer") / "submit.py"

@@ -30,6 +30,14 @@ class StackError(TrendsError):
     """The local stack cannot be fetched, started, stopped or reached."""
 
 
+class SetupError(TrendsError):
+    """A deployment's clusters or artifacts cannot be set up: topics, the connector jars."""
+
+
+class AirflowError(TrendsError):
+    """Airflow's REST API refused, failed or did not answer, or a run it follows failed."""
+
+
 class MigrationError(TrendsError):
     """A CQL migration file is malformed or failed to apply."""
 

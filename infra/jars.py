@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.errors import StackError
+from infra.errors import SetupError
 from infra.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def fetch(settings: Settings, bundle: Bundle, *, force: bool = False) -> Path:
 
     :arg force: fetch again even if the cached copy is current.
     :returns: the bundle's folder.
-    :raises StackError: when Maven is missing or the fetch fails (with the tail of Maven's output).
+    :raises SetupError: when Maven is missing or the fetch fails (with the tail of Maven's output).
     """
     target = bundle_dir(settings, bundle)
     if not force and is_fetched(settings, bundle):
@@ -103,7 +103,7 @@ def fetch(settings: Settings, bundle: Bundle, *, force: bool = False) -> Path:
     mvn = shutil.which("mvn")
     if mvn is None:
         msg = "Maven (`mvn`) is not on PATH; it is needed once to fetch the server and connector jars."
-        raise StackError(msg)
+        raise SetupError(msg)
     settings.jars_dir.mkdir(parents=True, exist_ok=True)
     logger.info("fetching %s into %s", bundle.description, target)
     with tempfile.TemporaryDirectory(prefix=f".{bundle.name}-", dir=settings.jars_dir) as tmp:
@@ -124,11 +124,11 @@ def fetch(settings: Settings, bundle: Bundle, *, force: bool = False) -> Path:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=FETCH_TIMEOUT_S, check=False)  # noqa: S603
         except subprocess.TimeoutExpired as exc:
             msg = f"Maven did not finish fetching {bundle.name} within {FETCH_TIMEOUT_S} s"
-            raise StackError(msg) from exc
+            raise SetupError(msg) from exc
         if proc.returncode != 0:
             tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
             msg = f"Maven failed to fetch {bundle.name} ({bundle.pom}):\n{tail}"
-            raise StackError(msg)
+            raise SetupError(msg)
         if bundle.skip_jars_shipped_by_pyspark:
             shipped = pyspark_jar_names()
             for jar in out.glob("*.jar"):

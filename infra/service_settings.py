@@ -281,7 +281,9 @@ class AirflowSettings(BaseModel):
         "set your own for anything else.",
     )
     dags_folder: Path | None = Field(
-        None, description="Folder of DAG files the DAG processor parses. Default: the repository's dags/ folder."
+        None,
+        description="Folder of DAG files the local stack's DAG processor parses. Default: the installed package's "
+        "DAG folder (`trends admin dags` prints it).",
     )
     api_workers: int = Field(1, ge=1, le=8, description="Worker processes of the API server.")
     triggerer: bool = Field(

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from infra.errors import StackError
+from infra.errors import SetupError
 from infra.service_settings import KafkaSettings
 
 logger = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ def ensure_topics(
         existing = admin.list_topics(timeout=TIMEOUT_S).topics
     except KafkaException as exc:
         msg = f"cannot reach Kafka at {kafka.bootstrap_servers}: {exc}"
-        raise StackError(msg) from exc
+        raise SetupError(msg) from exc
     outcome: dict[str, str] = {}
     to_create = [
         NewTopic(s.name, num_partitions=s.partitions, replication_factor=s.replication_factor, config=s.config)
@@ -108,7 +108,7 @@ def ensure_topics(
             except KafkaException as exc:
                 if "TOPIC_ALREADY_EXISTS" not in str(exc):
                     msg = f"creating topic {name} failed: {exc}"
-                    raise StackError(msg) from exc
+                    raise SetupError(msg) from exc
                 outcome[name] = "exists"
     for spec in specs:
         if spec.name not in existing:
@@ -120,7 +120,7 @@ def ensure_topics(
                 f"topic {spec.name} has {have} partitions but settings ask for {spec.partitions}; "
                 "partition counts are not changed automatically (it would move keys between partitions)"
             )
-            raise StackError(msg)
+            raise SetupError(msg)
         found = align_config(admin, spec, apply=apply_config)
         if changes is not None:
             changes.extend(found)

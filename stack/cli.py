@@ -8,6 +8,7 @@ import time
 import click
 
 from infra import jars
+from infra.admin_cli import init_clusters
 from infra.errors import StackError
 from infra.settings import Settings
 from stack import control
@@ -47,7 +48,7 @@ def stack() -> None:
 @click.option("--force", is_flag=True, help="Fetch again even if the cached jars are current.")
 @click.pass_obj
 def fetch(settings: Settings, force: bool) -> None:
-    """Fetch Kafka, Cassandra and the Spark Kafka connector into the jar cache (once)."""
+    """Fetch Kafka, Cassandra and the Spark Kafka connector into the jar cache (once; `admin jars` is the last)."""
     for name, path in jars.fetch_all(settings, force=force).items():
         click.echo(f"{name:12} {len(list(path.glob('*.jar'))):4d} jars  {path}")
 
@@ -78,26 +79,12 @@ def up(settings: Settings, services: tuple[str, ...], with_airflow: bool, no_ini
 
 
 def _init(settings: Settings, names: list[str] | None, *, apply_topic_config: bool = False) -> None:
-    from infra import migrations, topics
-
-    if names is None or "kafka" in names:
-        changes: list[topics.ConfigChange] = []
-        for topic, state in topics.ensure_topics(
-            settings.kafka, apply_config=apply_topic_config, changes=changes
-        ).items():
-            click.echo(f"topic      {topic:22} {state}")
-        for change in changes:
-            if apply_topic_config:
-                click.echo(f"topic      changed {change.describe()}")
-            else:
-                click.echo(
-                    f"topic      kept {change.topic} {change.key}={change.current} (settings: {change.wanted}; "
-                    "--apply-topic-config applies them)"
-                )
-    if names is None or "cassandra" in names:
-        applied = migrations.migrate(settings)
-        total = len(migrations.discover())
-        click.echo(f"schema     {settings.cassandra.keyspace:22} {len(applied)} migration(s) applied, {total} in total")
+    init_clusters(
+        settings,
+        kafka=names is None or "kafka" in names,
+        cassandra=names is None or "cassandra" in names,
+        apply_topic_config=apply_topic_config,
+    )
 
 
 @stack.command()
@@ -108,12 +95,7 @@ def _init(settings: Settings, names: list[str] | None, *, apply_topic_config: bo
 )
 @click.pass_obj
 def init(settings: Settings, apply_topic_config: bool) -> None:
-    """Create the topics and apply the CQL migrations on the configured clusters (re-runnable).
-
-    Works against real clusters too: it only uses the client settings. New topics get the configured configs; an
-    existing topic's configs are the operator's (kafka-configs.sh) and are only listed where they differ, unless
-    --apply-topic-config. Migrations take a lock, so two deployments running init at once apply them once.
-    """
+    """Create the topics and apply the CQL migrations on the local stack (re-runnable): `trends admin init`."""
     _init(settings, None, apply_topic_config=apply_topic_config)
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from infra.errors import StackError
+from infra.errors import AirflowError
 from infra.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ TOKEN_PATH = "/auth/token"  # noqa: S105 - a URL path, not a password
 API_TIMEOUT_S = 30
 
 
-class AirflowAPIError(StackError):
+class AirflowAPIError(AirflowError):
     """The REST API answered an error, or did not answer (``status`` None)."""
 
     def __init__(self, message: str, status: int | None) -> None:
@@ -53,7 +53,7 @@ class AirflowClient:
     def token(self, user: str | None = None, password: str | None = None) -> str:
         """Log in to the REST API (``POST /auth/token``) and return the JWT.
 
-        :raises StackError: when the login is refused or the API does not answer.
+        :raises AirflowError: when the login is refused or the API does not answer.
         """
         body = json.dumps(
             {
@@ -151,13 +151,13 @@ class AirflowClient:
     def wait_dag(self, token: str, dag_id: str, timeout_s: float = 120) -> None:
         """Wait until the DAG processor has parsed ``dag_id``.
 
-        :raises StackError: not parsed in time (with the DAG processor's log tail).
+        :raises AirflowError: not parsed in time (with the DAG processor's log tail).
         """
         deadline = time.monotonic() + timeout_s
         while dag_id not in {d["dag_id"] for d in self.get(token, "/api/v2/dags?limit=1000")["dags"]}:
             if time.monotonic() > deadline:
                 msg = f"DAG {dag_id} not parsed within {timeout_s:.0f} s{self._details()}"
-                raise StackError(msg)
+                raise AirflowError(msg)
             time.sleep(2)
 
     def trigger(self, token: str | None, dag_id: str, conf: dict[str, Any]) -> str:
@@ -241,7 +241,7 @@ class AirflowClient:
     ) -> None:
         """Wait until a run succeeded; ``on_poll`` gets its task instances' states counted.
 
-        :raises StackError: the run failed, or did not finish in time.
+        :raises AirflowError: the run failed, or did not finish in time.
         """
         deadline = time.monotonic() + timeout_s
         quoted = urllib.parse.quote(run_id, safe="")
@@ -259,10 +259,10 @@ class AirflowClient:
                 return
             if state == "failed":
                 msg = f"{dag_id} run {run_id} failed{self._details()}"
-                raise StackError(msg)
+                raise AirflowError(msg)
             time.sleep(3)
         msg = f"{dag_id} run {run_id} not done within {timeout_s:.0f} s (state {state})"
-        raise StackError(msg)
+        raise AirflowError(msg)
 
     def wait_runs(
         self,
@@ -274,7 +274,7 @@ class AirflowClient:
     ) -> dict[str, str]:
         """Wait until the runs of these data-interval starts all succeeded; return run id -> state.
 
-        :raises StackError: a run failed, or not all succeeded in time.
+        :raises AirflowError: a run failed, or not all succeeded in time.
         """
         deadline = time.monotonic() + timeout_s
         wanted = set(starts)
@@ -288,11 +288,11 @@ class AirflowClient:
             failed = [k for k, v in states.items() if v == "failed"]
             if failed:
                 msg = f"{dag_id} runs failed: {', '.join(failed)}{self._details()}"
-                raise StackError(msg)
+                raise AirflowError(msg)
             if len({datetime.fromisoformat(r["data_interval_start"]) for r in mine}) == len(wanted) and all(
                 v == "success" for v in states.values()
             ):
                 return states
             time.sleep(3)
         msg = f"{dag_id} runs not done within {timeout_s:.0f} s: {states}"
-        raise StackError(msg)
+        raise AirflowError(msg)

@@ -25,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 
 from infra.airflow.client import AirflowClient
+from infra.dag_contract import dags_folder
 from infra.errors import StackError
 from infra.security import MIN_SECRET_CHARS, exposure_problem, has_userinfo, is_loopback, is_secret_key
 from infra.service_settings import LOCAL_ADMIN_PASSWORD
@@ -33,7 +34,6 @@ from stack.process import child_env, tail, write_private
 
 logger = logging.getLogger(__name__)
 
-REPO_DAGS = Path(__file__).resolve().parents[2] / "dags"
 SIMPLE_AUTH_MANAGER = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
 
 
@@ -119,8 +119,8 @@ class AirflowConfig:
 
     @property
     def dags_folder(self) -> Path:
-        """Return the folder of DAG files: the setting, else the repository's ``dags/``."""
-        return (self.conf.dags_folder or REPO_DAGS).expanduser().resolve()
+        """Return the folder of DAG files: the setting, else the installed package's (``trends admin dags``)."""
+        return (self.conf.dags_folder or dags_folder()).expanduser().resolve()
 
     def log_file(self, component: str) -> Path:
         """Return the output file of one component (or ``migrate`` for ``airflow db migrate``)."""

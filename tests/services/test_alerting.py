@@ -236,7 +236,7 @@ probe_exporter()
 def test_the_exporter_reads_last_successes_and_failed_tasks_from_a_real_airflow(tmp_path: Path) -> None:
     from batch_layer.exporter import AirflowReader
     from infra.airflow.client import AirflowClient
-    from infra.errors import StackError
+    from infra.errors import AirflowError
     from stack import control
 
     dags = tmp_path / "dags"
@@ -258,7 +258,7 @@ def test_the_exporter_reads_last_successes_and_failed_tasks_from_a_real_airflow(
         ok_run = client.trigger(token, PROBE_DAG_ID, {})
         client.wait_run(token, PROBE_DAG_ID, ok_run, timeout_s=300)
         bad_run = client.trigger(token, PROBE_DAG_ID, {"fail": True})
-        with pytest.raises(StackError, match="failed"):
+        with pytest.raises(AirflowError, match="failed"):
             client.wait_run(token, PROBE_DAG_ID, bad_run, timeout_s=300)
         quoted = urllib.parse.quote(ok_run, safe="")
         ended = client.get(token, f"/api/v2/dags/{PROBE_DAG_ID}/dagRuns/{quoted}")["end_date"]

@@ -15,10 +15,10 @@ import pytest
 from click.testing import CliRunner
 from pydantic import ValidationError
 
+from infra.dag_contract import dags_folder
 from infra.errors import StackError
 from infra.settings import Settings, get_settings
 from infra.settings_env import to_env
-from stack.airflow.config import REPO_DAGS
 from stack.airflow.service import Airflow
 
 
@@ -63,7 +63,8 @@ def test_airflow_env_follows_the_settings(tmp_path: Path) -> None:
     assert env["AIRFLOW__API__PORT"] == "18123" and env["AIRFLOW__API__HOST"] == "127.0.0.1"
     assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor" and env["AIRFLOW__CORE__PARALLELISM"] == "3"
     assert env["AIRFLOW__CORE__LOAD_EXAMPLES"] == "False"
-    assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(REPO_DAGS) == str(Path(__file__).resolve().parents[2] / "dags")
+    # the installed package's DAG folder: in this editable install, the checkout's dags/
+    assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(dags_folder()) == str(Path(__file__).resolve().parents[2] / "dags")
     assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == f"sqlite:///{tmp_path}/airflow/data/airflow.db?timeout=60"
     assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == "admin:admin"
     assert json.loads(env["AIRFLOW_CONN_TRENDS_SPARK"]) == {"conn_type": "spark", "host": "local[3]"}

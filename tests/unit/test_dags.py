@@ -80,3 +80,48 @@ def test_dag_folder_parses_with_the_expected_dag(tmp_path: Path) -> None:
     assert out["backfill_mapped"] == "MappedOperator" and out["backfill_parallel"] == 2
     settings = Settings()
     assert out["timeouts"] == [str(timedelta(seconds=settings.batch.task_timeout_s))]  # every task, the setting's
+
+
+ONE_LINE_PROBE = r"""
+import json, sys
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[1])
+recompute = bag.dags["trends_batch"].get_task("recompute")
+print("RESULT " + json.dumps({
+    "errors": {k: str(v) for k, v in bag.import_errors.items()},
+    "dags": {d: bag.dags[d].fileloc for d in sorted(bag.dags)},
+    "application": recompute.application,
+    "env": recompute.env_vars,
+}))
+"""
+
+
+def test_a_one_line_dag_file_elsewhere_runs_the_installed_package(tmp_path: Path) -> None:
+    """`trends admin dags --install DIR` gives a deployment's own DAG folder the package's DAGs, no checkout."""
+    from click.testing import CliRunner
+
+    from app.cli import cli
+    from infra.dag_contract import submit_script
+
+    folder = tmp_path / "dags"
+    result = CliRunner().invoke(cli, ["admin", "dags", "--install", str(folder)])
+    assert result.exit_code == 0, result.output
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path / "home"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", ONE_LINE_PROBE, str(folder)],
+        cwd=tmp_path,  # not the checkout: the DAGs come from the installed package
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT ")).removeprefix("RESULT "))
+    one_line = str(folder / "trends_dags.py")
+    assert out["errors"] == {}
+    assert out["dags"] == {"trends_backfill": one_line, "trends_batch": one_line}
+    # spark-submit runs the package's entry point with this interpreter; no PYTHONPATH into a checkout
+    assert out["application"] == str(submit_script()) and Path(out["application"]).is_file()
+    assert out["env"]["PYSPARK_PYTHON"] == sys.executable and "PYTHONPATH" not in out["env"]
