@@ -206,12 +206,13 @@ class SpeedSettings(BaseModel):
         "after its starting offsets were resolved, earlier minutes above the batch watermark are gaps.",
     )
     from_watermark: bool = Field(
-        False,
+        True,
         description="A query without a checkpoint (a new one, or a lost one) starts from the batch watermark instead "
         "of starting_offsets: per partition at the first offset of any record at or above the watermark's hour (or "
         "the pin's), found in the event-time index (indexed first if behind); records below it are skipped, and "
         "the new epoch counts every minute from that hour, so nothing above the watermark is a gap once it caught "
-        "up. Without a watermark yet it starts at starting_offsets. The stack's speed service follows it too.",
+        "up. Without a watermark yet it starts at starting_offsets. On by default: a lost checkpoint would otherwise "
+        "recount the whole topic (a year of history is days of reading). The stack's speed service follows it too.",
     )
     allowed_lateness_s: int = Field(
         600,

@@ -18,10 +18,11 @@ def speed() -> None:
 @click.option("--max-offsets", type=click.IntRange(min=1), help="Most records per micro-batch (setting default).")
 @click.option("--starting-offsets", help="earliest, latest or per-partition JSON; only for a query without checkpoint.")
 @click.option(
-    "--from-watermark",
-    is_flag=True,
-    help="A new checkpoint starts at the batch watermark (offsets from the event-time index, indexed first); "
-    "records below it are skipped. Same as TRENDS_SPEED__FROM_WATERMARK=true; ignored once a checkpoint exists.",
+    "--from-watermark/--no-from-watermark",
+    default=None,
+    help="Where a new checkpoint starts: at the batch watermark (offsets from the event-time index, indexed first; "
+    "records below it are skipped), or at --starting-offsets. Default: TRENDS_SPEED__FROM_WATERMARK (on); "
+    "ignored once a checkpoint exists.",
 )
 @click.option("--max-seconds", type=click.FloatRange(min=1), help="Stop gracefully after this many seconds.")
 @click.pass_obj
@@ -31,7 +32,7 @@ def run(
     trigger: float | None,
     max_offsets: int | None,
     starting_offsets: str | None,
-    from_watermark: bool,
+    from_watermark: bool | None,
     max_seconds: float | None,
 ) -> None:
     """Run the streaming job until Ctrl-C/SIGTERM (the running micro-batch finishes first).
@@ -47,7 +48,7 @@ def run(
             "trigger_seconds": trigger,
             "max_offsets_per_trigger": max_offsets,
             "starting_offsets": starting_offsets,
-            "from_watermark": from_watermark or None,
+            "from_watermark": from_watermark,
         }.items()
         if v is not None
     }
