@@ -8,7 +8,7 @@ JARS := $(VENV)/.jars
 BROWSER := $(VENV)/.browser
 GOTOOLS := $(VENV)/.gotools
 
-.PHONY: bench-peers help setup demo test test-unit test-services test-faults test-reliability test-cluster test-alerting test-backfill test-install test-network test-soak gotools lint docs-check docs format lock stack-down clean
+.PHONY: bench-peers help setup demo wheel test test-unit test-services test-faults test-reliability test-cluster test-alerting test-backfill test-install test-network test-soak gotools lint docs-check docs format lock stack-down clean
 
 help:
 	@echo "make demo        set up, start the stack and run the whole pipeline (stream, Airflow backfill, API, dashboard)"
@@ -18,7 +18,8 @@ help:
 	@echo "make test-reliability  the fault-injection suite (not part of make test)"
 	@echo "make test-cluster      Spark standalone cluster, 3-broker Kafka, 2-node Cassandra (not part of make test)"
 	@echo "make test-backfill     trends batch backfill over 30 days, with Cassandra stopped, and the DAG under Airflow's scheduler (not part of make test)"
-	@echo "make test-install      pip install . (no extras, no Airflow) in .venv-core: ingest, speed, batch, serve work"
+	@echo "make wheel       build the wheel and sdist that deploy every role into dist/, constraints.txt beside them"
+	@echo "make test-install      the built wheel in a fresh venv, no checkout: admin init, ingest, speed, Airflow's recompute, serve; and pip install . without extras"
 	@echo "make test-tls          the pipeline over TLS and SASL_SSL on a private TLS stack (not part of make test)"
 	@echo "make test-network      network faults (latency, black hole, reset, bandwidth, slicer) through Toxiproxy between the components (not part of make test)"
 	@echo "make test-soak         the whole stack for SOAK_MINUTES (default 60) at a steady rate, a fault every 10 min, resources bounded (not part of make test)"
@@ -64,6 +65,11 @@ setup: $(INSTALLED) $(JARS)
 
 demo: setup
 	$(BIN)/trends demo
+
+# The one artifact every role installs (docs/deploy.md), with the pins it was tested with beside it.
+wheel: $(INSTALLED)
+	$(BIN)/python -m build --outdir dist .
+	cp constraints.txt dist/
 
 test: setup $(BROWSER) $(GOTOOLS) lint docs-check
 	$(BIN)/pytest --durations=25
@@ -112,7 +118,7 @@ $(AIRFLOW_VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 test-install: setup $(CORE_VENV)/.installed $(AIRFLOW_VENV)/.installed
-	TRENDS_TEST_CORE_VENV=$(CORE_VENV) TRENDS_TEST_AIRFLOW_VENV=$(AIRFLOW_VENV) $(BIN)/pytest -m install tests/services/test_install.py tests/services/test_speed_checkpoint.py tests/services/test_index_rebuild.py
+	TRENDS_TEST_CORE_VENV=$(CORE_VENV) TRENDS_TEST_AIRFLOW_VENV=$(AIRFLOW_VENV) $(BIN)/pytest -m install tests/services/test_install.py tests/services/test_wheel.py tests/services/test_speed_checkpoint.py tests/services/test_index_rebuild.py
 
 # The whole pipeline over TLS (Kafka SASL_SSL with SCRAM-SHA-512, Cassandra client encryption and a password) on a
 # private TLS stack (ports 19110-19122), compared with the same run on the plaintext stack (4-8 min here).

@@ -1,1 +1,6 @@
-"""Infrastructure: settings, the local Kafka/Cassandra stack, CQL migrations, topics and the Spark session factory."""
+"""What every deployment role imports, and nothing above it: settings, clients, topics, migrations, jars, errors.
+
+Also ``trends admin`` (:mod:`infra.admin_cli`), which sets up real clusters — topics and schema, Spark's connector
+jars, the DAG folder of the installed package — and ``trends config``. The local stack (``stack/``) builds on
+these; nothing here imports it.
+"""

@@ -63,5 +63,5 @@ def reason(exc: BaseException) -> str:
     """Say why Cassandra could not answer, for the log (a client only ever sees :data:`UNAVAILABLE`)."""
     text = str(exc) or type(exc).__name__
     if ("Keyspace" in text and "does not exist" in text) or "unconfigured table" in text:
-        return f"the views are not set up ({text}); run `trends stack init`"
+        return f"the views are not set up ({text}); run `trends admin init`"
     return f"{type(exc).__name__}: {text}"[:500]

@@ -41,6 +41,26 @@ def chromium(width: int = 1400, height: int = 2600) -> Any:
     return webdriver.Chrome(options=options, service=Service(driver_bin))
 
 
+def iso(t: datetime) -> str:
+    """Return a UTC time as the CLI and the API take it (``2025-09-14T06:00:00Z``)."""
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def run_trends(venv: Path, env: dict[str, str], *args: str, timeout: float = 600, cwd: Path | None = None) -> str:
+    """Run a venv's ``trends``; return its output, failing the test with it when the command fails."""
+    proc = subprocess.run(
+        [str(venv / "bin" / "trends"), *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert proc.returncode == 0, f"trends {' '.join(args)}: {proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return proc.stdout + proc.stderr
+
+
 def wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path, *, status: int = 200, timeout_s: float = 90) -> None:
     """Wait until a ``trends serve`` child answers ``/ready`` with ``status``; fail with its log if it dies first."""
     import httpx

@@ -2,7 +2,7 @@
 
 Every step runs the ``trends`` command of a separate venv that has only the pinned core dependencies
 (``TRENDS_TEST_CORE_VENV``, made by ``make test-install``; the fixture makes it when it is missing): the topic and
-schema (``trends stack init``), a generated file replayed into Kafka (``trends ingest generate -o`` then ``trends
+schema (``trends admin init``), a generated file replayed into Kafka (``trends ingest generate -o`` then ``trends
 ingest file``), the speed job, the index and a batch recompute, and ``trends serve``, whose answer must count every
 generated event of the window, the closed hours from the batch view and the rest from the speed view.
 """
@@ -24,17 +24,14 @@ from infra import topics
 from infra.cassandra import session
 from infra.settings import Settings
 from infra.settings_env import to_env
-from tests.helpers import wait_ready
+from tests.helpers import iso, wait_ready
+from tests.helpers import run_trends as trends
 
 pytestmark = [pytest.mark.install, pytest.mark.spark]
 
 ROOT = Path(__file__).resolve().parents[2]
 H0 = datetime(2025, 9, 14, 6, tzinfo=UTC)
 PORT = 19210  # this suite's private port (19200-19299)
-
-
-def iso(t: datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @pytest.fixture(scope="module")
@@ -78,15 +75,6 @@ def env(stack_up: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     with session(stack_up) as sess:
         sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
     topics.delete_topics(stack_up.kafka, [topic, f"{topic}.dlq"])
-
-
-def trends(venv: Path, env: dict[str, str], *args: str, timeout: float = 600) -> str:
-    """Run the core venv's ``trends``; return its output, failing the test with it when the command fails."""
-    proc = subprocess.run(
-        [str(venv / "bin" / "trends"), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
-    assert proc.returncode == 0, f"trends {' '.join(args)}: {proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    return proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +134,7 @@ def test_airflow_is_not_installed(core_venv: Path) -> None:
 
 def test_ingest_speed_batch_and_serve_without_airflow(core_venv: Path, env: dict[str, str]) -> None:
     work = Path(env["TRENDS_TEST_WORK"])
-    print(trends(core_venv, env, "stack", "init"))
+    print(trends(core_venv, env, "admin", "init"))
     events_file = work / "events.jsonl"
     end = H0 + timedelta(hours=3)
     trends(core_venv, env, "ingest", "generate", "--start", iso(H0), "--end", iso(end), "--event-rate", "0.5",

@@ -1,4 +1,4 @@
-"""`trends stack init` against what operators and other deployments do to the same clusters.
+"""`trends admin init` (also run by `trends stack init`) against what operators and other deployments do.
 
 An operator's topic config (set with the admin client, as ``kafka-configs.sh`` does) survives init unless
 ``--apply-topic-config``, which prints the change; two migration runs at once apply each migration once.
@@ -44,7 +44,7 @@ def test_an_operators_retention_survives_init_unless_applied(keyspace_settings: 
 
     def init(*flags: str) -> str:
         proc = subprocess.run(
-            [TRENDS, "stack", "init", *flags], env=env, capture_output=True, text=True, timeout=300, check=False
+            [TRENDS, "admin", "init", *flags], env=env, capture_output=True, text=True, timeout=300, check=False
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         return proc.stdout
