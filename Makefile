@@ -6,6 +6,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 JARS := $(VENV)/.jars
 BROWSER := $(VENV)/.browser
+PROMTOOL := $(VENV)/.promtool
 GOTOOLS := $(VENV)/.gotools
 
 .PHONY: bench-peers help setup demo wheel test test-unit test-services test-faults test-reliability test-cluster test-alerting test-backfill test-install test-network test-soak gotools lint docs-check docs format lock stack-down clean
@@ -44,8 +45,13 @@ $(JARS): $(INSTALLED) $(wildcard infra/maven/*/pom.xml)
 	$(BIN)/trends stack fetch
 	touch $@
 
-# promtool and the Prometheus server, built with `go install` into ~/.cache/trends/bin (outside git), for the alert
-# rules' tests and the alerting test. Rebuilt only when a binary is missing from the cache.
+# promtool, for the alert rules' and the dashboards' checks in make test, built with `go install` into
+# ~/.cache/trends/bin (outside git). The Prometheus server and Toxiproxy are built only for the suites that run them
+# (test-alerting, test-network): a first make test compiles promtool alone. Rebuilt only when a binary is missing.
+$(PROMTOOL): $(INSTALLED) stack/gotools.py
+	$(BIN)/python -m stack.gotools promtool
+	touch $@
+
 $(GOTOOLS): $(INSTALLED) stack/gotools.py
 	$(BIN)/python -m stack.gotools
 	touch $@
@@ -71,10 +77,10 @@ wheel: $(INSTALLED)
 	$(BIN)/python -m build --outdir dist .
 	cp constraints.txt dist/
 
-test: setup $(BROWSER) $(GOTOOLS) lint docs-check
+test: setup $(BROWSER) $(PROMTOOL) lint docs-check
 	$(BIN)/pytest --durations=25
 
-test-unit: $(INSTALLED) $(GOTOOLS)
+test-unit: $(INSTALLED) $(PROMTOOL)
 	$(BIN)/pytest -m "not services and not spark"
 
 # The slow suites of faults as they happen (marked `faults`; kept out of make test to hold it under 25 minutes):

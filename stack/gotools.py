@@ -4,9 +4,11 @@
 GOPROXY``; nothing here names a host) and compiles it; the binaries go to
 ``<cache_dir>/bin/<tool>-<version>/``. A build is staged in a temporary folder and renamed into place, so an
 interrupted build never leaves half a tool behind, and a tool is rebuilt only when one of its binaries is missing.
-Building Prometheus's two commands takes about 5-7 minutes of two cores here; every later use is instant.
+Building promtool takes about 5-10 minutes of two cores here (the Prometheus server a little more, from the same
+module); every later use is instant.
 
-``python -m stack.gotools [--force] [TOOL ...]`` builds them (``make`` runs it before the tests that need promtool).
+``python -m stack.gotools [--force] [TOOL ...]`` builds them: ``make test`` builds ``promtool`` only, the suites
+with a real Prometheus or Toxiproxy (``make test-alerting``, ``make test-network``) build them all.
 """
 
 from __future__ import annotations
@@ -48,26 +50,31 @@ class GoTool:
         return [f"{self.module}/cmd/{cmd}@{self.version}" for cmd in self.commands]
 
 
-PROMETHEUS = GoTool("prometheus", "github.com/prometheus/prometheus", "v0.316.0", ("promtool", "prometheus"))
+# promtool (the rules' checks and unit tests, in every `make test`) and the Prometheus server (the alerting and
+# network suites only) are separate builds, so a first `make test` compiles only promtool.
+PROMTOOL = GoTool("promtool", "github.com/prometheus/prometheus", "v0.316.0", ("promtool",))
+PROMETHEUS = GoTool("prometheus", "github.com/prometheus/prometheus", "v0.316.0", ("prometheus",))
 # Toxiproxy's server, for the network-fault suite (a proxy between two components that adds latency, black holes,
 # reset connections...); it builds in seconds.
 TOXIPROXY = GoTool("toxiproxy", "github.com/Shopify/toxiproxy/v2", "v2.5.0", ("server",))
-TOOLS = {tool.name: tool for tool in (PROMETHEUS, TOXIPROXY)}
+TOOLS = {tool.name: tool for tool in (PROMTOOL, PROMETHEUS, TOXIPROXY)}
 
 
-def tool_dir(settings: Settings, tool: GoTool = PROMETHEUS) -> Path:
+def tool_dir(settings: Settings, tool: GoTool) -> Path:
     """Return the folder holding a tool's binaries."""
     return settings.cache_dir / "bin" / tool.folder
 
 
-def is_built(settings: Settings, tool: GoTool = PROMETHEUS) -> bool:
+def is_built(settings: Settings, tool: GoTool) -> bool:
     """Tell whether every command of the tool is in the cache."""
     folder = tool_dir(settings, tool)
     return all(os.access(folder / cmd, os.X_OK) for cmd in tool.commands)
 
 
-def binary(settings: Settings, command: str, tool: GoTool = PROMETHEUS) -> Path:
-    """Return the path of one command of a tool, building the tool first if needed."""
+def binary(settings: Settings, command: str, tool: GoTool | None = None) -> Path:
+    """Return the path of one command of a tool (the tool with that command by default), building it if needed."""
+    if tool is None:
+        tool = next((t for t in TOOLS.values() if command in t.commands), PROMTOOL)
     if command not in tool.commands:
         msg = f"{tool.name} has no command {command!r} (it has {', '.join(tool.commands)})"
         raise StackError(msg)
@@ -75,7 +82,7 @@ def binary(settings: Settings, command: str, tool: GoTool = PROMETHEUS) -> Path:
     return tool_dir(settings, tool) / command
 
 
-def build(settings: Settings, tool: GoTool = PROMETHEUS, *, force: bool = False) -> Path:
+def build(settings: Settings, tool: GoTool, *, force: bool = False) -> Path:
     """Build a tool into the cache unless it is there.
 
     :arg force: build again even if the binaries are there.
