@@ -1,1 +1,14 @@
-"""Batch layer: recompute closed intervals from replayed Kafka offsets, with lineage and the batch watermark."""
+"""Batch layer: recompute closed hours from exactly the Kafka offsets that hold them, with lineage and the watermark.
+
+The recompute, one module per step: ``job`` (the run: closed hours, many per Spark pass), ``hours`` (which hours,
+split into passes), ``offsets`` (the offsets that hold them, from the event-time index, and whether they may be
+computed), ``horizon`` (whether an interval is closed yet), ``compute`` (the Spark side of a pass), ``transform``
+(Kafka records in, the minute view out: pure Spark), ``load`` (new versions, pointer swaps, rollups, lineage, into
+Cassandra), ``store`` (the run sequence over the views' storage), ``report`` (each hour's counts and a run's
+progress), ``code_version`` (the code a run records).
+
+Around it: ``submit`` (the ``spark-submit`` entry point of the DAGs' recompute), ``tasks`` (what the DAGs' other
+tasks call), ``reconcile`` (an hour of the batch view against the speed view), ``backfill`` (``trends batch
+backfill`` through Airflow's REST API), ``exporter`` (the batch layer's state as Prometheus metrics), ``cli``
+(``trends batch``).
+"""

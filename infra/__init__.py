@@ -1,6 +1,12 @@
-"""What every deployment role imports, and nothing above it: settings, clients, topics, migrations, jars, errors.
+"""What every deployment role imports, and nothing above it; the local stack (``stack/``) builds on it.
 
-Also ``trends admin`` (:mod:`infra.admin_cli`), which sets up real clusters — topics and schema, Spark's connector
-jars, the DAG folder of the installed package — and ``trends config``. The local stack (``stack/``) builds on
-these; nothing here imports it.
+Settings: ``settings`` (the one typed tree), ``service_settings`` (Kafka, Cassandra, Spark, Airflow), ``settings_env``
+(the settings as ``TRENDS_*`` for a child process), ``security`` (loopback, secrets, masking), ``errors`` (what the
+CLI turns into a message and an exit status). Clients and resources: ``cassandra`` (driver sessions), ``spark`` (the
+one SparkSession factory), ``topics`` (the Kafka topics), ``migrations`` (the CQL migrations of ``infra/cql``),
+``jars`` (Maven fetches into the jar cache), ``dlq`` (the dead-letter topic's headers and a count by reason),
+``checkpoints`` (where the speed query's checkpoint lives), ``dag_contract`` (the DAGs' ids, params and folder),
+``params`` (the command line's parameter types), ``roundtrip`` (a Kafka -> Spark -> Cassandra probe). Commands:
+``admin_cli`` (``trends admin``: topics and schema, connector jars, DAG folder on real clusters) and ``config_cli``
+(``trends config``). ``airflow`` holds the REST API's client.
 """

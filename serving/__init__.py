@@ -1,6 +1,7 @@
 """Serving: merge the batch and speed views and answer queries over HTTP, the CLI and the dashboard.
 
-A query goes one way through one module per job (the loader, :mod:`serving.window`, drives it):
+A query goes one way through one module per job (:func:`serving.answer_cache.answer` drives it; :mod:`serving.window`
+loads a window for it):
 
 * planning — :mod:`serving.plan` (the merge rule: which layer serves which minute, and the ``Coverage`` it plans with);
 * reading — :mod:`serving.reader` (the layers' state and the rows), :mod:`serving.read_schedule` (the reads of one
@@ -13,5 +14,6 @@ A query goes one way through one module per job (the loader, :mod:`serving.windo
 
 Around them: :mod:`serving.params` (what a query may ask, shared by the CLI and the API), :mod:`serving.cli`
 (``trends query``, ``trends serve``), and the HTTP API — :mod:`serving.api` (the app), :mod:`serving.routes`,
-:mod:`serving.errors`, :mod:`serving.backend` (the Cassandra session), :mod:`serving.metrics`, :mod:`serving.openapi`.
+:mod:`serving.errors`, :mod:`serving.backend` (the Cassandra session), :mod:`serving.metrics`, :mod:`serving.openapi`;
+:mod:`serving.provenance` (what an answer says of itself: spans, gaps, the layers' state).
 """

@@ -1,1 +1,1 @@
-"""The local Airflow: its configuration (``config``), its processes as a server of the stack (``service``), a client."""
+"""Airflow as the pipeline reaches it: ``client``, a client of its REST API (log in, trigger, follow runs)."""
