@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import datasketches as ds
 
-HLL_LG_K = 12
+from views.definition import HLL_LG_K, KLL_K
+
 HLL_RSE = 1.04 / (2 ** (HLL_LG_K / 2))  # 1.625% for lg_k 12
-KLL_K = 200  # Spark's kll_sketch_agg_double default
 
 
 @dataclass(frozen=True)
@@ -45,58 +45,128 @@ class ItemCount:
     upper: int
 
 
+class SketchUnion:
+    """Merge rows' sketches one row at a time, so a stream of rows is never held: HLL union, KLL, frequent items.
+
+    The one place sketches are deserialized and merged: serving merges through it row by row, and the free functions
+    below (a list of blobs at once) are built on it. Empty blobs (a sketch the read did not select) are skipped. The
+    merge order is the order of :meth:`add`.
+    """
+
+    def __init__(self) -> None:
+        self._hll: ds.hll_union | None = None
+        self._kll: ds.kll_doubles_sketch | None = None
+        self._items: ds.frequent_strings_sketch | None = None
+
+    def add(self, hll: bytes, kll: bytes, items: bytes) -> None:
+        """Merge one row's (users_hll, values_kll, items_fi)."""
+        self.add_hll(hll)
+        self.add_kll(kll)
+        self.add_items(items)
+
+    def add_hll(self, blob: bytes) -> None:
+        """Merge one HLL sketch (order-independent)."""
+        if blob:
+            if self._hll is None:
+                self._hll = ds.hll_union(HLL_LG_K)
+            self._hll.update(ds.hll_sketch.deserialize(bytes(blob)))
+
+    def add_kll(self, blob: bytes) -> None:
+        """Merge one KLL doubles sketch."""
+        if blob:
+            sketch = ds.kll_doubles_sketch.deserialize(bytes(blob))
+            if self._kll is None:
+                self._kll = sketch
+            else:
+                self._kll.merge(sketch)
+
+    def add_items(self, blob: bytes) -> None:
+        """Merge one frequent-items sketch."""
+        if blob:
+            sketch = ds.frequent_strings_sketch.deserialize(bytes(blob))
+            if self._items is None:
+                self._items = sketch
+            else:
+                self._items.merge(sketch)
+
+    def hll(self) -> ds.hll_sketch:
+        """Return the HLL union as a sketch (an empty one when no row carried one)."""
+        union = self._hll if self._hll is not None else ds.hll_union(HLL_LG_K)
+        return union.get_result(ds.tgt_hll_type.HLL_8)
+
+    def kll(self) -> ds.kll_doubles_sketch:
+        """Return the merged KLL sketch (an empty one when no row carried one)."""
+        return self._kll if self._kll is not None else ds.kll_doubles_sketch(KLL_K)
+
+    @property
+    def items(self) -> ds.frequent_strings_sketch | None:
+        """Return the merged frequent-items sketch (None when no row carried one)."""
+        return self._items
+
+    def users(self, num_std_dev: int = 2) -> Estimate:
+        """Return the distinct users of the union, with bounds at ``num_std_dev`` standard deviations."""
+        sketch = self.hll()
+        return Estimate(sketch.get_estimate(), sketch.get_lower_bound(num_std_dev), sketch.get_upper_bound(num_std_dev))
+
+    def quantiles(self, ranks: Sequence[float]) -> list[float | None]:
+        """Return the values at the given normalized ranks (None when no values were seen)."""
+        if self._kll is None or self._kll.is_empty():
+            return [None for _ in ranks]
+        return [float(self._kll.get_quantile(r)) for r in ranks]
+
+    def rank_error(self) -> float:
+        """Return the normalized rank error (single quantile, 99% confidence) of the merged KLL sketch."""
+        if self._kll is None or self._kll.is_empty():
+            return float(ds.kll_doubles_sketch.get_normalized_rank_error(KLL_K, False))
+        return float(self._kll.normalized_rank_error(False))
+
+    def top_items(self, limit: int) -> tuple[list[ItemCount], int]:
+        """Return the most frequent items with bounds, and the most any count can be off (items not listed too)."""
+        return frequent(self._items, limit), items_max_error(self._items)
+
+    def serialized(self) -> tuple[bytes, bytes, bytes]:
+        """Return the merged (users_hll, values_kll, items_fi) to keep or merge again; empty where no row had one."""
+        hll = bytes(self.hll().serialize_compact()) if self._hll is not None else b""
+        kll = bytes(self._kll.serialize()) if self._kll is not None else b""
+        items = bytes(self._items.serialize()) if self._items is not None else b""
+        return hll, kll, items
+
+
+def _union_of(blobs: Iterable[bytes], add: str) -> SketchUnion:
+    union = SketchUnion()
+    for blob in blobs:
+        getattr(union, add)(blob)
+    return union
+
+
 def merge_hll(blobs: Iterable[bytes]) -> ds.hll_sketch:
     """Return the union of HLL sketches (order-independent)."""
-    union = ds.hll_union(HLL_LG_K)
-    for blob in blobs:
-        union.update(ds.hll_sketch.deserialize(bytes(blob)))
-    return union.get_result(ds.tgt_hll_type.HLL_8)
+    return _union_of(blobs, "add_hll").hll()
 
 
 def users(blobs: Iterable[bytes], num_std_dev: int = 2) -> Estimate:
     """Return the distinct users of merged HLL sketches, with bounds at ``num_std_dev`` standard deviations."""
-    sketch = merge_hll(blobs)
-    return Estimate(sketch.get_estimate(), sketch.get_lower_bound(num_std_dev), sketch.get_upper_bound(num_std_dev))
+    return _union_of(blobs, "add_hll").users(num_std_dev)
 
 
 def merge_kll(blobs: Iterable[bytes]) -> ds.kll_doubles_sketch:
     """Return the merge of KLL doubles sketches."""
-    merged: ds.kll_doubles_sketch | None = None
-    for blob in blobs:
-        sketch = ds.kll_doubles_sketch.deserialize(bytes(blob))
-        if merged is None:
-            merged = sketch
-        else:
-            merged.merge(sketch)
-    return merged if merged is not None else ds.kll_doubles_sketch()
+    return _union_of(blobs, "add_kll").kll()
 
 
 def quantiles(blobs: Iterable[bytes], ranks: Sequence[float]) -> list[float | None]:
     """Return the values at the given normalized ranks (None when no values were seen)."""
-    sketch = merge_kll(blobs)
-    if sketch.is_empty():
-        return [None for _ in ranks]
-    return [float(sketch.get_quantile(r)) for r in ranks]
+    return _union_of(blobs, "add_kll").quantiles(ranks)
 
 
 def kll_rank_error(blobs: Iterable[bytes] | None = None) -> float:
     """Return the normalized rank error (single quantile, 99% confidence) of the merged sketch."""
-    sketch = merge_kll(blobs or [])
-    if sketch.is_empty():
-        return float(ds.kll_doubles_sketch.get_normalized_rank_error(KLL_K, False))
-    return float(sketch.normalized_rank_error(False))
+    return _union_of(blobs or [], "add_kll").rank_error()
 
 
 def merge_items(blobs: Iterable[bytes]) -> ds.frequent_strings_sketch | None:
     """Return the merge of frequent-items sketches (None when there are none)."""
-    merged: ds.frequent_strings_sketch | None = None
-    for blob in blobs:
-        sketch = ds.frequent_strings_sketch.deserialize(bytes(blob))
-        if merged is None:
-            merged = sketch
-        else:
-            merged.merge(sketch)
-    return merged
+    return _union_of(blobs, "add_items").items
 
 
 def items_max_error(sketch: ds.frequent_strings_sketch | None) -> int:
@@ -119,78 +189,20 @@ def frequent(sketch: ds.frequent_strings_sketch | None, limit: int) -> list[Item
 
 def top_items(blobs: Iterable[bytes], limit: int) -> tuple[list[ItemCount], int]:
     """Return the most frequent items with bounds, and the maximum error of any count (items not listed included)."""
-    sketch = merge_items(blobs)
-    return frequent(sketch, limit), items_max_error(sketch)
-
-
-class SketchUnion:
-    """Merge rows' sketches one row at a time, so a stream of rows is never held: HLL union, KLL, frequent items.
-
-    Empty blobs (a sketch the read did not select) are skipped. The merge order is the order of :meth:`add`.
-    """
-
-    def __init__(self) -> None:
-        self._hll: ds.hll_union | None = None
-        self._kll: ds.kll_doubles_sketch | None = None
-        self._items: ds.frequent_strings_sketch | None = None
-
-    def add(self, hll: bytes, kll: bytes, items: bytes) -> None:
-        """Merge one row's (users_hll, values_kll, items_fi)."""
-        if hll:
-            if self._hll is None:
-                self._hll = ds.hll_union(HLL_LG_K)
-            self._hll.update(ds.hll_sketch.deserialize(bytes(hll)))
-        if kll:
-            sketch = ds.kll_doubles_sketch.deserialize(bytes(kll))
-            if self._kll is None:
-                self._kll = sketch
-            else:
-                self._kll.merge(sketch)
-        if items:
-            fi = ds.frequent_strings_sketch.deserialize(bytes(items))
-            if self._items is None:
-                self._items = fi
-            else:
-                self._items.merge(fi)
-
-    def users(self, num_std_dev: int = 2) -> Estimate:
-        """Return the distinct users of the union, with bounds at ``num_std_dev`` standard deviations."""
-        union = self._hll if self._hll is not None else ds.hll_union(HLL_LG_K)
-        sketch = union.get_result(ds.tgt_hll_type.HLL_8)
-        return Estimate(sketch.get_estimate(), sketch.get_lower_bound(num_std_dev), sketch.get_upper_bound(num_std_dev))
-
-    def quantiles(self, ranks: Sequence[float]) -> list[float | None]:
-        """Return the values at the given normalized ranks (None when no values were seen)."""
-        if self._kll is None or self._kll.is_empty():
-            return [None for _ in ranks]
-        return [float(self._kll.get_quantile(r)) for r in ranks]
-
-    def rank_error(self) -> float:
-        """Return the normalized rank error (single quantile, 99% confidence) of the merged KLL sketch."""
-        if self._kll is None or self._kll.is_empty():
-            return float(ds.kll_doubles_sketch.get_normalized_rank_error(KLL_K, False))
-        return float(self._kll.normalized_rank_error(False))
-
-    @property
-    def items(self) -> ds.frequent_strings_sketch | None:
-        """Return the merged frequent-items sketch (None when no row carried one)."""
-        return self._items
-
-    def serialized(self) -> tuple[bytes, bytes, bytes]:
-        """Return the merged (users_hll, values_kll, items_fi) to keep or merge again; empty where no row had one."""
-        hll = bytes(self._hll.get_result(ds.tgt_hll_type.HLL_8).serialize_compact()) if self._hll else b""
-        kll = bytes(self._kll.serialize()) if self._kll is not None else b""
-        items = bytes(self._items.serialize()) if self._items is not None else b""
-        return hll, kll, items
+    return _union_of(blobs, "add_items").top_items(limit)
 
 
 def merge_all(rows: Iterable[tuple[bytes, bytes, bytes]]) -> tuple[bytes, bytes, bytes]:
-    """Merge (users_hll, values_kll, items_fi) triples into one triple of serialized sketches."""
-    hlls, klls, fis = [], [], []
-    for hll, kll, fi in rows:
-        hlls.append(hll)
-        klls.append(kll)
-        fis.append(fi)
-    items = merge_items(fis)
-    items_blob = bytes(items.serialize()) if items is not None else b""
-    return bytes(merge_hll(hlls).serialize_compact()), bytes(merge_kll(klls).serialize()), items_blob
+    """Merge (users_hll, values_kll, items_fi) triples into one triple of serialized sketches.
+
+    HLL and KLL are serialized even when empty (a rollup row always carries both); items only when a row had some.
+    """
+    union = SketchUnion()
+    for hll, kll, items in rows:
+        union.add(hll, kll, items)
+    merged = union.items
+    return (
+        bytes(union.hll().serialize_compact()),
+        bytes(union.kll().serialize()),
+        bytes(merged.serialize()) if merged is not None else b"",
+    )
