@@ -61,18 +61,25 @@ def _prom(prom: PrometheusService, path: str, **query: str) -> Any:
     return body["data"]
 
 
-def _finite(prom: PrometheusService, expr: str) -> bool:
-    """Tell whether an instant query has at least one series with a finite value now."""
-    return any(math.isfinite(float(s["value"][1])) for s in _prom(prom, "/api/v1/query", query=expr)["result"])
+def _no_data(prom: PrometheusService, expr: str) -> str | None:
+    """Return why an instant query has no series with a finite value now (None: it has one)."""
+    try:
+        result = _prom(prom, "/api/v1/query", query=expr)["result"]
+    except urllib.error.HTTPError as exc:  # Prometheus refused the query (400: it does not parse)
+        return f"refused: {exc.read().decode()}"
+    values = [float(s["value"][1]) for s in result]
+    if any(math.isfinite(v) for v in values):
+        return None
+    return f"only {values}" if values else "no series"
 
 
 def _dead(prom: PrometheusService) -> list[str]:
-    """Return each panel query without a finite value, as "dashboard / title: query"."""
+    """Return each panel query without a finite value, as "dashboard / title: query: why"."""
     return [
-        f"{panel.name}: {query}"
+        f"{panel.name}: {query}: {why}"
         for panel in dashboard_panels()
         for query in panel.queries(RATE_INTERVAL)
-        if not _finite(prom, query)
+        if (why := _no_data(prom, query)) is not None
     ]
 
 
