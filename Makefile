@@ -24,7 +24,7 @@ help:
 	@echo "make test-tls          the pipeline over TLS and SASL_SSL on a private TLS stack (not part of make test)"
 	@echo "make test-network      network faults (latency, black hole, reset, bandwidth, slicer) through Toxiproxy between the components (not part of make test)"
 	@echo "make test-soak         the whole stack for SOAK_MINUTES (default 60) at a steady rate, a fault every 10 min, resources bounded (not part of make test)"
-	@echo "make test-alerting     the alert rules (promtool) and a real Prometheus firing the watermark-lag alert (not part of make test)"
+	@echo "make test-alerting     the alert rules (promtool), a real Prometheus firing the watermark-lag alert, the dashboards' panels with data (not part of make test)"
 	@echo "make bench-peers   the speed layer beside Flink and quixstreams on the same events, each checked exact first (.venv-peers; ~35 min)"
 	@echo "make gotools     build promtool, prometheus and toxiproxy from Go modules into ~/.cache/trends/bin (once, ~6 min)"
 	@echo "make lint        ruff check, ruff format --check, mypy, lint-imports (the layering contracts)"
@@ -132,10 +132,11 @@ test-install: setup $(CORE_VENV)/.installed $(AIRFLOW_VENV)/.installed
 test-tls: setup
 	$(BIN)/pytest -m tls tests/services/test_tls_pipeline.py
 
-# The shipped alert rules: promtool's check and unit tests, then a real Prometheus scraping the batch exporter.
+# The shipped alert rules and dashboards: promtool's check and unit tests, then a real Prometheus scraping the batch
+# exporter (alerts firing), and one scraping a short run of the whole pipeline (every dashboard panel has data).
 test-alerting: setup $(GOTOOLS)
-	$(BIN)/pytest tests/unit/test_alert_rules.py
-	$(BIN)/pytest -m alerting tests/services/test_alerting.py
+	$(BIN)/pytest tests/unit/test_alert_rules.py tests/unit/test_dashboards.py
+	$(BIN)/pytest -m alerting tests/services/test_alerting.py tests/services/test_dashboards.py
 
 # Network faults between the components: a Toxiproxy server (built into the cache with the Go tools) in front of
 # Cassandra, a private Kafka broker and Airflow; each client pointed at its proxy by settings only. Writes

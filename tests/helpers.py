@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -255,3 +256,107 @@ def history_config(start: datetime, days: int, rate: float = 0.006) -> Generator
         quiet_hours=NIGHT,
         gap_every_days=GAP_EVERY,
     )
+
+
+# The shipped monitoring: the metric names the processes export, the runbook's sections, the Grafana dashboards.
+REPO = Path(__file__).resolve().parent.parent
+RUNBOOK = REPO / "docs" / "runbook.md"
+
+
+def runbook_anchors(path: Path = RUNBOOK) -> set[str]:
+    """Return the ids MkDocs gives the headings of a page (Python-Markdown's toc slugify; code blocks skipped)."""
+    import unicodedata
+
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)
+    anchors = set()
+    for heading in re.findall(r"^#{1,6} (.+?)#*$", text, re.M):
+        plain = unicodedata.normalize("NFKD", heading.replace("`", "")).encode("ascii", "ignore").decode()
+        anchors.add(re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", plain).strip().lower()))
+    return anchors
+
+
+def exported_metric_names() -> set[str]:
+    """Return the sample names the pipeline's processes export (counters with ``_total``, histograms' series)."""
+    from batch_layer.exporter import METRICS as BATCH
+    from ingestion.metrics import COUNTERS as INGEST
+    from serving.metrics import Metrics
+    from speed_layer.metrics import COUNTERS as SPEED_COUNTERS
+    from speed_layer.metrics import GAUGES as SPEED_GAUGES
+
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    api = {f.name + s for f in Metrics.create().registry.collect() for s in suffixes[f.type]}
+    return {*BATCH, *INGEST, *SPEED_COUNTERS, *SPEED_GAUGES, *api}
+
+
+def metric_names(expr: str) -> set[str]:
+    """Return the pipeline's metric names a PromQL expression selects (label values are not names)."""
+    return set(re.findall(r"\btrends_[A-Za-z0-9_:]+", re.sub(r'"[^"]*"', '""', expr)))
+
+
+@dataclass(frozen=True)
+class DashboardPanel:
+    """One panel of a shipped Grafana dashboard, read from its JSON (what an operator imports)."""
+
+    dashboard: str
+    title: str
+    exprs: tuple[str, ...]
+    links: tuple[str, ...]
+    all_values: dict[str, str]  # the dashboard's label variables and the value "All" stands for
+
+    @property
+    def name(self) -> str:
+        return f"{self.dashboard} / {self.title}"
+
+    def queries(self, rate_interval: str) -> list[str]:
+        """Return the expressions as Grafana sends them with every variable at "All"."""
+        out = []
+        for expr in self.exprs:
+            text = expr.replace("$__rate_interval", rate_interval)
+            for name, value in self.all_values.items():
+                text = re.sub(rf"\$(?:\{{{name}\}}|{name}\b)", value, text)
+            assert "$" not in text, f"{self.name}: a variable left in {text}"
+            out.append(text)
+        return out
+
+
+def dashboard_files() -> list[Path]:
+    from infra.dashboards import GRAFANA_DIR
+
+    return sorted(GRAFANA_DIR.glob("*.json"))
+
+
+def dashboard_panels() -> list[DashboardPanel]:
+    """Return every panel (not the rows) of the dashboards in ``infra/grafana/``."""
+    panels = []
+    for path in dashboard_files():
+        doc = json.loads(path.read_text())
+        variables = doc["templating"]["list"]
+        all_values = {v["name"]: v["allValue"] for v in variables if v["type"] == "query"}
+        panels.extend(
+            DashboardPanel(
+                dashboard=doc["title"],
+                title=p["title"],
+                exprs=tuple(t["expr"] for t in p["targets"]),
+                links=tuple(link["url"] for link in p.get("links", [])),
+                all_values=all_values,
+            )
+            for p in doc["panels"]
+            if p["type"] != "row"
+        )
+    return panels
+
+
+def dashboard_metrics() -> dict[str, set[str]]:
+    """Return each metric name the dashboards use -> where (panels, and the label variables' queries)."""
+    used: dict[str, set[str]] = defaultdict(set)
+    for panel in dashboard_panels():
+        for expr in panel.exprs:
+            for name in metric_names(expr):
+                used[name].add(panel.name)
+    for path in dashboard_files():
+        doc = json.loads(path.read_text())
+        for v in doc["templating"]["list"]:
+            if v["type"] == "query":
+                for name in metric_names(v["definition"]):
+                    used[name].add(f"{doc['title']} / variable {v['name']}")
+    return dict(used)

@@ -19,8 +19,7 @@ import yaml
 from infra.settings import Settings
 from stack import gotools
 from stack.services.prometheus import RULES_FILE, RULES_TESTS, render_config
-
-RUNBOOK = Path(__file__).resolve().parents[2] / "docs" / "runbook.md"
+from tests.helpers import exported_metric_names, runbook_anchors
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +53,7 @@ def test_promtool_unit_tests_of_the_rules_pass(promtool: Path) -> None:
 
 
 def test_every_alert_has_for_severity_annotations_and_a_runbook_section() -> None:
-    headings = {
-        re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
-        for h in re.findall(r"^#{2,4} (.+)$", RUNBOOK.read_text(), re.M)
-    }
+    headings = runbook_anchors()
     alerts = _alerts()
     assert len(alerts) >= 12
     for rule in alerts:
@@ -83,20 +79,9 @@ def test_every_alert_has_a_firing_and_a_quiet_promtool_case() -> None:
         assert got.get("firing") and got.get("quiet"), f"{rule['alert']} needs a firing and a quiet case: {got}"
 
 
-def _exported() -> set[str]:
-    from batch_layer.exporter import METRICS as BATCH
-    from ingestion.metrics import COUNTERS as INGEST
-    from serving.metrics import Metrics
-    from speed_layer.metrics import COUNTERS as SPEED_COUNTERS
-    from speed_layer.metrics import GAUGES as SPEED_GAUGES
-
-    api = {m.name for m in Metrics.create().registry.collect()}
-    return {*BATCH, *INGEST, *SPEED_COUNTERS, *SPEED_GAUGES, *api}
-
-
 def test_the_rules_use_only_metrics_the_pipeline_exports() -> None:
     recorded = {r["record"] for r in _rules() if "record" in r}
-    exported = _exported()
+    exported = exported_metric_names()
     for rule in _rules():
         expr = re.sub(r'"[^"]*"', '""', rule["expr"])  # label values are not metrics
         for name in re.findall(r"\btrends[_:][a-zA-Z0-9_:]+", expr):
