@@ -49,6 +49,7 @@ ROLES = {
     "batch exporter": "batch_layer/exporter.py",
     "CQL migrations": "infra/cql/0003_batch.cql",
     "Prometheus rules": "infra/prometheus/trends.rules.yml",
+    "Grafana dashboards": "infra/grafana/trends-speed.json",
     "Spark connector pom": "infra/maven/spark-kafka/pom.xml",
 }
 
