@@ -98,4 +98,4 @@ class Merged:
         items = self.sketches.items
         if items is not None:
             size += int(items.get_serialized_size_bytes())
-        return size + 8 * 1024  # the HLL union (lg_k 12) and a merged KLL sketch
+        return size + 8 * 1024  # the HLL union (views.definition.HLL_LG_K: 12, ~4 KiB) and a merged KLL sketch

@@ -41,6 +41,11 @@ __all__ = ["BUCKET", "DEFAULT_TOP_K_ITEMS", "GLOBAL_SLICE", "HLL_LG_K", "VIEW_CO
 _TOPK_ITEM_DDL = "item string not null"
 
 
+def as_view(frame: DataFrame, **computed: Column) -> DataFrame:
+    """Select :data:`VIEW_COLUMNS`, in their order: ``computed`` gives those not found under their name in ``frame``."""
+    return frame.select(*[computed[c].alias(c) if c in computed else F.col(c) for c in VIEW_COLUMNS])
+
+
 def slice_of(dim: str, value: Column) -> Column:
     """Return the slice name of one dimension value (``origin=JFK``)."""
     return F.concat(F.lit(f"{dim}="), value)
@@ -79,16 +84,7 @@ def aggregate(events: DataFrame, slice_dims: Sequence[str], top_k_items: int = D
         F.min("ts").alias("min_ts"),
         F.max("ts").alias("max_ts"),
     )
-    return aggregated.select(
-        F.col("bucket.start").alias("bucket_start"),
-        "slice",
-        "events",
-        "users_hll",
-        "values_kll",
-        F.col("items_state.sketch").alias("items_fi"),
-        "min_ts",
-        "max_ts",
-    )
+    return as_view(aggregated, bucket_start=F.col("bucket.start"), items_fi=F.col("items_state.sketch"))
 
 
 def items_state(sketch: Column, top_k_items: int) -> Column:
@@ -116,13 +112,4 @@ def rollup(buckets: DataFrame, unit: Literal["hour", "day"], top_k_items: int = 
         F.min("min_ts").alias("min_ts"),
         F.max("max_ts").alias("max_ts"),
     )
-    return merged.select(
-        "bucket_start",
-        "slice",
-        "events",
-        "users_hll",
-        "values_kll",
-        F.col("items_state.sketch").alias("items_fi"),
-        "min_ts",
-        "max_ts",
-    )
+    return as_view(merged, items_fi=F.col("items_state.sketch"))

@@ -48,3 +48,16 @@ def test_a_stored_definition_reads_back_and_becomes_settings() -> None:
     settings = with_definition(Settings(), from_json(to_json(green)))
     assert settings.views.slice_dims == ["country", "device"] and settings.views.top_k_items == 64
     assert fingerprint(view_definition(settings)) == fingerprint(green)
+
+
+def test_the_row_types_carry_exactly_the_view_columns() -> None:
+    """VIEW_COLUMNS is the contract; the row the layers write and the bucket serving merges follow it."""
+    from dataclasses import fields
+
+    from serving.bucket import Bucket
+    from views.definition import VIEW_COLUMNS
+    from views.store.rows import ViewRow
+
+    assert set(ViewRow._fields) == set(VIEW_COLUMNS)
+    sketches = {c for c in VIEW_COLUMNS if c.endswith(("_hll", "_kll", "_fi"))}
+    assert sketches <= {f.name for f in fields(Bucket)}
