@@ -30,6 +30,7 @@ from infra.dag_contract import (
     ONLY_MISSING_PARAM,
     RECOMPUTE_TASK,
     START_PARAM,
+    is_chunk,
 )
 from infra.errors import TrendsError
 from infra.params import UTC_TIME
@@ -119,7 +120,7 @@ class Snapshot:
 
     def recompute(self) -> dict[int, TaskState]:
         """Return the mapped recompute instances by chunk (empty until the chunks are known)."""
-        return {t.map_index: t for t in self.tasks if t.task_id == RECOMPUTE_TASK and t.map_index >= 0}
+        return {t.map_index: t for t in self.tasks if is_chunk(t.task_id, t.map_index)}
 
     def done(self) -> list[int]:
         """Return the chunks whose recompute succeeded."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from infra.airflow.client import AirflowAPIError, AirflowClient
+from infra.airflow.client import AirflowAPIError, AirflowClient, runs_path, task_instances_path
 from infra.settings import Settings
 
 if TYPE_CHECKING:
@@ -296,9 +295,8 @@ class AirflowReader:
         since = datetime.now(UTC) - timedelta(seconds=cfg.airflow_failed_window_s)
         state = AirflowState({}, {})
         for dag_id in cfg.airflow_dags:
-            quoted = urllib.parse.quote(dag_id, safe="")
             try:
-                runs = self._get(f"/api/v2/dags/{quoted}/dagRuns?state=success&order_by=-end_date&limit=1")
+                runs = self._get(runs_path(dag_id, state="success", order_by="-end_date", limit=1))
             except AirflowAPIError as exc:
                 if exc.status == 404:
                     logger.debug("Airflow does not know DAG %s (not parsed yet?)", dag_id)
@@ -306,8 +304,9 @@ class AirflowReader:
                 raise
             ends = [r.get("end_date") for r in runs.get("dag_runs", [])]
             state.last_success[dag_id] = datetime.fromisoformat(ends[0]) if ends and ends[0] else None
-            query = urllib.parse.urlencode({"state": "failed", "end_date_gte": since.isoformat(), "limit": 1})
-            failed = self._get(f"/api/v2/dags/{quoted}/dagRuns/~/taskInstances?{query}")
+            failed = self._get(
+                task_instances_path(dag_id, "~", state="failed", end_date_gte=since.isoformat(), limit=1)
+            )
             state.failed_task_instances[dag_id] = int(failed.get("total_entries", 0))
         return state
 

@@ -31,6 +31,15 @@ ADVANCE_TASK: Final = "advance_watermark"  # its XCom: the batch watermark line
 
 DAG_IDS: Final = (BATCH_DAG, BACKFILL_DAG)
 
+
+def is_chunk(task_id: str | None, map_index: int | None) -> bool:
+    """Tell whether a task instance is one chunk of a backfill: an expanded instance of the mapped recompute.
+
+    Before the chunks are known Airflow shows the mapped task once, unexpanded (``map_index`` -1): not a chunk.
+    """
+    return task_id == RECOMPUTE_TASK and (map_index if map_index is not None else -1) >= 0
+
+
 # -- the recompute's command line (batch_layer/submit.py), as the DAGs pass it -----------------------------------
 HOURS_ARG: Final = "--hours"
 FORCE_ARG: Final = "--force"  # the sensor (or the chunks task) decided the hours are closed

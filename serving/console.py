@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -32,7 +31,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
 from infra.checkpoints import CheckpointState, checkpoint_state
-from infra.dag_contract import BACKFILL_DAG, CHUNKS_TASK, END_PARAM, ONLY_MISSING_PARAM, RECOMPUTE_TASK, START_PARAM
+from infra.dag_contract import BACKFILL_DAG, CHUNKS_TASK, END_PARAM, ONLY_MISSING_PARAM, START_PARAM, is_chunk
 from infra.settings import Settings
 from serving import params
 from serving.plan import NOT_YET_SEEN, SPEED_ROWS_GONE, STARTED_AFTER, STOPPED_INSIDE, Span, SpeedCoverage
@@ -284,7 +283,7 @@ _SLOW = _Slow(SLOW_SOURCE_TTL_S)
 
 def backfill_progress(run: dict[str, Any], task_instances: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Summarize a ``trends_backfill`` run: its range and state, and its chunks (mapped recompute tasks) by state."""
-    chunks = [t for t in task_instances if t.get("task_id") == RECOMPUTE_TASK and (t.get("map_index") or 0) >= 0]
+    chunks = [t for t in task_instances if is_chunk(t.get("task_id"), t.get("map_index"))]
     states: dict[str, int] = {}
     for t in chunks:
         states[t.get("state") or "queued"] = states.get(t.get("state") or "queued", 0) + 1
@@ -314,16 +313,19 @@ def backfill_progress(run: dict[str, Any], task_instances: Sequence[dict[str, An
 
 def read_backfills(settings: Settings) -> dict[str, Any]:
     """Return the newest ``trends_backfill`` runs with their progress, or why Airflow could not be read."""
-    from infra.airflow.client import AirflowClient  # noqa: PLC0415 - reads the Airflow config only when asked
+    from infra.airflow.client import (  # noqa: PLC0415 - reads the Airflow config only when asked
+        AirflowClient,
+        runs_path,
+        task_instances_path,
+    )
 
     client = AirflowClient(settings)
     try:
         token = client.token()
-        runs = client.get(token, f"/api/v2/dags/{BACKFILL_DAG}/dagRuns?limit={BACKFILL_RUNS}&order_by=-run_after")
+        runs = client.get(token, runs_path(BACKFILL_DAG, limit=BACKFILL_RUNS, order_by="-run_after"))
         out = []
         for run in runs.get("dag_runs", [])[:BACKFILL_RUNS]:
-            quoted = urllib.parse.quote(run["dag_run_id"], safe="")
-            tis = client.get(token, f"/api/v2/dags/{BACKFILL_DAG}/dagRuns/{quoted}/taskInstances?limit=1000")
+            tis = client.get(token, task_instances_path(BACKFILL_DAG, run["dag_run_id"], limit=1000))
             out.append(backfill_progress(run, tis.get("task_instances", [])))
     except Exception as exc:  # noqa: BLE001 - any failure to read Airflow is shown, never an error of the page
         logger.info("Airflow at %s not read for the console: %s", client.url, exc)

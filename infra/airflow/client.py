@@ -26,6 +26,42 @@ from infra.settings import Settings
 logger = logging.getLogger(__name__)
 
 TOKEN_PATH = "/auth/token"  # noqa: S105 - a URL path, not a password
+API = "/api/v2"  # the REST API's paths, built here only (the exporter, the console and the backfill use these)
+
+
+def _q(part: str) -> str:
+    return urllib.parse.quote(part, safe="")  # "~" (every DAG, every run) is never quoted
+
+
+def _query(params: dict[str, Any]) -> str:
+    return f"?{urllib.parse.urlencode(params)}" if params else ""
+
+
+def dags_path(**params: Any) -> str:
+    """Return the path of the DAG list (``limit``…)."""
+    return f"{API}/dags{_query(params)}"
+
+
+def dag_path(dag_id: str) -> str:
+    """Return the path of one DAG."""
+    return f"{API}/dags/{_q(dag_id)}"
+
+
+def runs_path(dag_id: str, **params: Any) -> str:
+    """Return the path of a DAG's runs (``state``, ``order_by``, ``limit``…; ``~`` for every DAG)."""
+    return f"{dag_path(dag_id)}/dagRuns{_query(params)}"
+
+
+def run_path(dag_id: str, run_id: str) -> str:
+    """Return the path of one run (``~`` for every run)."""
+    return f"{runs_path(dag_id)}/{_q(run_id)}"
+
+
+def task_instances_path(dag_id: str, run_id: str, **params: Any) -> str:
+    """Return the path of a run's task instances (``~`` for every run; ``state``, ``limit``, ``offset``…)."""
+    return f"{run_path(dag_id, run_id)}/taskInstances{_query(params)}"
+
+
 API_TIMEOUT_S = 30
 
 
@@ -154,7 +190,7 @@ class AirflowClient:
         :raises AirflowError: not parsed in time (with the DAG processor's log tail).
         """
         deadline = time.monotonic() + timeout_s
-        while dag_id not in {d["dag_id"] for d in self.get(token, "/api/v2/dags?limit=1000")["dags"]}:
+        while dag_id not in {d["dag_id"] for d in self.get(token, dags_path(limit=1000))["dags"]}:
             if time.monotonic() > deadline:
                 msg = f"DAG {dag_id} not parsed within {timeout_s:.0f} s{self._details()}"
                 raise AirflowError(msg)
@@ -169,7 +205,7 @@ class AirflowClient:
         call = self.api if token is None else functools.partial(self.send, token=token)
         run_id = f"manual__{datetime.now(UTC):%Y%m%dT%H%M%S}_{uuid.uuid4().hex[:6]}"
         try:
-            call("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+            call("PATCH", dag_path(dag_id), {"is_paused": False})
         except AirflowAPIError as exc:
             if exc.status == 404:
                 msg = (
@@ -178,35 +214,31 @@ class AirflowClient:
                 )
                 raise AirflowAPIError(msg, 404) from exc
             raise
-        call("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"dag_run_id": run_id, "logical_date": None, "conf": conf})
+        call("POST", runs_path(dag_id), {"dag_run_id": run_id, "logical_date": None, "conf": conf})
         return run_id
 
     # -- one run, as the REST API shows it ------------------------------------------------------------------
-    @staticmethod
-    def _run_path(dag_id: str, run_id: str) -> str:
-        return f"/api/v2/dags/{urllib.parse.quote(dag_id, safe='')}/dagRuns/{urllib.parse.quote(run_id, safe='')}"
-
     def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
         """Return a DAG run (``state``, ``conf``, ``start_date``, ``end_date``, …)."""
-        return dict(self.api("GET", self._run_path(dag_id, run_id)))
+        return dict(self.api("GET", run_path(dag_id, run_id)))
 
     def task_instances(self, dag_id: str, run_id: str, page: int = 100) -> list[dict[str, Any]]:
         """Return every task instance of a run, each mapped instance separately (``map_index`` >= 0)."""
         out: list[dict[str, Any]] = []
         while True:
-            body = self.api("GET", f"{self._run_path(dag_id, run_id)}/taskInstances?limit={page}&offset={len(out)}")
+            body = self.api("GET", task_instances_path(dag_id, run_id, limit=page, offset=len(out)))
             out += body["task_instances"]
             if not body["task_instances"] or len(out) >= body["total_entries"]:
                 return out
 
     def tries(self, dag_id: str, run_id: str, task_id: str, *, map_index: int = -1) -> list[dict[str, Any]]:
         """Return every try of one task instance (``try_number``, ``state``), earlier tries included."""
-        path = f"{self._run_path(dag_id, run_id)}/taskInstances/{task_id}/{map_index}/tries"
+        path = f"{run_path(dag_id, run_id)}/taskInstances/{task_id}/{map_index}/tries"
         return list(self.api("GET", path)["task_instances"])
 
     def xcom(self, dag_id: str, run_id: str, task_id: str, *, map_index: int = -1, key: str = "return_value") -> Any:
         """Return an XCom value as stored (JSON), or None when the task has not pushed it."""
-        path = f"{self._run_path(dag_id, run_id)}/taskInstances/{task_id}/xcomEntries/{key}?map_index={map_index}"
+        path = f"{run_path(dag_id, run_id)}/taskInstances/{task_id}/xcomEntries/{key}?map_index={map_index}"
         try:
             return self.api("GET", path)["value"]
         except AirflowAPIError as exc:
@@ -217,7 +249,7 @@ class AirflowClient:
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int, *, map_index: int = -1) -> list[str]:
         """Return the lines of one try's log (``event`` of each structured record, with its level if not info)."""
         path = (
-            f"{self._run_path(dag_id, run_id)}/taskInstances/{task_id}/logs/{try_number}"
+            f"{run_path(dag_id, run_id)}/taskInstances/{task_id}/logs/{try_number}"
             f"?map_index={map_index}&full_content=true"
         )
         content = self.api("GET", path).get("content") or []
@@ -244,12 +276,11 @@ class AirflowClient:
         :raises AirflowError: the run failed, or did not finish in time.
         """
         deadline = time.monotonic() + timeout_s
-        quoted = urllib.parse.quote(run_id, safe="")
         state = "?"
         while time.monotonic() < deadline:
-            state = self.get(token, f"/api/v2/dags/{dag_id}/dagRuns/{quoted}")["state"]
+            state = self.get(token, run_path(dag_id, run_id))["state"]
             if on_poll is not None:
-                tis = self.get(token, f"/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances?limit=1000")
+                tis = self.get(token, task_instances_path(dag_id, run_id, limit=1000))
                 counts: dict[str, int] = {}
                 for ti in tis["task_instances"]:
                     key = f"{ti['task_id']} {ti['state'] or 'queued'}"
@@ -280,7 +311,7 @@ class AirflowClient:
         wanted = set(starts)
         states: dict[str, str] = {}
         while time.monotonic() < deadline:
-            runs = self.get(token, f"/api/v2/dags/{dag_id}/dagRuns?limit=1000")["dag_runs"]
+            runs = self.get(token, runs_path(dag_id, limit=1000))["dag_runs"]
             mine = [r for r in runs if datetime.fromisoformat(r["data_interval_start"]) in wanted]
             states = {r["dag_run_id"]: r["state"] for r in mine}
             if on_poll is not None:
