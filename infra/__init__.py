@@ -1,6 +1,7 @@
 """What every deployment role imports, and nothing above it; the local stack (``stack/``) builds on it.
 
-Settings: ``settings`` (the one typed tree), ``service_settings`` (Kafka, Cassandra, Spark, Airflow), ``settings_env``
+Settings: ``settings`` (the one typed tree), ``service_settings`` (Kafka, Cassandra, Spark, Airflow),
+``pipeline_settings`` (the local stack, ingestion, views, both layers, serving, metrics), ``settings_env``
 (the settings as ``TRENDS_*`` for a child process), ``security`` (loopback, secrets, masking), ``errors`` (what the
 CLI turns into a message and an exit status). Clients and resources: ``cassandra`` (driver sessions), ``spark`` (the
 one SparkSession factory), ``topics`` (the Kafka topics), ``migrations`` (the CQL migrations of ``infra/cql``),
