@@ -10,7 +10,8 @@ loads a window for it):
 * merging — :mod:`serving.merge` (the one per-row merge), :mod:`serving.answer_cache` (merged answers kept by question,
   and reading and merging only what moved);
 * answering — :mod:`serving.queries` (counts, users, quantiles, top, trending, series), :mod:`serving.status` (gap
-  minutes, losses, a pin's effect), :mod:`serving.console` (the operator console).
+  minutes, losses, a pin's effect), :mod:`serving.console` (the operator console;
+  :mod:`serving.console_sources` reads Airflow and the dead letters for it).
 
 Around them: :mod:`serving.params` (what a query may ask, shared by the CLI and the API), :mod:`serving.cli`
 (``trends query``, ``trends serve``), and the HTTP API — :mod:`serving.api` (the app), :mod:`serving.routes`,

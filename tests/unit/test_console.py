@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from serving import params
-from serving.console import MAX_HOURS, SpeedMinute, backfill_progress, hour_range, segments_of
+from serving.console import MAX_HOURS, SpeedMinute, hour_range, segments_of
+from serving.console_sources import backfill_progress
 from views.buckets import HOUR, MINUTE
 from views.store.index import IndexedPartition, PartitionState, dt_to_ms, index_horizon
 
