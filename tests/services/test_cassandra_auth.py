@@ -68,20 +68,20 @@ def _login(settings: Settings, user: str | None, password: str | None) -> None:
 
 def test_the_configured_role_reads_and_writes(auth_cassandra: Settings) -> None:
     migrations.migrate(auth_cassandra)
-    speed_view = table(auth_cassandra, "speed_view")
+    progress = table(auth_cassandra, "speed_progress")
     minute = datetime(2026, 5, 1, 10, 17, tzinfo=UTC)
-    row = ("auth-test", minute.date(), minute, 42, b"\x01\x02", 7)
-    columns = "slice, day, bucket_start, events, items_fi, batch_id"
-    insert = f"INSERT INTO {speed_view} ({columns}) VALUES (%s, %s, %s, %s, %s, %s)"
+    row = ("auth-test", minute, 42, 7)
+    insert = f"INSERT INTO {progress} (query, newest_event_ts, last_batch_rows, last_batch_id) VALUES (%s, %s, %s, %s)"
     with session(auth_cassandra) as sess:  # as the layers write and read: their execution profiles
         sess.execute(insert, row, execution_profile=WRITE_PROFILE)
     with session(auth_cassandra) as sess:  # a new connection reads back what the first one wrote
         got = sess.execute(
-            f"SELECT events, items_fi, batch_id FROM {speed_view} WHERE slice = %s AND day = %s AND bucket_start = %s",
-            row[:3],
+            f"SELECT newest_event_ts, last_batch_rows, last_batch_id FROM {progress} WHERE query = %s",
+            row[:1],
             execution_profile=READ_PROFILE,
         ).one()
-    assert got is not None and (got.events, got.items_fi, got.batch_id) == (42, b"\x01\x02", 7)
+    assert got is not None
+    assert (got.newest_event_ts.replace(tzinfo=UTC), got.last_batch_rows, got.last_batch_id) == (minute, 42, 7)
 
 
 @pytest.mark.parametrize(

@@ -45,14 +45,12 @@ def test_pipeline_topics_have_configured_partitions_and_retention(stack_up: Sett
 def test_cql_round_trip(keyspace_settings: Settings) -> None:
     migrations.migrate(keyspace_settings)
     with session(keyspace_settings) as sess:
-        name = table(keyspace_settings, "roundtrip_events")
+        name = table(keyspace_settings, "speed_progress")
         ts = datetime(2025, 11, 23, 12, 0, tzinfo=UTC)
-        insert = sess.prepare(
-            f"INSERT INTO {name} (run_id, event_id, item, ts, kafka_partition, kafka_offset) VALUES (?, ?, ?, ?, ?, ?)"
-        )
-        sess.execute(insert, ("r1", "e1", "#kafka", ts, 0, 42))
-        row = sess.execute(f"SELECT item, ts, kafka_offset FROM {name} WHERE run_id = 'r1'").one()
-    assert (row.item, row.ts.replace(tzinfo=UTC), row.kafka_offset) == ("#kafka", ts, 42)
+        insert = sess.prepare(f"INSERT INTO {name} (query, newest_event_ts, last_batch_id) VALUES (?, ?, ?)")
+        sess.execute(insert, ("q1", ts, 42))
+        row = sess.execute(f"SELECT newest_event_ts, last_batch_id FROM {name} WHERE query = 'q1'").one()
+    assert (row.newest_event_ts.replace(tzinfo=UTC), row.last_batch_id) == (ts, 42)
 
 
 def test_migrations_rerun_cleanly_and_apply_only_new_files(keyspace_settings: Settings, tmp_path: Path) -> None:
@@ -81,7 +79,8 @@ def test_migrations_rerun_cleanly_and_apply_only_new_files(keyspace_settings: Se
             )
         }
     assert ledger == {*(m.version for m in shipped), 9001}
-    assert {"extra", "extra2", "roundtrip_events", "schema_migrations"} <= tables
+    assert {"extra", "extra2", "speed_minutes", "schema_migrations"} <= tables
+    assert not {"speed_view", "roundtrip_events"} & tables  # retired: a fresh keyspace holds none of them
 
     (folder / "9001_extra.cql").write_text("CREATE TABLE IF NOT EXISTS extra (k int PRIMARY KEY, v text);")
     with pytest.raises(MigrationError, match="changed after it was applied"):

@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
-from infra import jars, roundtrip
+from infra import jars
 from infra.settings import Settings
 from infra.spark import spark_conf
+from tests import roundtrip
 
 pytestmark = pytest.mark.spark
 

@@ -2,7 +2,7 @@
 
 Events are produced to Kafka, read by a streaming query, written to Cassandra and read back. It uses a throw-away
 topic and checkpoint per run (deleted afterwards) and a partition of its own in ``roundtrip_events``, so it can
-run against a stack that also holds real data.
+run against a stack that also holds real data. The table is the test's own (created here; no deployment has it).
 """
 
 from __future__ import annotations
@@ -28,6 +28,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+CREATE = """
+CREATE TABLE IF NOT EXISTS {table} (
+    run_id text,
+    event_id text,
+    item text,
+    ts timestamp,
+    kafka_partition int,
+    kafka_offset bigint,
+    PRIMARY KEY ((run_id), event_id)
+) WITH default_time_to_live = 86400"""
 INSERT = "INSERT INTO {table} (run_id, event_id, item, ts, kafka_partition, kafka_offset) VALUES (?, ?, ?, ?, ?, ?)"
 SELECT = "SELECT event_id, item, ts, kafka_partition, kafka_offset FROM {table} WHERE run_id = ?"
 QUERY_TIMEOUT_S = 300
@@ -49,7 +59,7 @@ def produce(settings: Settings, topic: str, events: list[dict[str, Any]]) -> int
 
     :raises TrendsError: when any delivery fails.
     """
-    from confluent_kafka import Producer  # noqa: PLC0415
+    from confluent_kafka import Producer
 
     producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True, "acks": "all", "linger.ms": 5})
     errors: list[str] = []
@@ -77,9 +87,9 @@ def stream_to_cassandra(spark: SparkSession, settings: Settings, topic: str, run
 
     :returns: the number of rows written.
     """
-    from cassandra.concurrent import execute_concurrent_with_args  # noqa: PLC0415
-    from pyspark.sql import functions as F  # noqa: PLC0415
-    from pyspark.sql.types import StringType, StructField, StructType  # noqa: PLC0415
+    from cassandra.concurrent import execute_concurrent_with_args
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
 
     schema = StructType(
         [StructField("id", StringType()), StructField("ts", StringType()), StructField("item", StringType())]
@@ -170,13 +180,15 @@ def run(settings: Settings, count: int = 5, spark: SparkSession | None = None) -
     checkpoint = f"{settings.checkpoint_root}/roundtrip-{run_id}"
     spec = topics.TopicSpec(topic, 2, settings.kafka.replication_factor, {"retention.ms": "86400000"})
     topics.ensure_topics(settings.kafka, [spec])
+    with session(settings) as sess:
+        sess.execute(CREATE.format(table=table(settings, "roundtrip_events")))
     try:
         events = sample_events(run_id, count)
         t0 = time.monotonic()
         acked = produce(settings, topic, events)
         logger.info("produced %d events to %s", acked, topic)
         if spark is None:
-            from pyspark.sql import SparkSession  # noqa: PLC0415
+            from pyspark.sql import SparkSession
 
             spark = SparkSession.getActiveSession()
         own_spark = spark is None  # never stop a session someone else started
