@@ -63,3 +63,43 @@ def test_top_items_bounds_hold() -> None:
     left_out = [n for item, n in truth.items() if item not in {t.item for t in listed}]
     assert left_out and max(left_out) <= max_error  # an item not listed counted at most the bound
     assert sketches.top_items([], limit=3) == ([], 0)
+
+
+def test_a_row_by_row_union_keeps_every_bound() -> None:
+    """Serving merges rows one at a time (SketchUnion.add): the union of 60 minute rows holds each sketch's bound."""
+    rng = random.Random(7)
+    union = sketches.SketchUnion()
+    users_seen: set[str] = set()
+    values: list[float] = []
+    counts: dict[str, int] = {}
+    for minute in range(60):
+        h, k, f = ds.hll_sketch(12, ds.tgt_hll_type.HLL_8), ds.kll_doubles_sketch(200), ds.frequent_strings_sketch(10)
+        for _ in range(800):
+            # values drift minute by minute, so a row lost from the merge moves the quantiles
+            user, value = f"u{rng.randrange(20_000)}", rng.expovariate(1 / (10 + 5 * minute))
+            item = f"#i{min(int(rng.paretovariate(1.2)), 2000)}"
+            h.update(user)
+            k.update(value)
+            f.update(item)
+            users_seen.add(user)
+            values.append(value)
+            counts[item] = counts.get(item, 0) + 1
+        # a minute whose read selected no items sketch carries an empty blob: skipped, not an error
+        union.add(bytes(h.serialize_compact()), bytes(k.serialize()), bytes(f.serialize()) if minute % 7 else b"")
+        if minute % 7 == 0:
+            union.add_items(bytes(f.serialize()))
+    est = union.users(num_std_dev=3)
+    assert est.lower <= len(users_seen) <= est.upper
+    ordered = sorted(values)
+    for q, got in zip([0.1, 0.5, 0.99], union.quantiles([0.1, 0.5, 0.99]), strict=True):
+        assert got is not None
+        assert abs(sum(v <= got for v in ordered) / len(ordered) - q) <= union.rank_error()
+    listed, max_error = union.top_items(limit=len(counts))
+    assert max_error == math.ceil(3.5 / 2**10 * len(values))
+    for t in listed:
+        assert t.lower <= counts[t.item] <= t.upper
+    assert all(n <= max_error for item, n in counts.items() if item not in {t.item for t in listed})
+    # the free functions are the same merge: a list of blobs gives the same answer as the rows one by one
+    hll_blob, kll_blob, _ = union.serialized()
+    assert sketches.users([hll_blob], num_std_dev=3) == est
+    assert sketches.quantiles([kll_blob], [0.5]) == union.quantiles([0.5])
