@@ -17,6 +17,7 @@ from hypothesis import settings as hypothesis_settings
 from infra import migrations, topics
 from infra.settings import Settings
 from stack import control
+from tests.helpers import drop_keyspace
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 
@@ -66,13 +67,10 @@ def new_topic(stack_up: Settings) -> Iterator[Callable[..., str]]:
 @pytest.fixture
 def keyspace_settings(stack_up: Settings) -> Iterator[Settings]:
     """Return settings pointing at a fresh keyspace (dropped afterwards), for tests that create or migrate."""
-    from infra.cassandra import session
-
     name = f"test_{uuid.uuid4().hex[:10]}"
     scoped = stack_up.model_copy(update={"cassandra": stack_up.cassandra.model_copy(update={"keyspace": name})})
     yield scoped
-    with session(stack_up) as sess:
-        sess.execute(f"DROP KEYSPACE IF EXISTS {name}")
+    drop_keyspace(stack_up, name)
 
 
 @pytest.fixture(scope="session")

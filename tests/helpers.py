@@ -62,6 +62,14 @@ def run_trends(venv: Path, env: dict[str, str], *args: str, timeout: float = 600
     return proc.stdout + proc.stderr
 
 
+def drop_keyspace(settings: Settings, keyspace: str) -> None:
+    """Drop a test's keyspace (its teardown), through the given settings' Cassandra."""
+    from infra.cassandra import session
+
+    with session(settings) as sess:
+        sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+
+
 def wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path, *, status: int = 200, timeout_s: float = 90) -> None:
     """Wait until a ``trends serve`` child answers ``/ready`` with ``status``; fail with its log if it dies first."""
     import httpx

@@ -30,7 +30,7 @@ from ingestion.producer import EventProducer
 from stack.process import family, process_alive, tail
 from stack.services.pipeline import SpeedService
 from stack.supervisor import SupervisorState
-from tests.helpers import free_port
+from tests.helpers import drop_keyspace, free_port
 from views.event import Event
 
 HOUR = timedelta(hours=1)
@@ -283,6 +283,5 @@ def private_pipeline(
     finally:
         if p.speed is not None:
             p.speed.stop()
-        with session(stack_up) as sess:
-            sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+        drop_keyspace(stack_up, keyspace)
         topics.delete_topics(stack_up.kafka, [topic])

@@ -28,6 +28,7 @@ from stack.process import signal_group
 from stack.services.kafka import Kafka
 from tests.cluster import workload
 from tests.cluster.workload import HOUR
+from tests.helpers import drop_keyspace
 from views.event import Event
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800)]
@@ -153,6 +154,5 @@ def test_same_answers_on_3_brokers_and_2_cassandra_nodes(stack_up: Settings, clu
         assert jfk == [len(exact(events, *window, "JFK"))] * 2
     finally:
         for s in (one, multi):
-            with session(s) as sess:
-                sess.execute(f"DROP KEYSPACE IF EXISTS {s.cassandra.keyspace}")
+            drop_keyspace(s, s.cassandra.keyspace)
             topics.delete_topics(s.kafka, [topic])

@@ -24,10 +24,9 @@ import pytest
 from confluent_kafka import Producer
 
 from infra import migrations, topics
-from infra.cassandra import session
 from infra.settings import Settings
 from stack.toxiproxy import Toxiproxy
-from tests.helpers import serve
+from tests.helpers import drop_keyspace, serve
 from tests.network.proxies import Proxies, wait_until
 from tests.network.table import record
 from views.event import Event
@@ -112,8 +111,7 @@ def served(
         with serve(via_proxy, log) as url:
             yield Served(via_proxy, url, log, EVENTS)
     finally:
-        with session(stack_up) as sess:
-            sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+        drop_keyspace(stack_up, keyspace)
         topics.delete_topics(stack_up.kafka, [topic])
 
 

@@ -25,7 +25,7 @@ from stack import control
 from stack.airflow.config import AirflowConfig
 from stack.airflow.service import Airflow
 from stack.process import tail
-from tests.helpers import Truth, free_port, history_config, produce_history
+from tests.helpers import Truth, drop_keyspace, free_port, history_config, produce_history
 from views.buckets import month_key
 from views.event import Event
 from views.store.batch import BatchRows
@@ -98,8 +98,7 @@ def dag_env(
         yield settings, AirflowConfig(settings).client()
     finally:
         control.down(settings, ["airflow"])
-        with session(stack_up) as sess:
-            sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+        drop_keyspace(stack_up, keyspace)
 
 
 @pytest.mark.backfill  # Airflow's scheduler over three hours, a reprocess and 32 days of history: make test-backfill
@@ -249,5 +248,4 @@ def test_hourly_runs_compute_empty_missing_and_stale_hours(
             assert store.pointers.watermark()[:2] == (h0, h0 + 7 * HOUR)
             assert hour_counts(sess, store) == {**sizes, 1: 46}
     finally:
-        with session(stack_up) as sess:
-            sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+        drop_keyspace(stack_up, keyspace)

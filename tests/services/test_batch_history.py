@@ -26,7 +26,7 @@ from infra.cassandra import session, table
 from infra.settings import Settings
 from infra.settings_env import to_env
 from serving.api import create_app
-from tests.helpers import Truth, history_config, produce_events, produce_history
+from tests.helpers import Truth, drop_keyspace, history_config, produce_events, produce_history
 from views import sketches
 from views.buckets import as_date, month_key
 from views.event import Event
@@ -220,8 +220,7 @@ def test_indexer_killed_mid_run_resumes_to_the_same_index(
         indexer.run_index(reference)
         assert index_rows(settings) == index_rows(reference)
     finally:
-        with session(stack_up) as sess:
-            sess.execute(f"DROP KEYSPACE IF EXISTS {reference.cassandra.keyspace}")
+        drop_keyspace(stack_up, reference.cassandra.keyspace)
     # and the index counts every record produced, hour by hour
     _spans, totals = index_rows(settings)
     per_hour = Counter({h.replace(tzinfo=UTC): n for h, n, _late in totals})

@@ -28,7 +28,7 @@ from infra import migrations
 from infra.cassandra import session, table
 from infra.settings import Settings
 from stack.airflow.service import Airflow
-from tests.helpers import chromium, free_port, serve, speed_drain
+from tests.helpers import chromium, drop_keyspace, free_port, iso, serve, speed_drain
 from views.event import Event
 from views.indexing import indexer
 from views.store.checks import Checks
@@ -242,9 +242,6 @@ def seen_by_operators(settings: Settings) -> None:
     from batch_layer.exporter import BatchReader
     from serving.api import create_app
 
-    def iso(t: datetime) -> str:
-        return f"{t:%Y-%m-%dT%H:%M:%SZ}"
-
     with TestClient(create_app(settings)) as client:
         status = client.get("/api/v1/status").json()
         count = client.get("/api/v1/count", params={"start": iso(H0 - 3 * HOUR), "end": iso(H0 - 2 * HOUR)}).json()
@@ -303,5 +300,4 @@ def test_a_speed_view_beyond_the_bounds_fails_the_hourly_verify(
         code, status = trends(settings, "batch", "status")
         assert code == 0 and f"{H0:%Y-%m-%dT%H:%MZ} reconciled" in status and "BEYOND BOUNDS" in status, status
     finally:
-        with session(stack_up) as sess:
-            sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+        drop_keyspace(stack_up, keyspace)

@@ -36,7 +36,7 @@ from ingestion.validate import Reason, Reject
 from serving import window
 from serving.plan import NO_BATCH_RUN, SPEED_ROWS_GONE, STARTED_AFTER
 from serving.reader import ViewReader
-from tests.helpers import chromium, free_port, serve, speed_drain
+from tests.helpers import chromium, free_port, iso, serve, speed_drain
 from views.buckets import HOUR, MINUTE, floor
 from views.event import Event
 from views.store.pointers import PointerStore
@@ -45,10 +45,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.faults]  # make test-faults (slow: 
 
 TRENDS = str(Path(sys.executable).parent / "trends")
 TTL_S = 60  # the speed rows' TTL of the expiry case (the least the setting takes)
-
-
-def iso(t: datetime) -> str:
-    return f"{t:%Y-%m-%dT%H:%M:%SZ}"
 
 
 def events(start: datetime, minutes: int, per_minute: int, prefix: str) -> list[Event]:

@@ -21,10 +21,9 @@ import httpx
 import pytest
 
 from infra import topics
-from infra.cassandra import session
 from infra.settings import Settings
 from infra.settings_env import to_env
-from tests.helpers import iso, wait_ready
+from tests.helpers import drop_keyspace, iso, wait_ready
 from tests.helpers import run_trends as trends
 
 pytestmark = [pytest.mark.install, pytest.mark.spark]
@@ -72,8 +71,7 @@ def env(stack_up: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "TRENDS_TEST_WORK": str(work),
     }
     yield out
-    with session(stack_up) as sess:
-        sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+    drop_keyspace(stack_up, keyspace)
     topics.delete_topics(stack_up.kafka, [topic, f"{topic}.dlq"])
 
 

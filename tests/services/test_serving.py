@@ -20,7 +20,7 @@ from infra.cassandra import session
 from infra.settings import Settings
 from serving import params, queries, status, window
 from serving.reader import ViewReader
-from tests.helpers import speed_drain
+from tests.helpers import drop_keyspace, speed_drain
 from views.event import Event
 from views.sketches import merge_all
 from views.store.rows import ViewRow
@@ -73,8 +73,7 @@ def served(
     speed_drain(settings, tmp_path_factory.mktemp("speed"), lateness_s=3600)
     job.run(settings, H0, H0 + 2 * HOUR, spark=spark)
     yield settings, events
-    with session(stack_up) as sess:
-        sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+    drop_keyspace(stack_up, keyspace)
     topics.delete_topics(stack_up.kafka, [topic])
 
 
@@ -241,5 +240,4 @@ def test_whole_days_are_served_by_the_daily_rollups(stack_up: Settings) -> None:
         s = queries.summary(w)
         assert (s.events, round(s.users)) == (36, 36) and w.provenance.gaps == []
     finally:
-        with session(stack_up) as sess:
-            sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+        drop_keyspace(stack_up, keyspace)

@@ -29,11 +29,10 @@ from pydantic import SecretStr
 
 from batch_layer import job
 from infra import migrations, topics
-from infra.cassandra import session
 from infra.settings import Settings
 from ingestion.generator import Burst, GeneratorConfig, SyntheticStream
 from serving.api import create_app
-from tests.helpers import BAD_REQUESTS, chromium, free_port, serve, speed_drain
+from tests.helpers import BAD_REQUESTS, chromium, drop_keyspace, free_port, iso, serve, speed_drain
 
 pytestmark = pytest.mark.spark
 
@@ -42,10 +41,6 @@ HOUR = timedelta(hours=1)
 MIN = timedelta(minutes=1)
 BURSTS = ("#t30:12:140:20", "#t60:12:140:20", "#t90:10:140:20")  # minutes 140-160 of the stream: the 3rd hour
 RECENT = (H0 + 140 * MIN, H0 + 160 * MIN)
-
-
-def iso(t: datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -95,8 +90,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, stack_up: Settings, spark: 
     speed_drain(settings, tmp_path_factory.mktemp("speed"), lateness_s=3600)
     job.run(settings, H0, H0 + 2 * HOUR, spark=spark)
     yield Served(settings, events, {b.split(":")[0] for b in BURSTS})
-    with session(stack_up) as sess:
-        sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+    drop_keyspace(stack_up, keyspace)
     topics.delete_topics(stack_up.kafka, [topic])
 
 

@@ -36,7 +36,7 @@ from serving import queries, window
 from serving.api import create_app
 from serving.plan import NOT_YET_SEEN, SPEED_ROWS_GONE, STARTED_AFTER, STOPPED_INSIDE
 from serving.reader import ViewReader
-from tests.helpers import speed_drain
+from tests.helpers import iso, speed_drain
 from views.buckets import MINUTE, floor
 from views.event import Event
 
@@ -45,10 +45,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.faults]  # make test-faults (slow: 
 TRENDS = str(Path(sys.executable).parent / "trends")
 TTL_S = 90  # the speed rows' TTL in the expiry case: the checks before it must end within it
 LIVE_WITHIN_S = 10.0  # a stopped job's unread minute turns into a gap this long after it last read the whole topic
-
-
-def iso(t: datetime) -> str:
-    return f"{t:%Y-%m-%dT%H:%M:%SZ}"
 
 
 @dataclass

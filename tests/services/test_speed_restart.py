@@ -28,7 +28,7 @@ from stack import control
 from stack.cli import stack as stack_cli
 from stack.process import process_alive, tail
 from stack.services.pipeline import SpeedService
-from tests.helpers import free_port
+from tests.helpers import drop_keyspace, free_port
 from views.event import Event
 
 WAIT_S = 240
@@ -121,8 +121,7 @@ def test_a_failing_speed_service_is_restarted_with_backoff_and_counted(
             )
     finally:
         stopped = svc.stop()
-        with session(stack_up) as sess:
-            sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+        drop_keyspace(stack_up, keyspace)
     assert stopped and svc.pid() is None
     final = svc.supervisor_state()
     assert final is not None and final.stopped and final.child_pid is None

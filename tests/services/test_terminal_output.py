@@ -21,6 +21,7 @@ from infra.cassandra import session
 from infra.security import CONTROL_CHARS
 from infra.settings import Settings
 from serving.cli import query
+from tests.helpers import drop_keyspace
 from views.store.rows import ViewRow
 
 HOUR = datetime(2025, 6, 1, 10, tzinfo=UTC)
@@ -57,8 +58,7 @@ def evil_view(stack_up: Settings) -> Iterator[Settings]:
             store.pointers.write_watermark(HOUR - timedelta(hours=2), HOUR + timedelta(hours=1))
         yield settings
     finally:
-        with session(stack_up) as sess:
-            sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+        drop_keyspace(stack_up, keyspace)
 
 
 def _run(settings: Settings, *args: str) -> str:

@@ -36,7 +36,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from infra import migrations, topics
-from infra.cassandra import ping, session, ssl_context
+from infra.cassandra import ping, ssl_context
 from infra.settings import Settings
 from infra.settings_env import to_env
 from infra.spark import kafka_options
@@ -45,7 +45,7 @@ from stack.airflow.config import airflow_executable
 from stack.airflow.service import Airflow
 from stack.certificates import ensure_stack_tls
 from stack.process import child_env
-from tests.helpers import wait_ready
+from tests.helpers import drop_keyspace, iso, wait_ready
 
 pytestmark = [pytest.mark.tls, pytest.mark.spark]
 
@@ -60,10 +60,6 @@ SEED = 20251
 # Ports of the private TLS stack (the range 19100-19199 is this suite's).
 KAFKA_PORT, CONTROLLER_PORT, CQL_PORT, STORAGE_PORT, JMX_PORT, API_PORT, PLAIN_API_PORT = range(19110, 19117)
 MTLS_KAFKA_PORT, MTLS_CONTROLLER_PORT, AIRFLOW_PORT = 19120, 19121, 19122
-
-
-def iso(t: datetime) -> str:
-    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -127,8 +123,7 @@ def plain_stack(stack_up: Settings) -> Iterator[Stack]:
     topics.ensure_topics(settings.kafka, [spec])
     migrations.migrate(settings)
     yield Stack(settings, {**os.environ, **to_env(settings)}, PLAIN_API_PORT)
-    with session(stack_up) as sess:
-        sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+    drop_keyspace(stack_up, keyspace)
     topics.delete_topics(stack_up.kafka, [topic])
 
 

@@ -27,10 +27,9 @@ import httpx
 import pytest
 
 from infra import topics
-from infra.cassandra import session
 from infra.settings import Settings
 from infra.settings_env import to_env
-from tests.helpers import free_port, iso, run_trends, wait_ready
+from tests.helpers import drop_keyspace, free_port, iso, run_trends, wait_ready
 
 pytestmark = [pytest.mark.install, pytest.mark.spark]
 
@@ -125,8 +124,7 @@ def env(stack_up: Settings, venv: Path, tmp_path_factory: pytest.TempPathFactory
     }
     out.pop("PYTHONPATH", None)
     yield out
-    with session(stack_up) as sess:
-        sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+    drop_keyspace(stack_up, keyspace)
     topics.delete_topics(stack_up.kafka, [topic, f"{topic}.dlq"])
 
 
