@@ -27,7 +27,7 @@ from serving.errors import BAD_REQUEST, QUERY_ERRORS, UNAVAILABLE_503, Cassandra
 from serving.metrics import Metrics, forget_dead_workers, multiprocess
 from serving.openapi import API_PREFIX, WINDOW_RULES
 from serving.plan import RESOLUTIONS, Resolution
-from serving.status import gap_minutes, losses, pin_effect
+from serving.status import SpeedEpochInfo, StaleHour, Status, ViewVersionInfo, gap_minutes, losses, pin_effect
 from views.buckets import MINUTE, floor
 
 logger = logging.getLogger(__name__)
@@ -243,8 +243,8 @@ def series_resolution(w: WindowQuery, asked: Resolution) -> Resolution:
     raise HTTPException(400, f"resolution: more than {MAX_POINTS:,} daily points; ask for a shorter window")
 
 
-@router.get("/status")
-def status(ctx: Context) -> dict[str, Any]:
+@router.get("/status", response_model=Status)
+def status(ctx: Context) -> Status:
     """Show the boundary between the layers, the pin, the speed layer's epochs and freshness, the stale hours."""
     now = datetime.now(UTC)
     try:
@@ -256,39 +256,26 @@ def status(ctx: Context) -> dict[str, Any]:
     except driver_errors() as exc:
         raise CassandraUnavailableError(reason(exc)) from exc
     newest = cov.speed_newest_event
-    return {
-        "now": now,
-        "boundary": cov.boundary,
-        "boundary_pinned": cov.pinned,
-        "batch_low": cov.batch_low,
-        "speed_newest_event": newest,
-        "speed_updated_at": cov.speed_updated_at,
-        "speed_lag_s": None if newest is None else round((now - newest).total_seconds(), 3),
-        # the checkpoint lifetimes of the speed layer: a minute is answered by the newest epoch that counts it
-        "speed_epochs": [
-            {
-                "epoch": e.id,
-                "started_at": e.started_at,
-                "covered_from": e.covered_from,
-                "seen_until": e.seen_until,
-                "starting_offsets": e.starting_offsets,
-            }
+    return Status(
+        now=now,
+        boundary=cov.boundary,
+        boundary_pinned=cov.pinned,
+        batch_low=cov.batch_low,
+        speed_newest_event=newest,
+        speed_updated_at=cov.speed_updated_at,
+        speed_lag_s=None if newest is None else round((now - newest).total_seconds(), 3),
+        speed_epochs=[
+            SpeedEpochInfo(e.id, e.started_at, e.covered_from, e.seen_until, e.starting_offsets)
             for e in cov.speed.epochs
         ],
-        # a pin below the watermark hands [pin, watermark) to the speed view: is it still covered there?
-        "pin": pin,
-        "slice_dims": ctx.settings.views.slice_dims,
-        # the view version answers come from: the serving speed query and its definition (trends speed promote)
-        "view_version": None
-        if cov.version is None
-        else {"query": cov.version.query, "fingerprint": cov.version.fingerprint},
-        "refresh_s": ctx.settings.serving.dashboard_refresh_s,
-        # hours whose records grew after their batch run (late data): served as they were until recomputed
-        "stale_hours": [{"hour": h, "records_since": n} for h, n in stale.items()],
-        # records removed from Kafka before the index read them, and the hours they may belong to (not accepted)
-        "losses": lost,
-        "incomplete_hours": incomplete,
-    }
+        pin=pin,
+        slice_dims=list(ctx.settings.views.slice_dims),
+        view_version=None if cov.version is None else ViewVersionInfo(cov.version.query, cov.version.fingerprint),
+        refresh_s=ctx.settings.serving.dashboard_refresh_s,
+        stale_hours=[StaleHour(h, n) for h, n in stale.items()],
+        losses=lost,
+        incomplete_hours=incomplete,
+    )
 
 
 @router.get("/console", responses=BAD_REQUEST, description=console.RANGE_RULES)

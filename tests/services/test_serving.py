@@ -128,8 +128,8 @@ def test_a_pinned_boundary_moves_the_split(served: tuple[Settings, list[Event]])
         with session(settings) as sess:
             moved = status.pin_effect(ViewReader(settings, sess))
         # the hour the pin hands to the speed view is still covered there (the speed layer read it all)
-        assert moved is not None and moved["moved_to_speed_minutes"] == 60 == moved["covered_minutes"]
-        assert moved["gaps"] == []
+        assert moved is not None and moved.moved_to_speed_minutes == 60 == moved.covered_minutes
+        assert moved.gaps == []
     finally:
         with session(settings) as sess:
             BatchStore(settings, sess).pointers.pin(None)
