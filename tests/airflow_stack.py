@@ -28,6 +28,7 @@ from typing import Any
 from infra import migrations, topics
 from infra.airflow.client import AirflowClient
 from infra.cassandra import session
+from infra.dag_contract import dags_folder
 from infra.settings import Settings
 from infra.settings_env import to_env
 from stack import control
@@ -37,7 +38,6 @@ from views.event import Event
 from views.store.batch import BatchRows
 
 TRENDS = str(Path(sys.executable).parent / "trends")
-REPO_DAGS = Path(__file__).resolve().parents[1] / "dags"
 DAY = timedelta(days=1)
 
 
@@ -100,7 +100,7 @@ def private_backfill(
         cassandra={"port": cassandra_port or free_port(), "keyspace": "trends"},
         stack={"cassandra_storage_port": free_port(), "cassandra_jmx_port": free_port(), "cassandra_heap": "768M"},
         batch=batch,
-        airflow={"api_port": free_port(), "dags_folder": REPO_DAGS, "config": airflow_config},
+        airflow={"api_port": free_port(), "dags_folder": dags_folder(), "config": airflow_config},
     )
     tasks = settings
     if tasks_cassandra_port is not None:

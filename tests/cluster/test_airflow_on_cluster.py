@@ -23,6 +23,7 @@ from batch_layer import job
 from infra import migrations, topics
 from infra.airflow.client import AirflowClient
 from infra.cassandra import session
+from infra.dag_contract import dags_folder
 from infra.settings import Settings
 from stack import control
 from stack.airflow.config import AirflowConfig
@@ -31,8 +32,6 @@ from tests.cluster.workload import HOUR
 from tests.helpers import free_port
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(1500)]
-
-REPO_DAGS = Path(__file__).resolve().parents[2] / "dags"
 
 
 def test_the_backfill_dag_submits_to_the_standalone_master_in_client_mode(
@@ -46,7 +45,7 @@ def test_the_backfill_dag_submits_to_the_standalone_master_in_client_mode(
         update={
             "data_dir": tmp_path / "data",  # the private Airflow's home; Kafka and Cassandra are the session's
             "spark": base.spark.model_copy(update={"master": spark_cluster}),
-            "airflow": base.airflow.model_copy(update={"api_port": free_port(), "dags_folder": REPO_DAGS}),
+            "airflow": base.airflow.model_copy(update={"api_port": free_port(), "dags_folder": dags_folder()}),
         }
     )
     local = workload.scoped(stack_up, topic, f"test_afl_{run}", tmp_path / "local")

@@ -20,6 +20,7 @@ from batch_layer.store import BatchStore
 from infra import migrations
 from infra.airflow.client import AirflowClient
 from infra.cassandra import session, table
+from infra.dag_contract import dags_folder
 from infra.settings import Settings
 from stack import control
 from stack.airflow.config import AirflowConfig
@@ -37,7 +38,6 @@ HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
 HISTORY = datetime(2025, 9, 1, tzinfo=UTC)  # a month of sparse history, older than the hours above
 HISTORY_DAYS = 32
-REPO_DAGS = Path(__file__).resolve().parents[2] / "dags"
 
 
 def produce(settings: Settings, events: list[Event], partitions: int) -> None:
@@ -90,7 +90,7 @@ def dag_env(
         cassandra={"keyspace": keyspace},
         batch={"lateness_s": 300, "grace_s": 300, "chunk_hours": 16 * 24},
         views={"slice_dims": ["origin"]},
-        airflow={"api_port": free_port(), "dags_folder": REPO_DAGS},
+        airflow={"api_port": free_port(), "dags_folder": dags_folder()},
     )
     migrations.migrate(settings)
     try:
@@ -191,7 +191,7 @@ def test_hourly_runs_compute_empty_missing_and_stale_hours(
         kafka={"events_topic": topic},
         cassandra={"keyspace": keyspace},
         batch={"lateness_s": 300, "grace_s": 300},
-        airflow={"api_port": free_port(), "dags_folder": REPO_DAGS},
+        airflow={"api_port": free_port(), "dags_folder": dags_folder()},
     )
     migrations.migrate(settings)
     h0 = H0 - 24 * HOUR

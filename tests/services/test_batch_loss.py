@@ -26,6 +26,7 @@ from confluent_kafka.admin import AdminClient
 from batch_layer import job, offsets, tasks
 from infra import migrations
 from infra.cassandra import session, table
+from infra.dag_contract import dags_folder
 from infra.settings import Settings
 from stack.airflow.service import Airflow
 from tests.helpers import chromium, drop_keyspace, free_port, iso, serve, speed_drain
@@ -40,7 +41,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.faults]  # make test-faults (slow: 
 H0 = datetime(2025, 11, 23, 10, tzinfo=UTC)  # a year ago: historical events
 HOUR = timedelta(hours=1)
 MS = timedelta(milliseconds=1)
-REPO_DAGS = Path(__file__).resolve().parents[2] / "dags"
 
 
 def produce(settings: Settings, partition: int, hour: datetime, n: int, tag: str) -> None:
@@ -273,7 +273,7 @@ def test_a_speed_view_beyond_the_bounds_fails_the_hourly_verify(
         kafka={"events_topic": new_topic(partitions=1)},
         cassandra={"keyspace": keyspace},
         batch={"lateness_s": 300, "grace_s": 300},
-        airflow={"api_port": free_port(), "dags_folder": REPO_DAGS},
+        airflow={"api_port": free_port(), "dags_folder": dags_folder()},
     )
     migrations.migrate(settings)
     try:

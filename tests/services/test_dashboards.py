@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 
 from infra import migrations
+from infra.dag_contract import dags_folder
 from infra.settings import Settings
 from infra.settings_env import to_env
 from stack import control
@@ -47,7 +48,6 @@ from views.event import Event
 pytestmark = [pytest.mark.alerting]  # make test-alerting: a few minutes, kept out of make test
 
 HOUR = timedelta(hours=1)
-REPO_DAGS = Path(__file__).resolve().parents[2] / "dags"
 RATE_INTERVAL = "15s"  # $__rate_interval: Grafana's is at least 4 scrape intervals (1 s here)
 QUERIES = ["/api/v1/count?last=1h", "/api/v1/summary?last=3h", "/api/v1/top?last=1h", "/api/v1/series?last=1h"]
 INVALID = [b"{not json", b'{"id": "no-time", "item": "#a"}', b'{"id": "t", "ts": "yesterday", "item": "#a"}']
@@ -122,7 +122,7 @@ def pipeline_settings(keyspace_settings: Settings, new_topic: Callable[..., str]
             ),
             "spark": base.spark.model_copy(update={"checkpoint_root": str(tmp_path / "checkpoints")}),
             "batch": base.batch.model_copy(update={"lateness_s": 300, "grace_s": 300}),
-            "airflow": base.airflow.model_copy(update={"api_port": free_port(), "dags_folder": REPO_DAGS}),
+            "airflow": base.airflow.model_copy(update={"api_port": free_port(), "dags_folder": dags_folder()}),
             "metrics": base.metrics.model_copy(
                 update={
                     "host": "127.0.0.1",

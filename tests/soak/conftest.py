@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from infra import migrations, topics
+from infra.dag_contract import dags_folder
 from infra.settings import Settings
 from stack import control
 from stack.airflow.config import AirflowConfig
@@ -37,7 +38,6 @@ from tests.helpers import free_port
 from tests.soak.config import SoakConfig
 from tests.soak.private_stack import private_settings
 
-REPO_DAGS = Path(__file__).resolve().parents[2] / "dags"
 CACHE_MB, ANSWER_CACHE_MB = 2, 1  # per worker; a run filled 4 MiB of rows by 11 min, 2 MiB of answers by 15
 DRIVER_MEMORY = "1g"  # the pipeline's default spark.driver_memory, pinned so -Xms matches it
 
@@ -76,7 +76,7 @@ def soak_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoakStack]:
         batch={"lateness_s": 60, "grace_s": 120, "heal_max_hours": 2},
         serving={"port": free_port(), "workers": 2, "cache_mb": CACHE_MB, "answer_cache_mb": ANSWER_CACHE_MB},
         metrics={"speed_port": free_port()},
-        airflow={"api_port": free_port(), "dags_folder": REPO_DAGS},
+        airflow={"api_port": free_port(), "dags_folder": dags_folder()},
     )
     try:
         t0 = time.monotonic()
