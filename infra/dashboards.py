@@ -1,16 +1,17 @@
-"""Grafana dashboards of the pipeline, as code: one per layer, every panel linked to its runbook section.
+"""Grafana dashboards of the pipeline, as code: one per layer, every panel linked to the docs section on its series.
 
-The panels are declared here (metric, legend, unit, runbook anchor) and rendered into Grafana's dashboard JSON, one
-file per dashboard in ``infra/grafana/`` — the files the package ships and an operator imports. Generated rather
-than kept by hand: four dashboards of Grafana JSON repeat the same data source, layout, link and threshold blocks
-on every panel, which a hand edit lets drift; here each panel is a few lines and the shape is written once.
+The panels are declared here (metric, legend, unit, docs page and anchor) and rendered into Grafana's dashboard
+JSON, one file per dashboard in ``infra/grafana/`` — the files the package ships and an operator imports.
+Generated rather than kept by hand: four dashboards of Grafana JSON repeat the same data source, layout, link and
+threshold blocks on every panel, which a hand edit lets drift; here each panel is a few lines and the shape is
+written once.
 ``python -m infra.dashboards`` rewrites the files, ``--check`` fails when they differ from this module (a unit test
 runs the same comparison).
 
 The queries use only the metrics the pipeline's processes export (``speed_layer.metrics``,
 ``batch_layer.exporter``, ``ingestion.metrics``, ``serving.metrics``), never the shipped recording rules, so the
 dashboards work on a Prometheus that does not load ``trends.rules.yml``. Variables: ``datasource`` (a Prometheus
-data source), ``docs`` (the base URL of the docs site, which the runbook links start from), and per dashboard a
+data source), ``docs`` (the base URL of the docs site, which the panels' links start from), and per dashboard a
 label filter (the speed query, the ingest source) whose "All" is ``.*``. Rates use Grafana's
 ``$__rate_interval``.
 """
@@ -22,7 +23,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 GRAFANA_DIR = Path(__file__).resolve().parent / "grafana"
 DOCS_URL = "http://127.0.0.1:8001"  # `make docs`; set the `docs` variable to where your docs site lives
@@ -30,6 +31,11 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 RATE = "$__rate_interval"
 SCHEMA_VERSION = 39  # Grafana 10.4 / 11
 WIDTH, HEIGHT, PER_LINE = 8, 8, 3
+
+
+# The docs pages a panel links to, and the title of the link.
+DocsPage = Literal["alerts", "metrics"]
+LINK_TITLES: dict[DocsPage, str] = {"alerts": "Alert: what to do", "metrics": "Metric: what it is"}
 
 
 @dataclass(frozen=True)
@@ -42,15 +48,16 @@ class Target:
 
 @dataclass(frozen=True)
 class Panel:
-    """A time series (or, ``stat=True``, a single-value) panel and the runbook section that says what to do."""
+    """A time series (or, ``stat=True``, a single-value) panel and the docs section that says what to do about it."""
 
     title: str
     description: str
     targets: tuple[Target, ...]
-    runbook: str  # the anchor of the section in docs/runbook.md (MkDocs' id of its heading)
+    anchor: str  # the id MkDocs gives the section's heading on ``page``
     unit: str = "short"
     red_from: float | None = None  # colour values from here on red (the alert's threshold, where one exists)
     stat: bool = False
+    page: DocsPage = "alerts"  # the alert on this series (docs/alerts.md), else what the metric is (docs/metrics.md)
 
 
 @dataclass(frozen=True)
@@ -147,7 +154,8 @@ SPEED = Dashboard(
                             f"time() - max by (query) ({_q('trends_speed_watermark_timestamp_seconds')})", "{{query}}"
                         ),
                     ),
-                    "read-the-metrics",
+                    "speed-layer",
+                    page="metrics",
                     unit="s",
                 ),
             ),
@@ -196,7 +204,8 @@ SPEED = Dashboard(
                             "{{query}} below the batch watermark",
                         ),
                     ),
-                    "read-the-metrics",
+                    "speed-layer",
+                    page="metrics",
                     unit="ops",
                 ),
             ),
@@ -216,7 +225,8 @@ SPEED = Dashboard(
                     "Spark's memoryUsedBytes of the stateful operators (RocksDB: memtables, block cache, table "
                     "readers; native memory outside the JVM heap).",
                     (Target(f"max by (query) ({_q('trends_speed_state_memory_bytes')})", "{{query}}"),),
-                    "read-the-metrics",
+                    "speed-layer",
+                    page="metrics",
                     unit="bytes",
                 ),
                 Panel(
@@ -224,7 +234,8 @@ SPEED = Dashboard(
                     "Rows in the streaming state (buckets within the watermark, ids kept for dedupe). Exported only "
                     "with speed.track_state_rows=true (counting costs the state speed): empty otherwise.",
                     (Target(f"max by (query) ({_q('trends_speed_state_rows')})", "{{query}}"),),
-                    "read-the-metrics",
+                    "speed-layer",
+                    page="metrics",
                 ),
             ),
         ),
@@ -363,7 +374,8 @@ INGEST = Dashboard(
                     "Events delivered per second",
                     "Events the broker acknowledged on the events topic (acks=all).",
                     (Target(_ingest_rate("trends_ingest_events_sent_total", "source"), "{{source}}"),),
-                    "read-the-metrics",
+                    "ingestion",
+                    page="metrics",
                     unit="ops",
                 ),
                 Panel(
@@ -393,7 +405,8 @@ INGEST = Dashboard(
                     "Delivery failures per second, by topic",
                     "Records whose delivery failed, to the events topic or to the dead-letter topic.",
                     (Target(_ingest_rate("trends_ingest_delivery_failures_total", "topic"), "{{topic}}"),),
-                    "read-the-metrics",
+                    "ingestion",
+                    page="metrics",
                     unit="ops",
                 ),
             ),
@@ -416,7 +429,8 @@ API = Dashboard(
                     "Requests per second, by route",
                     "HTTP requests answered, every status.",
                     (Target(f"sum by (route) (rate(trends_api_requests_total[{RATE}]))", "{{route}}"),),
-                    "read-the-metrics",
+                    "api",
+                    page="metrics",
                     unit="reqps",
                 ),
                 Panel(
@@ -428,7 +442,8 @@ API = Dashboard(
                             "{{status}} {{route}}",
                         ),
                     ),
-                    "read-the-metrics",
+                    "api",
+                    page="metrics",
                     unit="reqps",
                 ),
                 Panel(
@@ -439,7 +454,8 @@ API = Dashboard(
                         Target(f"histogram_quantile(0.95, {LATENCY})", "p95"),
                         Target(f"histogram_quantile(0.99, {LATENCY})", "p99"),
                     ),
-                    "read-the-metrics",
+                    "api",
+                    page="metrics",
                     unit="s",
                 ),
                 Panel(
@@ -452,7 +468,8 @@ API = Dashboard(
                             "{{route}}",
                         ),
                     ),
-                    "read-the-metrics",
+                    "api",
+                    page="metrics",
                     unit="s",
                 ),
             ),
@@ -468,14 +485,16 @@ API = Dashboard(
                         Target(f"sum(rate(trends_api_row_cache_hits_total[{RATE}]))", "hits"),
                         Target(f"sum(rate(trends_api_row_cache_misses_total[{RATE}]))", "misses"),
                     ),
-                    "read-the-metrics",
+                    "api",
+                    page="metrics",
                     unit="ops",
                 ),
                 Panel(
                     "Answers per second, by cache outcome",
                     "hit: a lookup; partial: the batch part kept, changed speed minutes read again; miss.",
                     (Target(f"sum by (outcome) (rate(trends_api_answers_total[{RATE}]))", "{{outcome}}"),),
-                    "read-the-metrics",
+                    "api",
+                    page="metrics",
                     unit="ops",
                 ),
                 Panel(
@@ -485,7 +504,8 @@ API = Dashboard(
                         Target("sum(trends_api_row_cache_bytes)", "rows"),
                         Target("sum(trends_api_answer_cache_bytes)", "answers"),
                     ),
-                    "read-the-metrics",
+                    "api",
+                    page="metrics",
                     unit="bytes",
                 ),
             ),
@@ -504,7 +524,8 @@ API = Dashboard(
                     "API reads Cassandra",
                     "1 if the API's last Cassandra read succeeded; /ready answers 503 while it cannot.",
                     (Target("min(trends_api_cassandra_up)", "Cassandra up"),),
-                    "read-the-metrics",
+                    "api",
+                    page="metrics",
                     stat=True,
                 ),
             ),
@@ -554,7 +575,9 @@ def _panel(panel: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
             "overrides": [],
         },
         "options": options,
-        "links": [{"title": "Runbook", "url": f"${{docs}}/runbook/#{panel.runbook}", "targetBlank": True}],
+        "links": [
+            {"title": LINK_TITLES[panel.page], "url": f"${{docs}}/{panel.page}/#{panel.anchor}", "targetBlank": True}
+        ],
     }
 
 
@@ -574,7 +597,7 @@ def _variables(dashboard: Dashboard) -> list[dict[str, Any]]:
         {
             "type": "textbox",
             "name": "docs",
-            "label": "Docs site (runbook links)",
+            "label": "Docs site (panel links)",
             "query": DOCS_URL,
             "current": {"text": DOCS_URL, "value": DOCS_URL},
             "hide": 2,

@@ -60,7 +60,7 @@ def spark_conf(settings: Settings, app: str) -> dict[str, str]:
         # and the code stages, inline its value): ~10 a batch, freed only by a GC that unloads classes. Under the
         # speed job's load G1 ran young collections only, so its metaspace, code cache and malloc arenas grew about
         # 6 MiB a minute until Spark's periodic System.gc() (default every 30 min). Every 5 minutes, run as a
-        # concurrent cycle rather than a stop-the-world full GC (docs/tests.md, "The speed JVM's memory").
+        # concurrent cycle rather than a stop-the-world full GC (docs/history.md, "The speed JVM's memory").
         "spark.cleaner.periodicGC.interval": "5min",
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2_CONF} {JVM_GC_OPTIONS}",
         "spark.executor.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2_CONF} {JVM_GC_OPTIONS}",
@@ -77,7 +77,7 @@ def spark_conf(settings: Settings, app: str) -> dict[str, str]:
 # Checkpoints in a local folder (the single-machine stack): Hadoop's local file system without its native library
 # runs a process for every symlink check — `readlink` twice per rename in the FileContext API Spark uses by default.
 # A 1 s trigger writes a dozen checkpoint files a batch, so the speed job's JVM forked tens of processes a second,
-# and walCommit and commitOffsets took ~60 ms each instead of ~5 (docs/tests.md, "The soak"). The FileSystem API
+# and walCommit and commitOffsets took ~60 ms each instead of ~5 (docs/history.md, "The soak"). The FileSystem API
 # renames with rename(2), atomic on a local disk. Not for hdfs:// or s3a://.
 # `fs.file.impl` must stay Hadoop's checksumming LocalFileSystem: with the raw one (which would also save a `chmod`
 # per file) RocksDB's snapshot upload fails its cast in FileSystem.getLocal, Spark's maintenance only logs it, and

@@ -101,7 +101,7 @@ def dedupe(events: DataFrame, settings: Settings, by: DedupeBy | None = None) ->
     By id and event time (a re-sent event has both), an id is kept until the watermark passes its event time, after
     which any copy is dropped as late anyway. Spark's ``dropDuplicatesWithinWatermark`` (``by`` ``id``, the dedupe
     of checkpoints started before ``speed.dedupe_by``) keeps it for twice the lateness. Either scans its whole state
-    every batch for expired ids: the speed job's largest cost per batch at a steady rate (docs/tests.md, "The soak").
+    every batch for expired ids: the speed job's largest cost per batch at a steady rate (docs/history.md, "The soak").
     The batch layer dedupes by id alone, exactly.
 
     :arg by: the checkpoint's dedupe (:func:`speed_layer.checkpoint.dedupe_of`): Spark resumes state only under
@@ -198,7 +198,7 @@ class _ProgressPoller:
 
     Not a Python ``StreamingQueryListener``: pyspark converts every event it passes to one field by field over
     py4j (about a hundred calls a batch, and a class lookup through every jar of the classpath for the observed
-    metrics), which cost the speed job's JVM ~10 % of a core at a 1 s trigger (docs/tests.md, "The soak"). Here a
+    metrics), which cost the speed job's JVM ~10 % of a core at a 1 s trigger (docs/history.md, "The soak"). Here a
     batch costs two calls (``lastProgress`` and its JSON); batches missed between two polls are read back from
     ``recentProgress``. A query waiting for data is reported alive every :data:`IDLE_EVERY_S`, as Spark's idle event
     did; a batch that hangs is not.

@@ -266,12 +266,15 @@ def history_config(start: datetime, days: int, rate: float = 0.006) -> Generator
     )
 
 
-# The shipped monitoring: the metric names the processes export, the runbook's sections, the Grafana dashboards.
+# The shipped monitoring: the metric names the processes export, the docs' sections, the Grafana dashboards.
 REPO = Path(__file__).resolve().parent.parent
-RUNBOOK = REPO / "docs" / "runbook.md"
+DOCS = REPO / "docs"
+RUNBOOK = DOCS / "runbook.md"  # the operators' procedures
+ALERTS = DOCS / "alerts.md"  # one section per alert: the rules' runbook_url and the panels of alerted series
+METRICS = DOCS / "metrics.md"  # every exported metric: the panels of series without an alert
 
 
-def runbook_anchors(path: Path = RUNBOOK) -> set[str]:
+def doc_anchors(path: Path) -> set[str]:
     """Return the ids MkDocs gives the headings of a page (Python-Markdown's toc slugify; code blocks skipped)."""
     import unicodedata
 

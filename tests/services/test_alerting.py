@@ -173,7 +173,7 @@ def test_the_watermark_lag_alert_fires_on_a_real_prometheus(
     assert alert["labels"]["severity"] == "warning" and alert["labels"]["job"] == "trends-batch"
     assert float(alert["value"]) == lag == 3 * 24 * 3600
     assert alert["annotations"]["summary"] == "The batch watermark is 3d 0h 0m 0s behind the newest closed hour"
-    assert alert["annotations"]["runbook_url"] == "docs/runbook.md#trendsbatchwatermarklag"
+    assert alert["annotations"]["runbook_url"] == "docs/alerts.md#trendsbatchwatermarklag"
     # three days is past batch.heal_max_hours (48 h): the critical one fires too
     critical = _until("the critical lag alert", lambda: firing("TrendsBatchWatermarkLagCritical"), 30, logs)
     assert critical[0]["labels"]["severity"] == "critical"

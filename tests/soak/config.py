@@ -20,7 +20,7 @@ class SoakConfig:
     """How long the soak runs, at what rate, how often it injects a fault and how it judges the series."""
 
     minutes: float = 60.0
-    # Events/s. Not half the speed layer's measured 79,834 rows/s: see docs/tests.md ("The soak") for why 2,000.
+    # Events/s. Not half the speed layer's measured 79,834 rows/s: see docs/soak.md ("The rate") for why 2,000.
     rate: float = 2000.0
     fault_every_s: float = 600.0
     sample_every_s: float = 30.0
@@ -31,7 +31,7 @@ class SoakConfig:
     # A process restarted by a fault re-warms (JVM heap, caches): its first samples after the restart are left out.
     settle_s: float = 120.0
     # The pipeline's default trigger. The dedupe's eviction scans its whole state once a batch (rate x lateness ids),
-    # so a 1 s trigger ran that scan back to back and kept the machine busy (docs/tests.md, the first run).
+    # so a 1 s trigger ran that scan back to back and kept the machine busy (docs/history.md, "The first run").
     trigger_s: float = 2.0
     lateness_s: int = 600  # speed.allowed_lateness_s of the soak's speed job (the pipeline's default)
     seed_events: int = 100_000  # events over the hour before the soak, so even a short run has a closed hour

@@ -56,7 +56,7 @@ SPECS = [
     # The broker's RSS includes its mapped segment indexes, which grow with the log as its disk does: the bound
     # applies to its anonymous memory (heap and native).
     # A restarted speed JVM warms up for about 10 minutes (JIT, and the first class-unloading cycles of Spark's
-    # periodic GC at 5 and 10): the fifth 60-minute run, docs/tests.md.
+    # periodic GC at 5 and 10): the fifth 60-minute run, docs/history.md.
     *(
         Spec(
             f"rss_{k}",

@@ -2,7 +2,7 @@
 
 promtool is the one built into the cache by ``make`` (``stack.gotools``; built here if it is missing). Besides
 promtool's own verdicts, these tests hold the rules to the house rules: each alert has a ``for:``, a severity and
-the three annotations, a runbook section, a firing and a quiet case in ``trends.rules.test.yml``, and only
+the three annotations, a section of docs/alerts.md, a firing and a quiet case in ``trends.rules.test.yml``, and only
 metrics that some process of the pipeline exports; and the promtool tests fail when an alert can no longer fire.
 """
 
@@ -19,7 +19,7 @@ import yaml
 from infra.settings import Settings
 from stack import gotools
 from stack.services.prometheus import RULES_FILE, RULES_TESTS, render_config
-from tests.helpers import exported_metric_names, runbook_anchors
+from tests.helpers import ALERTS, doc_anchors, exported_metric_names
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +52,8 @@ def test_promtool_unit_tests_of_the_rules_pass(promtool: Path) -> None:
     assert "SUCCESS" in proc.stdout
 
 
-def test_every_alert_has_for_severity_annotations_and_a_runbook_section() -> None:
-    headings = runbook_anchors()
+def test_every_alert_has_for_severity_annotations_and_a_docs_section() -> None:
+    headings = doc_anchors(ALERTS)
     alerts = _alerts()
     assert len(alerts) >= 12
     for rule in alerts:
@@ -63,8 +63,8 @@ def test_every_alert_has_for_severity_annotations_and_a_runbook_section() -> Non
         ann = rule["annotations"]
         assert {"summary", "description", "runbook_url"} <= set(ann), name
         page, _, anchor = ann["runbook_url"].partition("#")
-        assert page == "docs/runbook.md" and anchor == name.lower(), name
-        assert anchor in headings, f"{name}: docs/runbook.md has no section '{name}'"
+        assert page == "docs/alerts.md" and anchor == name.lower(), name
+        assert anchor in headings, f"{name}: docs/alerts.md has no section '{name}'"
 
 
 def test_every_alert_has_a_firing_and_a_quiet_promtool_case() -> None:

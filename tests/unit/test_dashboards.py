@@ -1,5 +1,6 @@
 """The shipped Grafana dashboards (``infra/grafana/``), without Grafana: they are the generator's output, every
-panel's PromQL parses (promtool), links to a runbook section that exists, and names only metrics the code exports.
+panel's PromQL parses (promtool), links to a docs section that exists (its alert, else its metric), and names only
+metrics the code exports.
 
 Whether the panels show data on a real Prometheus scraping a running pipeline is ``tests/services/test_dashboards.py``
 (``make test-alerting``).
@@ -17,7 +18,7 @@ import yaml
 from infra import dashboards
 from infra.settings import Settings
 from stack import gotools
-from tests.helpers import dashboard_metrics, dashboard_panels, exported_metric_names, runbook_anchors
+from tests.helpers import DOCS, dashboard_metrics, dashboard_panels, doc_anchors, exported_metric_names
 
 RATE_INTERVAL = "1m"  # what $__rate_interval becomes (any valid range parses alike)
 
@@ -62,13 +63,14 @@ def test_promtool_parses_every_panel_query(promtool: Path, tmp_path: Path) -> No
     assert f"SUCCESS: {queries} rules found" in proc.stdout
 
 
-def test_every_panel_links_to_its_runbook_section() -> None:
-    anchors = runbook_anchors()
+def test_every_panel_links_to_its_docs_section() -> None:
+    anchors = {page: doc_anchors(DOCS / f"{page}.md") for page in ("alerts", "metrics")}
     for panel in dashboard_panels():
         assert len(panel.links) == 1, f"{panel.name}: {panel.links}"
-        found = re.fullmatch(r"\$\{docs\}/runbook/#([a-z0-9-]+)", panel.links[0])
-        assert found, f"{panel.name}: {panel.links[0]} is not a runbook section"
-        assert found.group(1) in anchors, f"{panel.name}: docs/runbook.md has no section #{found.group(1)}"
+        found = re.fullmatch(r"\$\{docs\}/(alerts|metrics)/#([a-z0-9-]+)", panel.links[0])
+        assert found, f"{panel.name}: {panel.links[0]} is not a section of the alerts or the metrics page"
+        page, anchor = found.groups()
+        assert anchor in anchors[page], f"{panel.name}: docs/{page}.md has no section #{anchor}"
 
 
 def test_every_metric_a_panel_uses_is_exported_by_the_pipeline() -> None:

@@ -1,7 +1,7 @@
 """The speed layer's dedupe: each id counted once, late copies dropped, and no id kept once the watermark passed it.
 
 Its eviction scans the whole dedupe state every micro-batch, so how long ids stay there is the speed job's cost per
-batch at a steady rate (docs/tests.md, "The soak"): Spark's default on ``ts`` kept them for twice the lateness.
+batch at a steady rate (docs/history.md, "The soak"): Spark's default on ``ts`` kept them for twice the lateness.
 """
 
 from __future__ import annotations
