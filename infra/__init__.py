@@ -7,8 +7,8 @@ CLI turns into a message and an exit status). Clients and resources: ``cassandra
 one SparkSession factory), ``topics`` (the Kafka topics), ``migrations`` (the CQL migrations of ``infra/cql``),
 ``jars`` (Maven fetches into the jar cache), ``dlq`` (the dead-letter topic's headers and a count by reason),
 ``checkpoints`` (where the speed query's checkpoint lives), ``dag_contract`` (the DAGs' ids, params and folder),
-``params`` (the command line's parameter types),
-``dashboards`` (the Grafana dashboards of ``infra/grafana``, generated from code). Commands:
+``params`` (the command line's parameter types), ``dashboards`` (the Grafana dashboards of ``infra/grafana``,
+declared in code; ``dashboard_model`` renders them). Commands:
 ``admin_cli`` (``trends admin``: topics and schema, connector jars, DAG folder on real clusters) and ``config_cli``
 (``trends config``). ``airflow`` holds the REST API's client.
 """
