@@ -13,8 +13,10 @@ baselines send exactly those bytes, so every ratio compares the same payloads:
 3. ``trends ingest generate --fast -n N`` (the same generator, events built in memory) into another topic;
 4. ``trends ingest file`` of the file (read, parse, validate, serialize every line; ``--workers`` as given).
 
-Prints the rates and the ratios of (3) and (4) to (2) and to (1). Figures only: nothing is asserted, timing is not
-a test. All topics are created for the run and deleted afterwards.
+Prints the rates and the ratios of (3) and (4) to (2) and to (1). Timing is not asserted (it is not a test), but
+every measurement must have sent every record: a run that sent fewer (or none) exits 1. ``--smoke`` runs every step
+on a few thousand records (CI: a bench that measures nothing fails). All topics are created for the run and deleted
+afterwards.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from stack.services.base import find_java
 ROOT = Path(__file__).resolve().parent.parent
 TRENDS = ROOT / ".venv" / "bin" / "trends"
 PRODUCER_PROPS = {"acks": "all", "compression.type": "lz4", "linger.ms": "5", "batch.size": "131072"}
+SMOKE = 3000  # --smoke: records per measurement
 SUMMARY_RE = re.compile(r"sent\s+([\d,]+) events in ([\d.]+) s \(([\d,]+) events/s\)")
 PERF_RE = re.compile(r"(\d+) records sent, ([\d.]+) records/sec")
 
@@ -68,6 +71,8 @@ def producer_performance(settings: Settings, topic: str, records: int, payload_f
     if not matches:
         sys.exit(f"could not read ProducerPerformance's result:\n{proc.stdout}\n{proc.stderr}")
     sent, rate = matches[-1]
+    if int(sent) != records:
+        sys.exit(f"ProducerPerformance sent {sent} records, not {records}")
     print(f"ProducerPerformance (the file's lines as payloads, unkeyed): {int(sent):,} records -> {float(rate):,.0f}/s")
     return float(rate)
 
@@ -107,6 +112,8 @@ def bare_keyed(settings: Settings, topic: str, path: Path) -> float:
     seconds = time.monotonic() - t0
     if left:
         sys.exit(f"bare producer: {left} records not delivered")
+    if not keyed:
+        sys.exit(f"bare producer: {path} holds no lines")
     mean = sum(len(v) for v, _k, _t in keyed) / len(keyed)
     rate = len(keyed) / seconds
     print(
@@ -126,12 +133,15 @@ def trends(args: list[str], env: dict[str, str]) -> tuple[str, float]:
     return proc.stdout + proc.stderr, wall
 
 
-def summary_rate(output: str) -> tuple[int, float, float]:
-    """Return (events, seconds, events/s) of a ``trends ingest`` summary."""
+def summary_rate(output: str, expected: int) -> tuple[int, float, float]:
+    """Return (events, seconds, events/s) of a ``trends ingest`` summary; exit unless it sent ``expected`` events."""
     match = SUMMARY_RE.search(output)
     if not match:
         sys.exit(f"no summary in:\n{output}")
-    return int(match[1].replace(",", "")), float(match[2]), float(match[3].replace(",", ""))
+    sent = int(match[1].replace(",", ""))
+    if sent != expected:
+        sys.exit(f"trends ingest sent {sent:,} events, not {expected:,}:\n{output[-2000:]}")
+    return sent, float(match[2]), float(match[3].replace(",", ""))
 
 
 def validate_alone(path: Path) -> float:
@@ -155,8 +165,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000, help="records per measurement")
     parser.add_argument("--workers", type=int, default=0, help="trends ingest file --workers (0: one per CPU)")
+    parser.add_argument("--smoke", action="store_true", help=f"tiny sizes, every check kept (CI): --records {SMOKE}")
     args = parser.parse_args()
-    n = args.records
+    n = SMOKE if args.smoke else args.records
     settings = Settings()
     run = uuid.uuid4().hex[:8]
     events_spec, dlq_spec = topics.topic_specs(settings.kafka)
@@ -183,7 +194,10 @@ def main() -> None:
         "TRENDS_INGEST__BATCH_SIZE": PRODUCER_PROPS["batch.size"],
         "TRENDS_LOG_LEVEL": "WARNING",
     }
-    print(f"broker {settings.kafka.bootstrap_servers}, {parts} partitions, {n:,} records, acks=all, lz4, linger 5 ms")
+    print(
+        f"broker {settings.kafka.bootstrap_servers}, {parts} partitions, {n:,} records, acks=all, lz4, linger 5 ms"
+        f"{' (smoke: tiny sizes, figures not comparable)' * args.smoke}"
+    )
     try:
         with tempfile.TemporaryDirectory(prefix="ingest-bench-") as tmp:
             path = Path(tmp) / "events.jsonl"
@@ -197,7 +211,7 @@ def main() -> None:
                 ["ingest", "generate", "--fast", "-n", str(n), "--topic", names["gen"], "--dlq-topic", names["dlq"]],
                 env,
             )
-            sent, seconds, rate = summary_rate(out)
+            sent, seconds, rate = summary_rate(out, n)
             print(
                 f"trends ingest generate: {sent:,} events -> {rate:,.0f} events/s "
                 f"(producer {seconds:.1f} s; {sent / wall:,.0f}/s over the whole command, {wall:.1f} s with start-up)"
@@ -219,7 +233,7 @@ def main() -> None:
                 ],
                 env,
             )
-            sent, seconds, rate = summary_rate(out)
+            sent, seconds, rate = summary_rate(out, n)
             print(
                 f"trends ingest file (--workers {args.workers or os.cpu_count()}): {sent:,} events -> "
                 f"{rate:,.0f} events/s (read+validate+produce {seconds:.1f} s; {wall:.1f} s with start-up)"
