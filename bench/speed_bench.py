@@ -15,7 +15,11 @@ Run: ``.venv/bin/python bench/speed_bench.py [--events 1000000]`` with the stack
    machine it may fall short of the target). The newest event time visible in Cassandra is polled every 50 ms,
    and each sampled timestamp's latency is the time until Cassandra shows it. A sample that never becomes visible
    is counted as lost and reported, and p50/p99 are taken over all samples with the lost ones as never visible
-   (a p99 that falls on a lost sample is printed as such). Goal p50 <= 2 s, p99 <= 5 s.
+   (a p99 that falls on a lost sample is printed as such). Goal p50 <= 2 s, p99 <= 5 s. A run in which no sample
+   became visible measured nothing and exits 1.
+
+``--smoke`` runs both parts on a few thousand events without the warm-up runs, with 3 s of freshness samples
+(CI: a bench that measures nothing fails).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ from infra.settings import Settings
 from infra.spark import kafka_options
 from views.event import format_ts
 
+# --smoke: a few thousand events, no warm-up, 3 s of freshness samples
+SMOKE = {"events": 3000, "warmup_events": 0, "latency_seconds": 3.0}
 BARE, COUNTED = "bare Kafka -> noop", "bare Kafka -> count -> noop"
 PARSE_ONLY = "Kafka -> decode -> noop"
 DEDUPE_ONLY = "... -> exact dedupe -> noop"
@@ -122,10 +128,12 @@ class CollectSink:
 
 
 def throughput(
-    settings: Settings, warmup: Settings, count: int, collect: CollectSink | None = None
+    settings: Settings, warmup: Settings | None, count: int, collect: CollectSink | None = None
 ) -> dict[str, float]:
     """Return rows/s of the bare queries and of the speed layer, each measured after a warm-up run.
 
+    :arg warmup: the settings of a small topic each query runs on first (None: no warm-up, the first query pays for
+        the JIT).
     :arg collect: also time the speed layer with this null sink (``speed layer (null)``), its rows kept in it.
     """
     from infra.spark import get_spark
@@ -181,13 +189,14 @@ def throughput(
     rates: dict[str, float] = {}
     try:
         # Warm-up on a small topic: JIT, code generation and connector classes, so no query pays for them.
-        for query in (
-            bare(warmup, "warm", False),
-            bare(warmup, "warm", True),
-            floor(warmup, "warm", True),
-            speed(warmup),
-        ):
-            _timed(query)
+        if warmup is not None:
+            for query in (
+                bare(warmup, "warm", False),
+                bare(warmup, "warm", True),
+                floor(warmup, "warm", True),
+                speed(warmup),
+            ):
+                _timed(query)
         for name, query_factory in (
             (BARE, lambda: bare(settings, "bare", False)),
             (COUNTED, lambda: bare(settings, "count", True)),
@@ -316,7 +325,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--latency-seconds", type=float, default=60)
+    parser.add_argument("--warmup-events", type=int, default=50_000, help="events of the warm-up topic (0: none)")
+    parser.add_argument("--smoke", action="store_true", help=f"tiny sizes, every check kept (CI): {SMOKE}")
     args = parser.parse_args()
+    if args.smoke:
+        vars(args).update(SMOKE)
+        print("smoke: tiny sizes, no warm-up, figures not comparable")
 
     base = Settings()
     run = uuid.uuid4().hex[:6]
@@ -336,13 +350,17 @@ def main() -> None:
     migrations.migrate(settings)
     try:
         fill_topic(settings, topic, args.events)
-        warm_topic = f"bench.warm.{run}"
-        topics.ensure_topics(settings.kafka, [topics.TopicSpec(warm_topic, base.kafka.partitions, 1, {})])
-        warmup = settings.model_copy(update={"kafka": settings.kafka.model_copy(update={"events_topic": warm_topic})})
-        fill_topic(warmup, warm_topic, 50_000)
+        warmup = None
+        if args.warmup_events:
+            warm_topic = f"bench.warm.{run}"
+            topics.ensure_topics(settings.kafka, [topics.TopicSpec(warm_topic, base.kafka.partitions, 1, {})])
+            warm_kafka = settings.kafka.model_copy(update={"events_topic": warm_topic})
+            warmup = settings.model_copy(update={"kafka": warm_kafka})
+            fill_topic(warmup, warm_topic, args.warmup_events)
         rates = throughput(settings, warmup, args.events)
         speed = rates["speed layer"]
-        print(f"\nthroughput over {args.events:,} events, every query warm (after a warm-up run of each):")
+        how = "every query warm (after a warm-up run of each)" if warmup else "cold (no warm-up)"
+        print(f"\nthroughput over {args.events:,} events, {how}:")
         for name, rate in rates.items():
             print(f"  {name:30} {rate:>10,.0f} rows/s")
         for name in (COUNTED, BARE):
@@ -406,8 +424,10 @@ def main() -> None:
             print(
                 f"  the batch with the fewest rows: {few:,} rows in {few_ms / 1000:.2f} s (the fixed cost of a batch)"
             )
+        if not lat:
+            raise SystemExit(f"speed bench: none of {total} freshness samples became visible: nothing was measured")
     finally:
-        for name in (topic, f"bench.warm.{run}", f"bench.latency.{run}"):
+        for name in (topic, *([f"bench.warm.{run}"] if args.warmup_events else []), f"bench.latency.{run}"):
             try:
                 topics.delete_topics(settings.kafka, [name])
             except Exception as exc:  # noqa: BLE001 - clean-up of a topic that may not exist
