@@ -16,6 +16,11 @@ Systems: the bare read (Spark Kafka -> noop, the baseline) and the speed layer, 
 ``throughput`` in one warm SparkSession (Cassandra sink, and a null sink collecting the rows to the driver);
 Flink SQL (:mod:`flink_peer`, built-ins and our sketches as UDFs); quixstreams (:mod:`quix_peer`) with one process
 per core in one consumer group; each peer with a null sink (rows to the client or a file) and a Cassandra sink.
+
+``--smoke`` (CI, the main venv: no ``.venv-peers``, Flink or quixstreams, which take their own venv, jars and half an
+hour) runs the bench's own machinery on 3,000 events without warm-up: the topic with its duplicates and truth, the
+bare read and the speed layer on both sinks, each output checked exact against the truth, the table with the ratios
+to the bare read. It exits 1 unless every system measured is exact. Any run that measured no system exits 1.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ CREATE TABLE IF NOT EXISTS {keyspace}.peer_view (
 CLOSING_EVENTS = 30
 CLOSING_PAST_GRACE = timedelta(minutes=2)  # closing records come this far past the grace + the window
 STALL_S = 90.0
+SMOKE = {"events": 3000, "systems": "speed", "freshness_seconds": 0.0}  # --smoke: no peer venv needed
 FLINK_TIMEOUT_S = 900
 
 
@@ -528,7 +534,7 @@ Results = list[tuple[str, float, check.Result]]
 
 
 def run_speed(
-    settings: Settings, warmup: Settings, records: int, truth: check.Truth, results: Results
+    settings: Settings, warmup: Settings | None, records: int, truth: check.Truth, results: Results
 ) -> dict[str, float]:
     """Time the bare reads and the speed layer (both sinks) warm in one session; check it; return the rates."""
     collected = CollectSink()
@@ -559,7 +565,8 @@ def print_table(rates: dict[str, float], results: list[tuple[str, float, check.R
             print(f"      {note}")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """Return the options (``--smoke`` sets its sizes)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--duplicates", type=float, default=0.01, help="fraction of events sent twice")
@@ -582,7 +589,16 @@ def main() -> None:
     )
     parser.add_argument("--freshness-rate", type=float, default=0, help="events/s (0: half the slowest's rows/s)")
     parser.add_argument("--keep", action="store_true", help="keep the topics and keyspaces")
+    parser.add_argument("--smoke", action="store_true", help=f"tiny sizes, the speed layer only (CI): {SMOKE}")
     args = parser.parse_args()
+    if args.smoke:
+        vars(args).update(SMOKE)
+        print("smoke: 3,000 events, the speed layer only (no .venv-peers), no warm-up, figures not comparable")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     systems = set(args.systems.split(","))
     logging.basicConfig(level=logging.WARNING)
 
@@ -612,7 +628,8 @@ def main() -> None:
     topics.ensure_topics(settings.kafka, [topics.TopicSpec(topic, parts, 1, {"retention.ms": "-1"})])
     topics.ensure_topics(settings.kafka, [topics.TopicSpec(warm_topic, parts, 1, {"retention.ms": "-1"})])
     migrations.migrate(settings)
-    migrations.migrate(warmup)
+    if not args.smoke:
+        migrations.migrate(warmup)
     with session(settings) as sess:
         sess.execute(PEER_VIEW_CQL.format(keyspace=keyspace))
     results: list[tuple[str, float, check.Result]] = []
@@ -621,9 +638,9 @@ def main() -> None:
         print(f"before filling: {load()}")
         truth, records = fill(settings, topic, args.events, args.duplicates)
         if "speed" in systems:
-            fill(warmup, warm_topic, 50_000, args.duplicates)
+            warm = None if args.smoke else filled(warmup, warm_topic, 50_000, args.duplicates)
             print(f"spark (bare read, speed layer), {load()}")
-            rates = run_speed(settings, warmup, records, truth, results)
+            rates = run_speed(settings, warm, records, truth, results)
         for variant in ("sql", "sketch"):
             if f"flink-{variant}" not in systems:
                 continue
@@ -669,6 +686,21 @@ def main() -> None:
     finally:
         if not args.keep:
             cleanup(settings, run, [keyspace, f"{keyspace}_warm"])
+    verdict(results, args.smoke)
+
+
+def filled(settings: Settings, topic: str, count: int, duplicates: float) -> Settings:
+    """Fill the warm-up topic (:func:`fill`); return its settings."""
+    fill(settings, topic, count, duplicates)
+    return settings
+
+
+def verdict(results: Results, smoke: bool) -> None:
+    """Exit 1 when no system was measured, or (``smoke``) when one of them is not exact."""
+    if not results:
+        raise SystemExit("peers bench: no system was measured")
+    if smoke and not all(result.exact for _, _, result in results):
+        raise SystemExit("peers bench (smoke): a system's output is not exact (see the table)")
 
 
 def cleanup(settings: Settings, run: str, keyspaces: list[str]) -> None:
