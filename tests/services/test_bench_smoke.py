@@ -1,0 +1,92 @@
+"""Every bench's smoke mode, run as a user would (``.venv/bin/python bench/x.py --smoke``), against the real stack.
+
+A bench is not a test of timing, but one that measures nothing (an empty answer, no records sent, no visible
+sample) must fail CI instead of rotting (issue 46: the serving bench timed 0-row answers for weeks). Each smoke runs
+every step of its bench on tiny sizes and keeps its checks (exact counts, no gap, exactness against the truth); this
+test fails when the bench exits non-zero or prints none of its figures (each with its baseline or ratio beside it).
+The peers bench's smoke runs without ``.venv-peers`` (the speed layer and the bare read only, checked exact).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.settings import Settings
+from infra.settings_env import to_env
+
+pytestmark = pytest.mark.services
+
+REPO = Path(__file__).resolve().parents[2]
+SMOKE_TIMEOUT_S = 600  # on 2 shared cores the slowest (Spark) smokes took 1.5-2.5 min
+
+# bench script -> figures its smoke must print (regular expressions, each searched in its output)
+FIGURES: dict[str, tuple[str, ...]] = {
+    "ingest_bench.py": (
+        r"ProducerPerformance .*: 3,000 records -> [\d,]+/s",
+        r"trends ingest generate: 3,000 events -> [\d,]+ events/s",
+        r"trends ingest file .*: 3,000 events -> [\d,]+ events/s",
+        r"ratio to the bare keyed producer \d+\.\d\d",
+    ),
+    "serving_bench.py": (
+        r"trending  1h uncached \(every cache off\): p50 +[\d.]+ ms +p99 +[\d.]+ ms +\| reads alone \(state \+ rows\) "
+        r"p50 +[\d.]+ p99 +[\d.]+ +merge alone \(in memory\) p50 +[\d.]+ p99 +[\d.]+ +reads \+ merge p50 +[\d.]+ ms"
+        r" +\| 120 rows, 4,800 events of both windows, no gap",
+        r"trending 24h uncached .* [1-9][\d,]* rows, [1-9][\d,]* events of both windows, no gap",
+        r"trending 24h speed moved one minute: p50 +[\d.]+ ms .* ratio [\d.]+x faster",
+        r"http trending 24h +2 clients: +[1-9]\d* req/s .* errors 0 +\| ratio to /health [\d.]+",
+        r"rss of trends serve .* statuses \{200: 8\}.* a window 20% longer: 400 .*✔",
+    ),
+    "batch_bench.py": (
+        r"indexer \(cold\): 3,00\d records in [\d.]+ s .* ratio [\d.]+",
+        r"ratio = bare s / recompute s = [\d.]+",
+        r"hourly row 3000, sum of minute rows 3,000 \(expected 3,000\) OK",
+        r"recompute / its own read \+ decode \+ dedupe ceiling: [\d.]+",
+    ),
+    "speed_bench.py": (
+        r"speed layer +[1-9][\d,]* rows/s",
+        r"ratio speed layer / bare Kafka -> noop: [\d.]+",
+        r"[1-9]\d* samples, \d+ lost .*: p50 [\d.]+ s",
+    ),
+    "backfill_bench.py": (
+        r"indexer: [\d,]+ records in [\d.]+ s; bare Spark read \+ count [\d,]+ in [\d.]+ s: ratio [\d.]+",
+        r"\(a\) trends batch run, 2 days: [\d.]+ s .* ratio bare read / it = [\d.]+",
+        r"48 of 48 hours with a current run; daily counts EXACT",
+    ),
+    "peers/peers_bench.py": (
+        r"bare Kafka -> noop +[1-9][\d,]* rows/s +\(baseline\)",
+        r"speed layer \(Cassandra\) +[1-9][\d,]* rows/s +[\d.]+ of bare +exact",
+        r"speed layer \(null\) +[1-9][\d,]* rows/s +[\d.]+ of bare +exact",
+    ),
+}
+SPARK = {"batch_bench.py", "speed_bench.py", "backfill_bench.py", "peers/peers_bench.py"}
+
+
+@pytest.mark.parametrize(
+    "script", [pytest.param(s, marks=[pytest.mark.spark] if s in SPARK else [], id=s) for s in FIGURES]
+)
+def test_bench_smoke_measures_something(script: str, stack_up: Settings) -> None:
+    python = Path(sys.executable)  # the venv's python, as ``.venv/bin/python bench/x.py`` runs it
+    env = {**os.environ, **to_env(stack_up), "PYTHONUNBUFFERED": "1"}
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [str(python), str(REPO / "bench" / script), "--smoke"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SMOKE_TIMEOUT_S,
+        check=False,
+    )
+    took = time.monotonic() - t0
+    out = proc.stdout + proc.stderr
+    tail = "\n".join(out.splitlines()[-40:])
+    assert proc.returncode == 0, f"bench/{script} --smoke exited {proc.returncode} after {took:.0f} s:\n{tail}"
+    missing = [f for f in FIGURES[script] if not re.search(f, proc.stdout)]
+    assert not missing, f"bench/{script} --smoke printed none of {missing} ({took:.0f} s):\n{proc.stdout[-4000:]}"
