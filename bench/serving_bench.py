@@ -338,6 +338,11 @@ def merge_alone(reader: ViewReader, end: datetime, window: timedelta) -> tuple[C
     return merge, sum(map(len, rows))
 
 
+def keep_last(holder: list[list[Window]], windows: list[Window]) -> None:
+    """Keep only the last answer timed, to check it after the timing."""
+    holder[:] = [windows]
+
+
 def timed(fn: Callable[[], Any], runs: int, warmup: int, before: Callable[[], Any] | None = None) -> list[float]:
     """Return the times (ms) of ``runs`` calls after ``warmup`` untimed ones; ``before`` runs untimed before each."""
     out = []
@@ -359,8 +364,8 @@ def in_process(settings: Settings, filled: Filled, label: str, runs: int, warmup
         if cold.answers is not None or cold.cache is not None or cold.speed_cache is not None:
             raise BenchError("the uncached reader keeps a cache")
         rows, events = check_answer(f"{label} uncached", trending_once(cold, end, window), filled)
-        last: list[list[Window]] = []
-        subject = timed(lambda: last.append(trending_once(cold, end, window)), runs, warmup)
+        last: list[list[Window]] = []  # the last answer timed (only: holding them all would feed the GC)
+        subject = timed(lambda: keep_last(last, trending_once(cold, end, window)), runs, warmup)
         check_answer(f"{label} uncached, the last timed answer", last[-1], filled)
         read = bare_reads(cold, end, window)
         merge, in_memory = merge_alone(cold, end, window)
@@ -384,8 +389,7 @@ def in_process(settings: Settings, filled: Filled, label: str, runs: int, warmup
             raise BenchError("the cached reader has no answer cache (serving.answer_cache_mb 0?)")
         trending_once(warm, end, window)
         hits = answers.hits
-        last.clear()
-        cached = timed(lambda: last.append(trending_once(warm, end, window)), runs, warmup)
+        cached = timed(lambda: keep_last(last, trending_once(warm, end, window)), runs, warmup)
         check_answer(f"{label} cached", last[-1], filled)
         if answers.hits != hits + runs + warmup:
             raise BenchError(f"{label}: {answers.hits - hits} of {runs + warmup} cached runs were lookups")
@@ -396,8 +400,7 @@ def in_process(settings: Settings, filled: Filled, label: str, runs: int, warmup
         )
         reusing = ViewReader(settings, sess)
         trending_once(reusing, end, window)
-        last.clear()
-        reused = timed(lambda: last.append(trending_once(reusing, end, window)), runs, warmup)
+        reused = timed(lambda: keep_last(last, trending_once(reusing, end, window)), runs, warmup)
         check_answer(f"{label} cached, the state reused", last[-1], filled)
         print(
             f"trending {label:>3} cached, the state reused (serving.state_max_age_ms "
@@ -415,9 +418,8 @@ def in_process(settings: Settings, filled: Filled, label: str, runs: int, warmup
 
         try:
             partial = answers.partial
-            last.clear()
             moves = max(runs // 4, 10)
-            moved = timed(lambda: last.append(trending_once(warm, end, window)), moves, warmup, before=move)
+            moved = timed(lambda: keep_last(last, trending_once(warm, end, window)), moves, warmup, before=move)
             check_answer(f"{label} speed moved", last[-1], filled)
             if answers.partial != partial + moves + warmup:
                 raise BenchError(
