@@ -28,6 +28,11 @@ SMOKE_TIMEOUT_S = 600  # on 2 shared cores the slowest (Spark) smokes took 1.5-2
 
 # bench script -> figures its smoke must print (regular expressions, each searched in its output)
 FIGURES: dict[str, tuple[str, ...]] = {
+    "api_footprint_bench.py": (
+        r"served \(no pyspark\) +[\d.]+/[\d.]+ +[\d.]+/[\d.]+ +[\d.]+/[\d.]+",
+        r"baseline: \+ pyspark\.sql +[\d.]+/[\d.]+ +[\d.]+/[\d.]+ +[\d.]+/[\d.]+",
+        r"saved per API process \(medians\): -?[\d.]+ s of start-up, -?[\d.]+ MiB RSS",
+    ),
     "ingest_bench.py": (
         r"ProducerPerformance .*: 3,000 records -> [\d,]+/s",
         r"trends ingest generate: 3,000 events -> [\d,]+ events/s",
