@@ -181,7 +181,8 @@ def main() -> None:
         topics.ensure_topics(settings.kafka, [topics.TopicSpec(topic, spec.partitions, spec.replication_factor,
                                                               {**spec.config, "retention.ms": "-1"})])  # fmt: skip
         migrations.migrate(settings)
-        migrations.migrate(via_airflow)
+        if not args.skip_airflow:
+            migrations.migrate(via_airflow)
         t0 = time.monotonic()
         produced, per_day, busy_hours = produce(settings, args.events, end)
         empty = 24 * args.days - busy_hours
@@ -250,7 +251,7 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001 - clean-up
             print(f"(topic {topic} not deleted: {exc})")
         with session(settings) as sess:
-            for ks in (settings.cassandra.keyspace, via_airflow.cassandra.keyspace):
+            for ks in (settings.cassandra.keyspace, *([] if args.skip_airflow else [via_airflow.cassandra.keyspace])):
                 sess.execute(f"DROP KEYSPACE IF EXISTS {ks}")
     if failed:
         raise SystemExit(f"backfill bench: {'; '.join(failed)}")

@@ -298,7 +298,9 @@ def latency(settings: Settings, env: dict[str, str], rate: float, seconds: float
                 time.sleep(0.005)
             t_end = time.monotonic()
             producer.flush(30)
-            time.sleep(8)
+            settle = time.monotonic() + 8  # the samples still in flight become visible (or are lost)
+            while time.monotonic() < settle and len(visible) < len(produced):
+                time.sleep(0.1)
             stop.set()
             poller.join(5)
     finally:

@@ -5,6 +5,11 @@ sample) must fail CI instead of rotting (issue 46: the serving bench timed 0-row
 every step of its bench on tiny sizes and keeps its checks (exact counts, no gap, exactness against the truth); this
 test fails when the bench exits non-zero or prints none of its figures (each with its baseline or ratio beside it).
 The peers bench's smoke runs without ``.venv-peers`` (the speed layer and the bare read only, checked exact).
+
+To keep ``make test`` short the smokes run in two lanes, started together: the Spark ones one after the other (two
+Spark JVMs at once on two cores only slow each other, and the speed bench waits 90 s at most for its job), the
+others beside them (``TRENDS_TEST_BENCH_SPARK_LANES=2`` runs two Spark smokes at a time). Each test then waits for
+its own bench's run.
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -73,25 +81,61 @@ FIGURES: dict[str, tuple[str, ...]] = {
 SPARK = {"batch_bench.py", "speed_bench.py", "backfill_bench.py", "peers/peers_bench.py"}
 
 
+@dataclass(frozen=True)
+class SmokeRun:
+    """A bench's smoke run: its exit status, output and wall time."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+def run_smoke(script: str, env: dict[str, str]) -> SmokeRun:
+    """Run ``bench/<script> --smoke`` with the venv's python, as ``.venv/bin/python bench/x.py --smoke`` does."""
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(REPO / "bench" / script), "--smoke"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=SMOKE_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        return SmokeRun(-1, out, f"timed out after {SMOKE_TIMEOUT_S} s", time.monotonic() - t0)
+    return SmokeRun(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - t0)
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(request: pytest.FixtureRequest, stack_up: Settings) -> Iterator[dict[str, Future[SmokeRun]]]:
+    """Start the selected benches' smokes at once in two lanes (Spark ones in turn, the others beside them)."""
+    selected = [
+        item.callspec.params["script"]
+        for item in request.session.items
+        if item.module is request.module and hasattr(item, "callspec")
+    ]
+    env = {**os.environ, **to_env(stack_up), "PYTHONUNBUFFERED": "1"}
+    spark_lanes = int(os.environ.get("TRENDS_TEST_BENCH_SPARK_LANES", "1"))
+    with (
+        ThreadPoolExecutor(spark_lanes, "bench-spark") as spark_lane,
+        ThreadPoolExecutor(1, "bench-other") as other_lane,
+    ):
+        runs = {s: (spark_lane if s in SPARK else other_lane).submit(run_smoke, s, env) for s in selected}
+        yield runs
+
+
 @pytest.mark.parametrize(
     "script", [pytest.param(s, marks=[pytest.mark.spark] if s in SPARK else [], id=s) for s in FIGURES]
 )
-def test_bench_smoke_measures_something(script: str, stack_up: Settings) -> None:
-    python = Path(sys.executable)  # the venv's python, as ``.venv/bin/python bench/x.py`` runs it
-    env = {**os.environ, **to_env(stack_up), "PYTHONUNBUFFERED": "1"}
-    t0 = time.monotonic()
-    proc = subprocess.run(
-        [str(python), str(REPO / "bench" / script), "--smoke"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=SMOKE_TIMEOUT_S,
-        check=False,
-    )
-    took = time.monotonic() - t0
-    out = proc.stdout + proc.stderr
-    tail = "\n".join(out.splitlines()[-40:])
-    assert proc.returncode == 0, f"bench/{script} --smoke exited {proc.returncode} after {took:.0f} s:\n{tail}"
-    missing = [f for f in FIGURES[script] if not re.search(f, proc.stdout)]
-    assert not missing, f"bench/{script} --smoke printed none of {missing} ({took:.0f} s):\n{proc.stdout[-4000:]}"
+def test_bench_smoke_measures_something(script: str, smoke_runs: dict[str, Future[SmokeRun]]) -> None:
+    run = smoke_runs[script].result()
+    tail = "\n".join((run.stdout + run.stderr).splitlines()[-40:])
+    took = f"{run.seconds:.0f} s"
+    print(f"bench/{script} --smoke: exit {run.returncode} in {took}")  # its own time (the test's includes the wait)
+    assert run.returncode == 0, f"bench/{script} --smoke exited {run.returncode} after {took}:\n{tail}"
+    missing = [f for f in FIGURES[script] if not re.search(f, run.stdout)]
+    assert not missing, f"bench/{script} --smoke printed none of {missing} ({took}):\n{run.stdout[-4000:]}"
