@@ -29,6 +29,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -436,6 +437,7 @@ def main() -> None:
                 print(f"(topic {name} not deleted: {exc})")
         with session(settings) as sess:
             sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+        shutil.rmtree(base.data_dir / "bench-checkpoints" / run, ignore_errors=True)  # the run's checkpoints
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -685,7 +686,8 @@ def main() -> None:
                 print(f"  {system:14} {interval:40} {outcome.line()}")
     finally:
         if not args.keep:
-            cleanup(settings, run, [keyspace, f"{keyspace}_warm"])
+            # nothing of a smoke is worth keeping: its work folder (checkpoints) would pile up in CI's data dir
+            cleanup(settings, run, [keyspace, f"{keyspace}_warm"], work if args.smoke else None)
     verdict(results, args.smoke)
 
 
@@ -703,8 +705,10 @@ def verdict(results: Results, smoke: bool) -> None:
         raise SystemExit("peers bench (smoke): a system's output is not exact (see the table)")
 
 
-def cleanup(settings: Settings, run: str, keyspaces: list[str]) -> None:
-    """Delete the run's topics (the bench's and the peers' internal ones) and keyspaces."""
+def cleanup(settings: Settings, run: str, keyspaces: list[str], work: Path | None = None) -> None:
+    """Delete the run's topics (the bench's and the peers' internal ones), keyspaces and (given) work folder."""
+    if work is not None:
+        shutil.rmtree(work, ignore_errors=True)
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient(settings.kafka.client_config())
