@@ -1,7 +1,7 @@
 """Every bench's smoke mode, run as a user would (``.venv/bin/python bench/x.py --smoke``), against the real stack.
 
 A bench is not a test of timing, but one that measures nothing (an empty answer, no records sent, no visible
-sample) must fail CI instead of rotting (issue 46: the serving bench timed 0-row answers for weeks). Each smoke runs
+sample) must fail CI instead of rotting (the serving bench once timed 0-row answers for weeks). Each smoke runs
 every step of its bench on tiny sizes and keeps its checks (exact counts, no gap, exactness against the truth); this
 test fails when the bench exits non-zero or prints none of its figures (each with its baseline or ratio beside it).
 The peers bench's smoke runs without ``.venv-peers`` (the speed layer and the bare read only, checked exact).
