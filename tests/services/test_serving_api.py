@@ -346,6 +346,7 @@ def test_schemathesis_finds_nothing_on_the_real_api(served: Served, tmp_path: Pa
     assert answered[("/api/v1/summary", "401")] > 0, answered  # Schemathesis checked the token is not ignored
 
 
+@pytest.mark.faults  # a minute of generated requests: make test-faults; make test keeps the 503 test above
 def test_schemathesis_with_cassandra_unreachable_gets_only_503_with_retry_after(
     served: Served, tmp_path: Path, artifacts_dir: Path
 ) -> None:
