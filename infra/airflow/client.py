@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 TOKEN_PATH = "/auth/token"  # noqa: S105 - a URL path, not a password
 API = "/api/v2"  # the REST API's paths, built here only (the exporter, the console and the backfill use these)
+API_TIMEOUT_S = 30
 
 
 def _q(part: str) -> str:
@@ -60,9 +61,6 @@ def run_path(dag_id: str, run_id: str) -> str:
 def task_instances_path(dag_id: str, run_id: str, **params: Any) -> str:
     """Return the path of a run's task instances (``~`` for every run; ``state``, ``limit``, ``offset``…)."""
     return f"{run_path(dag_id, run_id)}/taskInstances{_query(params)}"
-
-
-API_TIMEOUT_S = 30
 
 
 class AirflowAPIError(AirflowError):
@@ -233,12 +231,12 @@ class AirflowClient:
 
     def tries(self, dag_id: str, run_id: str, task_id: str, *, map_index: int = -1) -> list[dict[str, Any]]:
         """Return every try of one task instance (``try_number``, ``state``), earlier tries included."""
-        path = f"{run_path(dag_id, run_id)}/taskInstances/{task_id}/{map_index}/tries"
+        path = f"{task_instances_path(dag_id, run_id)}/{task_id}/{map_index}/tries"
         return list(self.api("GET", path)["task_instances"])
 
     def xcom(self, dag_id: str, run_id: str, task_id: str, *, map_index: int = -1, key: str = "return_value") -> Any:
         """Return an XCom value as stored (JSON), or None when the task has not pushed it."""
-        path = f"{run_path(dag_id, run_id)}/taskInstances/{task_id}/xcomEntries/{key}?map_index={map_index}"
+        path = f"{task_instances_path(dag_id, run_id)}/{task_id}/xcomEntries/{key}?map_index={map_index}"
         try:
             return self.api("GET", path)["value"]
         except AirflowAPIError as exc:
@@ -249,8 +247,7 @@ class AirflowClient:
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int, *, map_index: int = -1) -> list[str]:
         """Return the lines of one try's log (``event`` of each structured record, with its level if not info)."""
         path = (
-            f"{run_path(dag_id, run_id)}/taskInstances/{task_id}/logs/{try_number}"
-            f"?map_index={map_index}&full_content=true"
+            f"{task_instances_path(dag_id, run_id)}/{task_id}/logs/{try_number}?map_index={map_index}&full_content=true"
         )
         content = self.api("GET", path).get("content") or []
         lines: list[str] = []
