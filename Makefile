@@ -101,7 +101,8 @@ test-cluster: setup
 	$(BIN)/pytest -m cluster tests/cluster
 
 # `trends batch backfill --wait` over 30 days (exact) and with Cassandra stopped mid-run, on a private Cassandra and
-# Airflow (3-7 min; kept out of make test, which would pass 30 minutes with it).
+# Airflow, and the hourly DAG's runs over empty, missing and stale hours (5-9 min; kept out of make test, which
+# would pass 25 minutes with it).
 test-backfill: setup
 	$(BIN)/pytest -m backfill tests/services/test_batch_backfill_cli.py tests/services/test_batch_dag.py
 
