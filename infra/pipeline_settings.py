@@ -449,3 +449,27 @@ class MetricsSettings(BaseModel):
     evaluation_interval_s: float = Field(
         15.0, gt=0, description="How often the local Prometheus evaluates the alert rules, seconds."
     )
+
+
+class PrivacySettings(BaseModel):
+    """How users' ids are kept out of the log and how a subject's erasure ("forget") is carried out and proven."""
+
+    erasure_deadline_days: float = Field(
+        30.0,
+        gt=0,
+        le=366,
+        description="An erasure request still pending this many days after it was made fires the alert "
+        "TrendsErasureOverdue (GDPR Art. 12(3): one month). Fractions are allowed (tests use minutes).",
+    )
+    exclude_on_forget: bool = Field(
+        False,
+        description="`trends privacy forget` (and the API's forget) also exclude the subject's events from the "
+        "views, as `--exclude` does: the pseudonym goes to `erased_pseudonyms` and the request stays pending until "
+        "the hours holding the subject are recomputed. Off: erasure unlinks the pseudonym only (crypto-shredding).",
+    )
+    export_max_hours: int = Field(
+        24 * 366,
+        ge=1,
+        description="`trends privacy export` refuses a subject with more hours of history than this (a usage "
+        "error naming the count): each hour is read from Kafka through the offset index.",
+    )

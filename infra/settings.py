@@ -30,6 +30,7 @@ from infra.pipeline_settings import (
     DedupeBy,
     IngestSettings,
     MetricsSettings,
+    PrivacySettings,
     ServingSettings,
     SpeedSettings,
     StackSettings,
@@ -47,6 +48,7 @@ __all__ = [
     "DedupeBy",
     "IngestSettings",
     "MetricsSettings",
+    "PrivacySettings",
     "ServingSettings",
     "Settings",
     "SpeedSettings",
@@ -134,6 +136,7 @@ class Settings(BaseSettings):
     airflow: AirflowSettings = Field(default_factory=AirflowSettings)
     serving: ServingSettings = Field(default_factory=ServingSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    privacy: PrivacySettings = Field(default_factory=PrivacySettings)
 
     @model_validator(mode="before")
     @classmethod
