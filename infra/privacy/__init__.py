@@ -1,0 +1,6 @@
+"""Personal data's contracts, importable by every layer: where user ids go and how a subject is erased.
+
+``subjects`` (the subject store: a random pseudonym per user under a keyed hash of the id, the hours that hold a
+subject's events, unlinking a subject). Raw user ids never pass ingestion; logs, metrics and messages carry at
+most the keyed hash that :meth:`subjects.SubjectStore.subject_hash` gives.
+"""
