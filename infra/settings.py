@@ -190,6 +190,11 @@ class Settings(BaseSettings):
         return self.cache_dir / "jars"
 
     @property
+    def subject_key_path(self) -> Path:
+        """Return the file of the secret that keys the hash of user ids (``privacy.subject_key_file``)."""
+        return self.privacy.subject_key_file or self.data_dir / "privacy" / "subject.key"
+
+    @property
     def checkpoint_root(self) -> str:
         """Return the root of streaming checkpoints (a local path or a URI)."""
         return self.spark.checkpoint_root or str(self.data_dir / "checkpoints")

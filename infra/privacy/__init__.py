@@ -1,6 +1,8 @@
-"""Privacy contracts every layer may import: the subject store (pseudonyms) and the erasure ledger.
+"""Personal data's contracts, importable by every layer: where user ids go and how a subject is erased.
 
-``subjects``: users' ids to random pseudonyms, kept by a keyed hash of the id, deleted on erasure
-(crypto-shredding). ``ledger``: the append-only, hash-chained record of erasure requests and the pseudonyms whose
-events the layers exclude, with the readers the batch exporter, the API and the console use.
+``subjects`` (the subject store: a random pseudonym per user under a keyed hash of the id, the hours that hold a
+subject's events, unlinking a subject). ``ledger`` (the append-only, hash-chained record of erasure requests, the
+pseudonyms whose events the layers exclude, and the readers the batch exporter, the API and the console use).
+Raw user ids never pass ingestion; logs, metrics and messages carry at most the keyed hash that
+:meth:`subjects.SubjectStore.subject_hash` gives.
 """
