@@ -25,7 +25,7 @@ help:
 	@echo "make test-network      network faults (latency, black hole, reset, bandwidth, slicer) through Toxiproxy between the components (not part of make test)"
 	@echo "make test-soak         the whole stack for SOAK_MINUTES (default 60) at a steady rate, a fault every 10 min, resources bounded (not part of make test)"
 	@echo "make test-alerting     the alert rules (promtool), a real Prometheus firing the watermark-lag alert, the dashboards' panels with data (not part of make test)"
-	@echo "make test-privacy      pseudonymous user ids: the subject store's races, generator and file replay leave no raw id in Kafka (not part of make test)"
+	@echo "make test-privacy      pseudonymous user ids (no raw id in Kafka) and erasure: forget, export, the ledger and its verification (not part of make test)"
 	@echo "make bench-peers   the speed layer beside Flink and quixstreams on the same events, each checked exact first (.venv-peers; ~35 min)"
 	@echo "make gotools     build promtool, prometheus and toxiproxy from Go modules into ~/.cache/trends/bin (once, ~6 min)"
 	@echo "make lint        ruff check, ruff format --check, mypy, lint-imports (the layering contracts)"
@@ -141,9 +141,10 @@ test-alerting: setup $(GOTOOLS)
 
 # Pseudonymous user ids from the first hop (marked `privacy`): the subject store against the real Cassandra, and the
 # generator and file replay (two producers racing on the same users) into private topics, then the topic and its
-# segment files read for raw ids.
+# segment files read for raw ids; forget, export through the offset index, the erasure ledger (racing writers, an
+# edited row found by --verify) and the API's forget route.
 test-privacy: setup
-	$(BIN)/pytest -m privacy tests/services/test_privacy_subjects.py tests/services/test_privacy_ingest.py
+	$(BIN)/pytest -m privacy tests/services/test_privacy_*.py
 
 # Network faults between the components: a Toxiproxy server (built into the cache with the Go tools) in front of
 # Cassandra, a private Kafka broker and Airflow; each client pointed at its proxy by settings only. Writes

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from typing import IO
 
 import click
 
@@ -74,7 +75,7 @@ def forget(settings: Settings, user: str, exclude: bool | None, as_json: bool) -
     help="Where the JSON lines go (`-`: stdout; the summary goes to stderr).",
 )
 @click.pass_obj
-def export(settings: Settings, user: str, output: click.utils.LazyFile) -> None:
+def export(settings: Settings, user: str, output: IO[bytes]) -> None:
     """Export every event of USER that can still be linked to it, as JSON lines (one event per line).
 
     Reads only the offset ranges that the batch layer's index gives for the hours holding the user, plus the

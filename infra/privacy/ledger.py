@@ -23,6 +23,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import random
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -39,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 CHAIN: Final = "erasure"  # the one chain of erasure requests (the partition key leaves room for others)
 GENESIS: Final = "0" * 64  # the previous hash of the first entry
-APPEND_ATTEMPTS: Final = 20  # lost races for the next sequence number before giving up
+APPEND_ATTEMPTS: Final = 40  # lost races (or contended timeouts) for the next number before giving up
 
 Mode = Literal["unlink", "exclude"]
 State = Literal["requested", "unlinked", "recompute_started", "recomputed", "done", "failed"]
@@ -387,38 +389,52 @@ class Ledger:
 
         :raises LedgerError: on an unknown mode, state or transition, or after ``APPEND_ATTEMPTS`` lost races.
         """
-        from cassandra import WriteTimeout  # noqa: PLC0415
+        from cassandra import ReadTimeout, WriteTimeout  # noqa: PLC0415
 
         hours = list(hours)
-        for _ in range(APPEND_ATTEMPTS):
-            head = self.head()
-            entry = seal(head, request_id, subject_hash, mode, state, now or datetime.now(UTC), hours, runs, reason)
-            params = (
-                CHAIN,
-                entry.seq,
-                entry.request_id,
-                entry.subject_hash,
-                entry.at,
-                entry.mode,
-                entry.state,
-                json.dumps([_iso(h) for h in entry.hours]),
-                json.dumps(list(entry.runs)),
-                entry.reason,
-                entry.prev_hash,
-                entry.entry_hash,
-            )
+        uncertain: Entry | None = None  # an insert that timed out: applied or not, the row at its number tells
+        for attempt in range(APPEND_ATTEMPTS):
             try:
-                applied = bool(self.sess.execute(self._insert, params).one()[0])
-            except WriteTimeout:
-                # The transaction may or may not have been applied: the row at our number tells which.
-                row = self.sess.execute(self._at, (CHAIN, entry.seq)).one()
-                applied = row is not None and row.entry_hash == entry.entry_hash
-            if applied:
-                logger.info("ledger entry %s: request %s %s (%s)", entry.seq, entry.request_id, entry.state, entry.mode)
-                return entry
-            logger.debug("ledger entry %s was taken by another writer; appending after it", entry.seq)
+                if uncertain is not None:
+                    row = self.sess.execute(self._at, (CHAIN, uncertain.seq)).one()
+                    if row is not None and row.entry_hash == uncertain.entry_hash:
+                        return self._appended(uncertain)
+                    uncertain = None
+                head = self.head()
+                entry = seal(head, request_id, subject_hash, mode, state, now or datetime.now(UTC), hours, runs, reason)
+                try:
+                    if self.sess.execute(self._insert, self._params(entry)).one()[0]:
+                        return self._appended(entry)
+                except WriteTimeout:
+                    uncertain = entry
+                    raise
+                logger.debug("ledger entry %s was taken by another writer; appending after it", entry.seq)
+            except (ReadTimeout, WriteTimeout) as exc:
+                # Writers contending for the chain's next number time out each other's Paxos rounds: back off.
+                logger.debug("ledger append contended (%s); retrying", type(exc).__name__)
+            time.sleep(random.uniform(0.005, 0.02) * 2 ** min(attempt, 6))  # noqa: S311 - jitter, not a secret
         msg = f"could not append to the erasure ledger after {APPEND_ATTEMPTS} attempts (too many writers at once)"
         raise LedgerError(msg)
+
+    def _params(self, entry: Entry) -> tuple[Any, ...]:
+        return (
+            CHAIN,
+            entry.seq,
+            entry.request_id,
+            entry.subject_hash,
+            entry.at,
+            entry.mode,
+            entry.state,
+            json.dumps([_iso(h) for h in entry.hours]),
+            json.dumps(list(entry.runs)),
+            entry.reason,
+            entry.prev_hash,
+            entry.entry_hash,
+        )
+
+    def _appended(self, entry: Entry) -> Entry:
+        logger.info("ledger entry %s: request %s %s (%s)", entry.seq, entry.request_id, entry.state, entry.mode)
+        return entry
 
     def advance(
         self,
