@@ -79,6 +79,11 @@ def up(settings: Settings, services: tuple[str, ...], with_airflow: bool, no_ini
 
 
 def _init(settings: Settings, names: list[str] | None, *, apply_topic_config: bool = False) -> None:
+    from infra.privacy.subjects import ensure_key_file
+
+    # The local stack's producers key the hash of user ids with this secret; a deployment brings its own.
+    if settings.privacy.pseudonymise and ensure_key_file(settings.subject_key_path):
+        click.echo(f"privacy    created the subject key {settings.subject_key_path} (mode 0600)")
     init_clusters(
         settings,
         kafka=names is None or "kafka" in names,
