@@ -19,6 +19,7 @@ from batch_layer import horizon, offsets
 from batch_layer.hours import chunks
 from batch_layer.store import BatchStore
 from infra.cassandra import session
+from infra.privacy.ledger import Ledger
 from infra.settings import Settings
 from views.buckets import HOUR, day_key
 from views.indexing.indexer import run_index
@@ -117,7 +118,20 @@ def purge(settings: Settings, hours: Sequence[datetime]) -> Purged:
 
 
 def finish(settings: Settings, request: str, hours: Sequence[datetime], run_id: str) -> str:
-    """Purge the recomputed hours and record in the erasure ledger that the request's recompute is done."""
-    purged = purge(settings, hours)
+    """Record the request's hours as recomputed, purge them, and record the request as done in the erasure ledger.
+
+    A retry after a failure between the steps finds the state it reached and goes on from there; the purge deletes
+    only what is left. A run triggered by hand with an unknown request id purges and records nothing.
+    """
+    with session(settings) as sess:
+        ledger = Ledger(settings, sess)
+        found = ledger.requests().get(request) if request else None
+        if found is None:
+            logger.warning("erasure request %r is not in the ledger: purging its hours, recording nothing", request)
+        elif found.state == "recompute_started":
+            ledger.advance(request, "recomputed", runs=[run_id] if run_id else [])
+        purged = purge(settings, hours)
+        if found is not None and found.state != "done":
+            ledger.advance(request, "done")
     logger.info("erasure %s: recomputed by %s; %s", request, run_id, purged.line())
     return purged.line()

@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from infra.privacy.subjects import SubjectStore
-
 from infra.cassandra import session as cassandra_session
+from infra.dag_contract import ERASURE_DAG, HOURS_PARAM, REQUEST_PARAM
 from infra.privacy.ledger import Ledger, Request
+from infra.privacy.subjects import SubjectStore
 from infra.settings import Settings
 
 if TYPE_CHECKING:
@@ -92,21 +92,28 @@ RecomputeTrigger = Callable[[Settings, Request], list[str]]
 
 
 def request_recompute(settings: Settings, request: Request) -> list[str]:
-    """Ask for the hours of an exclusion-mode request to be recomputed without the subject's events.
+    """Trigger the ``trends_erasure`` DAG over the request's hours; return the Airflow run id it started.
 
-    The recompute's entry point: a trigger of the batch layer's recompute over ``request.hours`` (Airflow params:
-    the request id and the hours, never an id or a pseudonym) returns the Airflow run ids it started, and the forget
-    records them (``recompute_started``); :func:`record_recompute` records the later steps. Until that trigger
-    exists this returns no run and the request stays pending (``unlinked``, waiting for a recompute), which
-    ``trends privacy status``, the metrics and the alert report.
+    Its params are the request id and the hours, never an id or a pseudonym. The DAG recomputes the hours without
+    the subject's events (the batch layer reads the erased pseudonyms at every run), purges their older versions and
+    speed rows, and records ``recomputed`` and ``done`` in the ledger. Airflow runs one at a time: a request made
+    while another's recompute runs is queued behind it. No hours (the subject's events were never indexed into an
+    hour): nothing to recompute, no run.
+
+    :raises infra.errors.AirflowError: when Airflow cannot be reached or refuses; the request stays ``unlinked`` and
+        a forget of the same user triggers it again.
     """
+    if not request.hours:
+        return []
+    from infra.airflow.client import AirflowClient  # noqa: PLC0415
+
+    conf = {REQUEST_PARAM: request.request_id, HOURS_PARAM: [h.isoformat() for h in request.hours]}
+    run_id = AirflowClient(settings).trigger(None, ERASURE_DAG, conf)
     logger.info(
-        "erasure request %s: %s hour(s) wait for a recompute without the subject's events",
-        request.request_id,
-        len(request.hours),
-    )
-    del settings
-    return []
+        "erasure request %s: %s hour(s) to recompute without the subject's events, %s run %s",
+        request.request_id, len(request.hours), ERASURE_DAG, run_id,
+    )  # fmt: skip
+    return [run_id]
 
 
 def record_recompute(
