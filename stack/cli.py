@@ -104,6 +104,17 @@ def init(settings: Settings, apply_topic_config: bool) -> None:
     _init(settings, None, apply_topic_config=apply_topic_config)
 
 
+@stack.command(context_settings={"ignore_unknown_options": True})
+@click.option("--node", default=0, show_default=True, help="Which Cassandra node (0 is the seed).")
+@click.argument("args", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_obj
+def nodetool(settings: Settings, node: int, args: tuple[str, ...]) -> None:
+    """Run Cassandra's nodetool against a local node (e.g. `flush`, `garbagecollect KEYSPACE TABLE`, `drain`)."""
+    from stack.services.cassandra import Cassandra
+
+    click.echo(Cassandra(settings, node).nodetool(*args), nl=False)
+
+
 @stack.command()
 @SERVICES_ARG
 @click.pass_obj
