@@ -37,7 +37,7 @@ from stack.services.cassandra import Cassandra
 from tests.airflow_stack import private_backfill
 from tests.helpers import iso
 
-pytestmark = [pytest.mark.spark, pytest.mark.privacy]
+pytestmark = [pytest.mark.spark, pytest.mark.privacy, pytest.mark.timeout(2400)]
 
 TRENDS = str(Path(sys.executable).parent / "trends")
 START = datetime(2025, 11, 20, tzinfo=UTC)  # one day, a year ago: closed
@@ -102,11 +102,15 @@ def scan(roots: list[Path], needles: dict[str, bytes]) -> Scan:
 
 
 def run(env: dict[str, str], *args: str, stdin: str | None = None, timeout: float = 600) -> str:
+    """Run ``trends <args>``; return its stdout. Its stderr (the log lines) goes to ``$TEST_LOGS/trends.log``,
+    which the scan reads with the rest: a command that logged the subject's id would be found."""
     proc = subprocess.run(
         [TRENDS, *args], env=env, input=stdin, capture_output=True, text=True, timeout=timeout, check=False
     )
+    with Path(env["TEST_LOGS"], "trends.log").open("a") as log:
+        log.write(f"$ trends {args[0]} {args[1] if len(args) > 1 else ''}\n{proc.stdout}{proc.stderr}")
     assert proc.returncode == 0, f"trends {' '.join(args[:2])}: {proc.stderr[-3000:]}"
-    return proc.stdout + proc.stderr
+    return proc.stdout
 
 
 def members(settings: Settings, user: str) -> Counter[str]:
@@ -140,7 +144,7 @@ def test_forget_leaves_no_byte_of_the_subject_or_its_link(stack_up: Settings, tm
         ensure_key_file(settings.subject_key_path)
         env = {
             **os.environ, **to_env(settings), "TRENDS_SPARK__CHECKPOINT_ROOT": str(tmp_path / "checkpoints"),
-            "TRENDS_METRICS__SPEED_PORT": "0",
+            "TRENDS_METRICS__SPEED_PORT": "0", "TEST_LOGS": str(tmp_path / "logs"),
         }  # fmt: skip
         logs = tmp_path / "logs"
         logs.mkdir()
@@ -157,12 +161,10 @@ def test_forget_leaves_no_byte_of_the_subject_or_its_link(stack_up: Settings, tm
             for k in range(6)
         ]
         (tmp_path / "events.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-        (logs / "ingest.log").write_text(run(env, "ingest", "file", str(tmp_path / "events.jsonl"), "--no-progress"))
+        run(env, "ingest", "file", str(tmp_path / "events.jsonl"), "--no-progress")
         control_line = {"ts": iso(START + 5 * HOUR), "item": "#c", "user": control_user}
-        (logs / "control.log").write_text(
-            run({**env, "TRENDS_PRIVACY__PSEUDONYMISE": "false"}, "ingest", "file", "-", stdin=json.dumps(control_line))
-        )
-        (logs / "speed.log").write_text(run(env, "speed", "run", "--available-now", "--no-from-watermark"))
+        run({**env, "TRENDS_PRIVACY__PSEUDONYMISE": "false"}, "ingest", "file", "-", stdin=json.dumps(control_line))
+        run(env, "speed", "run", "--available-now", "--no-from-watermark")
         backfill = bf.cli("--start", iso(START), "--end", iso(START + 24 * HOUR), "--wait")
         assert backfill.returncode == 0, backfill.stderr[-3000:]
         (logs / "backfill.log").write_text(backfill.stdout + backfill.stderr)
@@ -192,18 +194,15 @@ def test_forget_leaves_no_byte_of_the_subject_or_its_link(stack_up: Settings, tm
 
         # The forget, in exclusion mode: unlinked at once, the hours recomputed through Airflow, then purged.
         answer = json.loads(run(env, "privacy", "forget", subject, "--exclude", "--json"))
-        (logs / "forget.log").write_text(json.dumps(answer))
         assert answer["outcome"] == "pending_recompute" and answer["hours"] == 2 and len(answer["runs"]) == 1
         airflow = AirflowClient(settings)
         airflow.wait_run(airflow.token(), ERASURE_DAG, answer["runs"][0], timeout_s=900)
         status = json.loads(run(env, "privacy", "status", "--json"))
         assert status["pending"] == 0 and status["done"] >= 1, status
-        assert "no event" in run(env, "privacy", "export", subject).lower() or '"#secret"' not in run(
-            env, "privacy", "export", subject
-        )
+        assert '"#secret"' not in run(env, "privacy", "export", subject)
         assert sum(members(settings, pseudonym).values()) == 0  # excluded from every stored sketch
         assert sum(members(settings, subject).values()) == 0  # the raw id never was a member
-        (logs / "ledger.log").write_text(run(env, "privacy", "ledger", "--verify"))
+        run(env, "privacy", "ledger", "--verify")
 
         # The operator's steps of the Privacy page on this one-node stack: flush, drop the deleted data and its
         # tombstones (gc_grace_seconds 0: one node, nothing to repair), then drain and restart (the commit log).
@@ -225,4 +224,4 @@ def test_forget_leaves_no_byte_of_the_subject_or_its_link(stack_up: Settings, tm
         assert after.found("control") > 0  # the same scan still sees what is there
         with session(settings) as sess:
             assert SubjectStore(settings, sess).lookup(subject) is None
-        assert "ok" in run(env, "privacy", "ledger", "--verify").lower()
+        assert "ledger ok" in run(env, "privacy", "ledger", "--verify")
