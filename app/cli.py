@@ -29,7 +29,8 @@ SUBCOMMANDS = {
     "speed": "speed_layer.cli:speed",
     "batch": "batch_layer.cli:batch",
     "query": "serving.cli:query",
-    "serve": "serving.cli:serve",
+    "serve": "app.api:serve",
+    "privacy": "privacy.cli:privacy",
 }
 
 

@@ -30,6 +30,7 @@ from infra.pipeline_settings import (
     DedupeBy,
     IngestSettings,
     MetricsSettings,
+    PrivacySettings,
     ServingSettings,
     SpeedSettings,
     StackSettings,
@@ -47,6 +48,7 @@ __all__ = [
     "DedupeBy",
     "IngestSettings",
     "MetricsSettings",
+    "PrivacySettings",
     "ServingSettings",
     "Settings",
     "SpeedSettings",
@@ -134,6 +136,7 @@ class Settings(BaseSettings):
     airflow: AirflowSettings = Field(default_factory=AirflowSettings)
     serving: ServingSettings = Field(default_factory=ServingSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    privacy: PrivacySettings = Field(default_factory=PrivacySettings)
 
     @model_validator(mode="before")
     @classmethod
@@ -185,6 +188,11 @@ class Settings(BaseSettings):
     def jars_dir(self) -> Path:
         """Return the folder of fetched jars, one subfolder per bundle."""
         return self.cache_dir / "jars"
+
+    @property
+    def subject_key_path(self) -> Path:
+        """Return the file of the secret that keys the hash of user ids (``privacy.subject_key_file``)."""
+        return self.privacy.subject_key_file or self.data_dir / "privacy" / "subject.key"
 
     @property
     def checkpoint_root(self) -> str:

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 
 from infra import migrations, topics
+from infra.privacy.subjects import ensure_key_file
 from infra.settings import Settings
 from stack import control
 from tests.helpers import drop_keyspace
@@ -38,6 +39,7 @@ def settings() -> Settings:
 def stack_up(settings: Settings) -> Iterator[Settings]:
     """Start (or reuse) Kafka and Cassandra, with topics and schema; stop them afterwards if we started them."""
     results = control.up(settings)
+    ensure_key_file(settings.subject_key_path)  # as `trends stack up` does
     topics.ensure_topics(settings.kafka)
     migrations.migrate(settings)
     yield settings

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from views.event import Event
-from views.events import EVENT_COLUMNS, parse_events, valid_events
+from views.events import EVENT_COLUMNS, EXCLUDE_LITERALS, parse_events, valid_events, without_users
 
 pytestmark = pytest.mark.spark
 
@@ -184,3 +184,19 @@ def test_a_time_that_is_not_a_time_is_unparseable_not_a_failed_query(spark: Any)
     )
     rows = parse_events(frame).collect()
     assert [(r.id, r.ts, r.parsed_ok) for r in rows] == [("a", None, False)]
+
+
+@pytest.mark.parametrize("erased_extra", [0, EXCLUDE_LITERALS + 1], ids=["literal set", "broadcast anti-join"])
+def test_erased_users_are_left_out_and_every_other_event_kept(spark: Any, erased_extra: int) -> None:
+    events = [
+        Event(id=f"e{i}", ts=1777629600 + i, item="#a", user=u) for i, u in enumerate(["p_x", "p_y", None, "p_x"])
+    ]
+    frame = spark.createDataFrame(
+        [(e.to_json(), 0, i) for i, e in enumerate(events)], "value binary, partition int, offset long"
+    )
+    parsed = valid_events(parse_events(frame))
+    erased = {"p_x", *(f"p_other{i}" for i in range(erased_extra))}
+    kept = without_users(parsed, erased)
+    assert tuple(kept.columns) == EVENT_COLUMNS
+    assert sorted(r.id for r in kept.collect()) == ["e1", "e2"]  # p_y and the event without a user
+    assert without_users(parsed, set()) is parsed

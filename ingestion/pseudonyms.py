@@ -1,0 +1,125 @@
+"""Pseudonymous user ids from the first hop: every event's ``user`` is replaced before it is encoded for Kafka.
+
+Each ingestion path hands its users to a :class:`Pseudonymiser` (the subject store of
+:mod:`infra.privacy.subjects` with the ingestion-side rules) before anything is produced: the record key, the
+JSON and a content-derived event id (:func:`views.event.content_id`, computed from the pseudonym, so an id cannot
+be recomputed from a candidate user) then hold only the pseudonym. The hours that hold each subject's events are
+written to the store before the events are produced, so an erasure finds every hour without reading the log.
+
+With ``privacy.pseudonymise`` off, :meth:`Pseudonymiser.from_settings` returns None and nothing changes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import msgspec
+
+from infra.privacy.subjects import SubjectStore
+from infra.settings import Settings
+from views.event import Event, content_id, encode_fast, parse_time
+
+logger = logging.getLogger(__name__)
+
+_DECODE: Final = msgspec.json.Decoder()
+_HOUR_MS: Final = 3_600_000
+
+# An event as it goes to Kafka: its JSON, key and record timestamp (epoch ms).
+Encoded = tuple[bytes, bytes | None, int]
+
+
+class Pseudonymiser:
+    """Replace users by their pseudonyms and record the hours of their events; use as a context manager.
+
+    :arg store: the subject store (owned: :meth:`close` closes it).
+    """
+
+    def __init__(self, store: SubjectStore) -> None:
+        self.store = store
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Pseudonymiser | None:
+        """Return a pseudonymiser for these settings, or None when ``privacy.pseudonymise`` is off.
+
+        Reads the subject key at once (a missing key is an error before anything is produced); connects to
+        Cassandra on first use.
+        """
+        if not settings.privacy.pseudonymise:
+            return None
+        return cls(SubjectStore(settings))
+
+    def table(self, users: Iterable[str]) -> dict[str, str]:
+        """Return user -> pseudonym for these users (created where missing)."""
+        return self.store.pseudonyms(users)
+
+    def record(self, pairs: Iterable[tuple[str, int]]) -> None:
+        """Record (user, event time in epoch ms) pairs in the subject store and wait until they are written.
+
+        Called before the events are produced: an hour recorded for an event that then fails is harmless, an
+        event in the log whose hour is missing would escape an erasure.
+        """
+        hours = {(user, ts // _HOUR_MS) for user, ts in pairs}
+        if hours:
+            self.store.note_hours((user, datetime.fromtimestamp(h * 3600, UTC)) for user, h in hours)
+            self.store.flush()
+
+    def event(self, event: Event) -> Event:
+        """Return the event with its user pseudonymised (and its content-derived id recomputed from the pseudonym)."""
+        if event.user is None:
+            return event
+        pseudonym = self.table([event.user])[event.user]
+        self.record([(event.user, event.ts_ms)])
+        update: dict[str, Any] = {"user": pseudonym}
+        if event.id == content_id(event.ts, event.item, event.user, event.value, event.dims):
+            update["id"] = content_id(event.ts, event.item, pseudonym, event.value, event.dims)
+        return event.model_copy(update=update)
+
+    def encoded(self, events: list[Encoded], key_field: str) -> list[Encoded]:
+        """Return validated events (JSON, key, timestamp) with their users pseudonymised, in the same order.
+
+        The JSON is the canonical wire form (validated already): it is read back, its user and a content-derived
+        id replaced, and written again by the event's own fast encoder, so the bytes are what the model path
+        would write for the pseudonymised event.
+        """
+        decoded: list[dict[str, Any]] = [_DECODE.decode(value) for value, _key, _ts in events]
+        users = {d["user"] for d in decoded if "user" in d}
+        if not users:
+            return events
+        table = self.table(users)
+        self.record((d["user"], ts) for d, (_v, _k, ts) in zip(decoded, events, strict=True) if "user" in d)
+        out: list[Encoded] = []
+        for fields, original in zip(decoded, events, strict=True):
+            user = fields.get("user")
+            if user is None:
+                out.append(original)
+                continue
+            out.append(_rewrite(fields, user, table[user], key_field))
+        return out
+
+    def close(self) -> None:
+        """Wait for pending writes and close the store."""
+        self.store.close()
+
+    def __enter__(self) -> Pseudonymiser:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def _rewrite(fields: dict[str, Any], user: str, pseudonym: str, key_field: str) -> Encoded:
+    """Encode a canonical event's fields again with the pseudonym in place of the user."""
+    ts = parse_time(fields["ts"])
+    value = fields.get("value")
+    dims: dict[str, str] = fields.get("dims", {})
+    if fields["id"] == content_id(ts, fields["item"], user, value, dims):
+        fields["id"] = content_id(ts, fields["item"], pseudonym, value, dims)
+    fields["user"] = pseudonym
+    done = encode_fast(fields, key_field)
+    if done is None:  # the canonical form always takes the fast path; the model is the fallback all the same
+        event = Event.model_validate(fields)
+        return event.to_json(), event.key(key_field), event.ts_ms
+    return done
