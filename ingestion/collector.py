@@ -428,7 +428,9 @@ def _request_body(settings: Settings) -> dict[str, Any]:
         "content": {
             "application/json": {"schema": {"type": "array", "maxItems": limit, "items": {"description": event}}},
             "application/x-ndjson": {
-                "schema": {"type": "string", "description": "One event object per line (blank lines skipped)."}
+                "schema": {
+                    "description": "One event object per line (blank lines skipped); any line that is not one is a reject."
+                }
             },
         },
     }
@@ -500,7 +502,7 @@ class Collector:
         try:
             return await asyncio.wait_for(asyncio.wrap_future(batch.answer), cfg.delivery_timeout_s)
         except (TimeoutError, DeliveryFailedError) as exc:
-            logger.warning("503 for a request of %d records: %s", len(outcomes), exc or "delivery timed out")
+            logger.warning("503 for a request of %d records: %s", len(outcomes), str(exc) or "delivery timed out")
             msg = "Kafka did not acknowledge every record in time; send the same request again"
             raise Refusal(503, msg, {"Retry-After": str(cfg.retry_after_s)}) from None
 
@@ -549,6 +551,19 @@ def create_app(settings: Settings, *, producer_config: dict[str, Any] | None = N
         lifespan=collector.running,
     )
     app.state.collector = collector
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = FastAPI.openapi(app)
+            if collector.token is not None:  # the bearer scheme, so clients and contract tests know it is needed
+                schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
+                    "type": "http",
+                    "scheme": "bearer",
+                }
+                schema["paths"][EVENTS_PATH]["post"]["security"] = [{"bearer": []}]
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.post(
         EVENTS_PATH,
