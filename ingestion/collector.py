@@ -428,9 +428,7 @@ def _request_body(settings: Settings) -> dict[str, Any]:
         "content": {
             "application/json": {"schema": {"type": "array", "maxItems": limit, "items": {"description": event}}},
             "application/x-ndjson": {
-                "schema": {
-                    "description": "One event object per line (blank lines skipped); any line that is not one is a reject."
-                }
+                "schema": {"description": "One event object per line (blank lines skipped); other lines are rejects."}
             },
         },
     }
