@@ -346,6 +346,10 @@ def main() -> None:
                 f"  ratio to the bare keyed producer {rate / bare:.2f} (goal >= 0.5); "
                 f"to ProducerPerformance {rate / perf:.2f}"
             )
+            print(
+                f"  bound: the collector parses and validates in its one process: it reached {rate / alone:.2f} of "
+                f"read + parse + validate + encode alone ({alone:,.0f} records/s, above)"
+            )
     finally:
         topics.delete_topics(settings.kafka, list(names.values()))
 

@@ -54,7 +54,7 @@ SOURCE: Final = "collector"  # the dead-letter records' source; their line is th
 JSON_TYPES: Final = frozenset({"application/json"})
 NDJSON_TYPES: Final = frozenset({"application/x-ndjson", "application/jsonl", "application/json-lines"})
 QUEUE_FULL_RETRY_AFTER_S: Final = 1
-POLL_S: Final = 0.05
+POLL_S: Final = 0.005  # the longest a new batch waits for the producer thread to take it
 
 # name -> help of every metric the collector exports (docs/metrics.md lists them).
 METRICS: Final = {
