@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import threading
+import time
 import zlib
 from collections.abc import Iterator
 
@@ -210,3 +212,18 @@ def test_the_openapi_document_declares_both_body_types_and_every_status() -> Non
     op = doc["paths"]["/api/v1/events"]["post"]
     assert set(op["requestBody"]["content"]) == {"application/json", "application/x-ndjson"}
     assert {"200", "400", "401", "403", "413", "415", "429", "503"} <= set(op["responses"])
+
+
+def test_a_full_producer_queue_is_a_429_with_retry_after() -> None:
+    base = _settings(max_records=1000, delivery_timeout_s=3.0)
+    settings = base.model_copy(update={"ingest": base.ingest.model_copy(update={"queue_max_messages": 1000})})
+    with TestClient(create_app(settings)) as c:
+        c.headers["Authorization"] = f"Bearer {TOKEN}"
+        first: list[int] = []
+        thread = threading.Thread(target=lambda: first.append(post(c, json.dumps([EVENT] * 1000).encode())[0]))
+        thread.start()
+        time.sleep(1.0)  # the first request's 1000 records fill the queue while Kafka does not answer
+        status, answer, headers = post(c, json.dumps([EVENT]).encode())
+        thread.join()
+    assert status == 429 and "queue is full" in answer["detail"] and headers["retry-after"] == "1"
+    assert first == [503]
