@@ -19,6 +19,7 @@ This app is its own process (``trends collect``), apart from the query API: serv
 
 # No `from __future__ import annotations`: FastAPI reads the endpoints' annotations at runtime.
 import asyncio
+import contextlib
 import io
 import json
 import logging
@@ -28,7 +29,7 @@ import threading
 import time
 import zlib
 from collections.abc import AsyncIterator
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -230,7 +231,7 @@ class Batch:
             else:
                 self.events.add(index)
         if not self.pending:
-            self.answer.set_result(self._answer())
+            self.settle()
 
     def ack(self, index: int, delivery: Delivery) -> None:
         """Take one record's delivery report; settle the answer after the last one (on the producer's thread)."""
@@ -241,9 +242,15 @@ class Batch:
             self.rejects.append(RejectOut(index=index, reason=str(Reason.BROKER_REJECTED), detail=delivery.rerouted))
         elif index in self.events:
             self.accepted += 1
-        if self.pending == 0 and not self.answer.done():
-            if self.failed:
-                self.answer.set_exception(DeliveryFailedError(self.failed))
+        if self.pending == 0:
+            self.settle(DeliveryFailedError(self.failed) if self.failed else None)
+
+    def settle(self, error: Exception | None = None) -> None:
+        """Give the request its answer (or its error), unless it already has one or stopped waiting."""
+        # The request may time out (cancelling the future) on the event loop's thread at any moment.
+        with contextlib.suppress(InvalidStateError):
+            if error is not None:
+                self.answer.set_exception(error)
             else:
                 self.answer.set_result(self._answer())
 
@@ -289,22 +296,31 @@ class ProducerLoop:
         return len(self.producer)
 
     def _run(self) -> None:
-        producer = self.producer
         while not self._stopped.is_set():
             try:
-                batch = self._todo.get(timeout=POLL_S) if not len(producer) else self._todo.get_nowait()
-            except queue.Empty:
-                producer.poll(POLL_S if len(producer) else 0)
-                continue
-            if batch is None:
-                break
-            try:
-                self._produce(batch)
-            except Exception as exc:  # a fatal producer error: this request fails, the server says so
-                logger.exception("the producer failed on a batch")
-                if not batch.answer.done():
-                    batch.answer.set_exception(DeliveryFailedError([f"{type(exc).__name__}: {exc}"]))
-            producer.poll(0)
+                if not self._step():
+                    break
+            except Exception:  # the thread must outlive any one failure, or every later request would hang
+                logger.exception("the collector's producer thread failed; carrying on")
+                time.sleep(POLL_S)
+
+    def _step(self) -> bool:
+        """Produce the next batch, or serve delivery reports; return False when asked to stop."""
+        producer = self.producer
+        try:
+            batch = self._todo.get(timeout=POLL_S) if not len(producer) else self._todo.get_nowait()
+        except queue.Empty:
+            producer.poll(POLL_S if len(producer) else 0)
+            return True
+        if batch is None:
+            return False
+        try:
+            self._produce(batch)
+        except Exception as exc:  # a fatal producer error: this request fails, the server says so
+            logger.exception("the producer failed on a batch")
+            batch.settle(DeliveryFailedError([f"{type(exc).__name__}: {exc}"]))
+        producer.poll(0)
+        return True
 
     def _produce(self, batch: Batch) -> None:
         producer = self.producer

@@ -21,6 +21,8 @@ from pydantic import SecretStr
 from infra.security import bearer_refusal
 from infra.settings import Settings
 from ingestion.collector import (
+    Batch,
+    DeliveryFailedError,
     Refusal,
     TokenBucket,
     body_format,
@@ -29,6 +31,7 @@ from ingestion.collector import (
     inflate,
     records,
 )
+from ingestion.producer import Delivery
 from tests.helpers import free_port
 
 TOKEN = "collector-unit-token-0123456789"  # noqa: S105 - a throw-away test token
@@ -227,3 +230,22 @@ def test_a_full_producer_queue_is_a_429_with_retry_after() -> None:
         thread.join()
     assert status == 429 and "queue is full" in answer["detail"] and headers["retry-after"] == "1"
     assert first == [503]
+
+
+def test_an_ack_after_the_request_gave_up_is_harmless() -> None:
+    encoded = (b"{}", b"k", 0)
+    batch = Batch([(0, encoded), (1, encoded)])
+    batch.ack(0, Delivery("events"))
+    assert not batch.answer.done()
+    assert batch.answer.cancel()  # the request timed out on the event loop meanwhile
+    batch.ack(1, Delivery("events"))  # the last ack settles nothing, raises nothing
+    assert batch.answer.cancelled()
+
+    failed = Batch([(0, encoded), (1, encoded)])
+    failed.ack(0, Delivery("events"))
+    failed.ack(1, Delivery("events", error="Local: Message timed out"))
+    with pytest.raises(DeliveryFailedError):
+        failed.answer.result(0)
+    ok = Batch([(0, encoded)])
+    ok.ack(0, Delivery("events"))
+    assert ok.answer.result(0).accepted == 1
