@@ -146,6 +146,8 @@ def body_format(content_type: str | None) -> BodyFormat:
 
 
 _RAW_ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
+_JSON = json.JSONDecoder()
+_WHITESPACE = " \t\n\r"
 
 
 def records(body: bytes, fmt: BodyFormat, max_records: int) -> list[tuple[int, bytes, int | None]]:
@@ -153,35 +155,82 @@ def records(body: bytes, fmt: BodyFormat, max_records: int) -> list[tuple[int, b
 
     JSON lines are read as ``trends ingest file`` reads them (blank lines skipped, over-long lines cut); a line
     that is not JSON is a record like any other (it becomes a reject). A JSON array gives each element's own bytes.
+    Either stops at the first record past ``max_records``: a body of tiny records costs no more than its limit.
 
     :raises Refusal: 400 when a JSON body is not a JSON array, 413 past ``max_records``.
     """
+    too_many = Refusal(413, f"more than collector.max_records ({max_records}) records in one request")
     if fmt == "ndjson":
-        out = [(rec.line - 1, rec.raw, rec.size) for rec in read_lines(io.BytesIO(body))]
-    else:
-        out = [(i, raw, None) for i, raw in enumerate(_array_elements(body))]
-    if len(out) > max_records:
-        msg = f"{len(out)} records, over collector.max_records ({max_records}) per request"
-        raise Refusal(413, msg)
+        out: list[tuple[int, bytes, int | None]] = []
+        for rec in read_lines(io.BytesIO(body)):
+            if len(out) == max_records:
+                raise too_many
+            out.append((rec.line - 1, rec.raw, rec.size))
+        return out
+    # The array at once with msgspec when it cannot hold too many elements (each is followed by a comma but the
+    # last); else element by element, stopping past the limit.
+    if body.count(b",") < max_records:
+        try:
+            return [(i, bytes(raw), None) for i, raw in enumerate(_RAW_ARRAY.decode(body))]
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            pass  # not JSON, not an array, or what msgspec refuses and json takes (NaN, huge numbers)
+    return [(i, raw, None) for i, raw in enumerate(_array_elements(body, max_records, too_many))]
+
+
+def _array_elements(body: bytes, max_records: int, too_many: Refusal) -> list[bytes]:
+    """Return the elements of a JSON array as their own bytes, read one by one by :mod:`json`."""
+    try:
+        text = body.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        msg = f"the body is not UTF-8 (JSON is): {exc}"
+        raise Refusal(400, msg) from exc
+    n = len(text)
+    pos = _skip(text, 0)
+    if pos == n or text[pos] != "[":
+        kind = "empty" if pos == n else f"a JSON {type(_value(text)).__name__}"
+        msg = f"the body is {kind}, not an array of events"
+        raise Refusal(400, msg)
+    out: list[bytes] = []
+    pos = _skip(text, pos + 1)
+    if pos < n and text[pos] == "]":
+        return _end(text, pos, out)
+    while True:
+        if len(out) == max_records:
+            raise too_many
+        try:
+            _, end = _JSON.raw_decode(text, pos)
+        except (ValueError, RecursionError) as exc:
+            msg = f"the body is not JSON: {exc}"
+            raise Refusal(400, msg) from exc
+        out.append(text[pos:end].encode())
+        pos = _skip(text, end)
+        if pos < n and text[pos] == "]":
+            return _end(text, pos, out)
+        if pos >= n or text[pos] != ",":
+            msg = f"the body is not JSON: expected ',' or ']' at character {pos}"
+            raise Refusal(400, msg)
+        pos = _skip(text, pos + 1)
+
+
+def _skip(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in _WHITESPACE:
+        pos += 1
+    return pos
+
+
+def _end(text: str, pos: int, out: list[bytes]) -> list[bytes]:
+    if _skip(text, pos + 1) != len(text):
+        msg = f"the body is not JSON: extra data after the array at character {pos + 1}"
+        raise Refusal(400, msg)
     return out
 
 
-def _array_elements(body: bytes) -> list[bytes]:
+def _value(text: str) -> Any:
     try:
-        return [bytes(raw) for raw in _RAW_ARRAY.decode(body)]
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-        pass
-    # What msgspec refuses and json takes (NaN, huge numbers, lone surrogates) is read by json, each element
-    # written back as one line of JSON: the same value for validation to judge.
-    try:
-        value = json.loads(body)
+        return _JSON.decode(text)
     except (ValueError, RecursionError) as exc:
         msg = f"the body is not JSON: {exc}"
         raise Refusal(400, msg) from exc
-    if not isinstance(value, list):
-        msg = f"the body is a JSON {type(value).__name__}, not an array of events"
-        raise Refusal(400, msg)
-    return [json.dumps(v, ensure_ascii=False).encode() for v in value]
 
 
 # -- answers -----------------------------------------------------------------------------------------------------

@@ -249,3 +249,38 @@ def test_an_ack_after_the_request_gave_up_is_harmless() -> None:
     ok = Batch([(0, encoded)])
     ok.ack(0, Delivery("events"))
     assert ok.answer.result(0).accepted == 1
+
+
+def test_a_body_of_tiny_records_is_refused_at_the_limit_not_after_reading_all() -> None:
+    began = time.perf_counter()
+    with pytest.raises(Refusal) as info:
+        records(b"[" + b"1," * 5_000_000 + b"1]", "json", 10_000)  # 10 MB: 5 million elements
+    assert info.value.status == 413
+    with pytest.raises(Refusal) as info:
+        records(b"1\n" * 5_000_000, "ndjson", 10_000)
+    assert info.value.status == 413
+    assert time.perf_counter() - began < 5  # building 5 million elements first took ~25 s and 320 MB here
+
+
+@pytest.mark.parametrize(
+    ("body", "n"),
+    [
+        (json.dumps([EVENT, {"a": [1, 2, {"b": "c,d"}]}, "x", 3.5, None, [1, 2]]).encode(), 6),
+        (b' \n[ {"a": 1} ,\t{"b": [1, 2]} ] \n', 2),
+        (b'[{"value": NaN}, {"value": 1e999}]', 2),
+    ],
+)
+def test_element_by_element_gives_the_same_records(body: bytes, n: int) -> None:
+    # With exactly n allowed and at least n commas, the element-by-element reader runs; with more, msgspec's.
+    by_element = records(body, "json", n)
+    assert by_element == records(body, "json", 10_000)
+    assert [raw for _, raw, _ in by_element][-1].endswith(b"}") or b"NaN" not in body
+    if b"NaN" not in body:
+        assert [json.loads(raw) for _, raw, _ in by_element] == json.loads(body)
+
+
+@pytest.mark.parametrize("body", [b"[1 2]", b"[1,]", b"[,]", b"[1] x", b"[", b"\xff[1]", b"  "])
+def test_element_by_element_refuses_what_is_not_an_array(body: bytes) -> None:
+    with pytest.raises(Refusal) as info:
+        records(body, "json", 10)
+    assert info.value.status == 400
