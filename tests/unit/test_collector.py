@@ -284,3 +284,15 @@ def test_element_by_element_refuses_what_is_not_an_array(body: bytes) -> None:
     with pytest.raises(Refusal) as info:
         records(body, "json", 10)
     assert info.value.status == 400
+
+
+def test_trends_collect_refuses_to_listen_off_loopback_without_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from app.cli import cli
+
+    monkeypatch.delenv("TRENDS_SERVING__API_TOKEN", raising=False)
+    for args in (["collect", "--host", "0.0.0.0"], ["ingest", "collect", "--host", "0.0.0.0"]):  # noqa: S104
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 2, result.output
+        assert "TRENDS_SERVING__API_TOKEN" in result.output and "--insecure" in result.output
