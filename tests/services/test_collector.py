@@ -1,8 +1,8 @@
 """The HTTP collector (``trends collect``) against the real Kafka: answers, dead letters, retries, Kafka away.
 
 Each case runs ``trends collect`` in its own process, as an operator would, on its own topics. What a 200 says is
-checked against the topics read back from the broker; the same batch posted twice is counted once by the real batch
-layer (Spark, Cassandra); Kafka made unreachable mid-request (a private broker behind a Toxiproxy proxy, the shared
+checked against the topics read back from the broker; the same batch posted twice is counted once by the real speed
+and batch layers (Spark, Cassandra); Kafka made unreachable mid-request (a private broker behind a Toxiproxy proxy, the shared
 one untouched) gives a 503 with ``Retry-After``, and every event answered 200 is on the topic. Schemathesis runs the
 collector's OpenAPI document with every check. Marked ``sources`` (``make test-sources``).
 """
@@ -30,12 +30,13 @@ import pytest
 
 from batch_layer import job
 from infra import migrations, topics
+from infra.cassandra import session, table
 from infra.settings import Settings
 from infra.settings_env import to_env
 from ingestion.dlq import read_dead_letters
 from stack.services.base import find_java
 from stack.services.toxiproxy import ToxiproxyService
-from tests.helpers import free_port
+from tests.helpers import free_port, speed_drain
 from tests.network.proxies import ProxiedKafka, Proxies
 from tests.pipeline import read_topic
 
@@ -231,7 +232,8 @@ def test_the_same_batch_twice_is_counted_once(
     """A client that retries (say after a 503 whose records were in fact written) sends the same ids again.
 
     Both copies are acknowledged and both are on the topic (Kafka's idempotence is per producer session, not per
-    id); the batch layer keeps one per id, so the hour counts each event once.
+    id); the speed layer drops the second copy as it reads it, the batch layer keeps one per id: each layer counts
+    each event once.
     """
     migrations.migrate(keyspace_settings)
     s = keyspace_settings
@@ -253,6 +255,18 @@ def test_the_same_batch_twice_is_counted_once(
     assert sum(on_topic.values()) == 701 and len(on_topic) == 351  # every event twice (and the closer once)
     assert sum(1 for i in on_topic if i.startswith("c-")) == 50  # ids derived from the content: the same twice
 
+    # The speed layer drops each second copy (same id and event time) as it reads it.
+    speed_drain(settings, tmp_path, lateness_s=6 * 3600)
+    with session(settings) as sess:
+        rows = sess.execute(
+            f"SELECT bucket_start, events FROM {table(settings, 'speed_minutes')} "
+            "WHERE query = %s AND slice = '*' AND day = %s",
+            (settings.speed.query_name, H0.date()),
+        )
+        speed = sum(r.events for r in rows if H0 <= r.bucket_start.replace(tzinfo=UTC) < H0 + HOUR)
+    assert speed == 350
+
+    # The batch layer keeps one copy per id when it recomputes the hour.
     (result,) = job.run(settings, H0, H0 + HOUR, spark=spark)
     assert result.counts["kept"] == 350, result.line()
     assert result.counts["deduped"] == 350, result.line()
