@@ -23,7 +23,7 @@ help:
 	@echo "make test-install      the built wheel in a fresh venv, no checkout: admin init, ingest, speed, Airflow's recompute, serve; and pip install . without extras"
 	@echo "make test-tls          the pipeline over TLS and SASL_SSL on a private TLS stack (not part of make test)"
 	@echo "make test-network      network faults (latency, black hole, reset, bandwidth, slicer) through Toxiproxy between the components (not part of make test)"
-	@echo "make test-sources      the HTTP collector (trends collect) against the real Kafka: answers, dead letters, a retried batch counted once by the batch layer, Kafka unreachable mid-request, Schemathesis (not part of make test)"
+	@echo "make test-sources      the HTTP collector (trends collect) against the real Kafka: answers, dead letters, a retried batch counted once by the speed and batch layers, Kafka unreachable mid-request, Schemathesis (not part of make test)"
 	@echo "make test-soak         the whole stack for SOAK_MINUTES (default 60) at a steady rate, a fault every 10 min, resources bounded (not part of make test)"
 	@echo "make test-alerting     the alert rules (promtool), a real Prometheus firing the watermark-lag alert, the dashboards' panels with data (not part of make test)"
 	@echo "make bench-peers   the speed layer beside Flink and quixstreams on the same events, each checked exact first (.venv-peers; ~35 min)"

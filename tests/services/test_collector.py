@@ -1,10 +1,10 @@
 """The HTTP collector (``trends collect``) against the real Kafka: answers, dead letters, retries, Kafka away.
 
 Each case runs ``trends collect`` in its own process, as an operator would, on its own topics. What a 200 says is
-checked against the topics read back from the broker; the same batch posted twice is counted once by the real speed
-and batch layers (Spark, Cassandra); Kafka made unreachable mid-request (a private broker behind a Toxiproxy proxy, the shared
-one untouched) gives a 503 with ``Retry-After``, and every event answered 200 is on the topic. Schemathesis runs the
-collector's OpenAPI document with every check. Marked ``sources`` (``make test-sources``).
+checked against the topics read back from the broker; the same batch posted twice is counted once by the real
+speed and batch layers (Spark, Cassandra); Kafka made unreachable mid-request (a private broker behind a Toxiproxy
+proxy, the shared one untouched) gives a 503 with ``Retry-After``, and every event answered 200 is on the topic.
+Schemathesis runs the collector's OpenAPI document with every check. Marked ``sources`` (``make test-sources``).
 """
 
 from __future__ import annotations
