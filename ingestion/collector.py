@@ -33,6 +33,7 @@ from concurrent.futures import Future, InvalidStateError
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any, Final, Literal
 
 import msgspec
@@ -45,7 +46,7 @@ from pydantic import BaseModel, Field
 from infra.security import bearer_refusal
 from infra.settings import Settings
 from ingestion.files import read_lines
-from ingestion.producer import Delivery, EventProducer
+from ingestion.producer import Ack, Delivery, EventProducer
 from ingestion.validate import Context, Encoded, Reason, Reject, encode_json
 
 logger = logging.getLogger(__name__)
@@ -373,13 +374,13 @@ class ProducerLoop:
 
     def _produce(self, batch: Batch) -> None:
         producer = self.producer
+        events: list[tuple[bytes, bytes | None, int, Ack]] = []
         for index, outcome in batch.outcomes:
-            ack = _AckAt(batch, index)
             if isinstance(outcome, Reject):
-                producer.produce_reject(outcome, ack=ack)
+                producer.produce_reject(outcome, ack=partial(batch.ack, index))
             else:
-                value, key, ts_ms = outcome
-                producer.produce_encoded(value, key, ts_ms, ack=ack)
+                events.append((*outcome, partial(batch.ack, index)))
+        producer.produce_acked(events)
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop the thread and flush what is queued (at most ``timeout_s``)."""
@@ -389,15 +390,6 @@ class ProducerLoop:
         summary = self.producer.close(timeout_s, raise_on_failure=False)
         if not summary.ok:
             logger.warning("collector stopped with undelivered records: %s", "; ".join(summary.lines()))
-
-
-@dataclass(frozen=True, slots=True)
-class _AckAt:
-    batch: Batch
-    index: int
-
-    def __call__(self, delivery: Delivery) -> None:
-        self.batch.ack(self.index, delivery)
 
 
 # -- the rate limit ----------------------------------------------------------------------------------------------

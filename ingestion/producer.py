@@ -298,6 +298,35 @@ class EventProducer:
             self._since_poll = since_poll
             self.summary.produced += queued
 
+    def produce_acked(self, records: Sequence[tuple[bytes, bytes | None, int, Ack]]) -> None:
+        """Queue already normalized events (value, key, timestamp, ack), each with its ack (the HTTP collector).
+
+        The tight loop of :meth:`produce_many`, with a delivery callback per record; the slow path of
+        :meth:`produce_encoded` for a full queue, a refused record or a fatal error.
+        """
+        from confluent_kafka import KafkaException  # noqa: PLC0415
+
+        produce = self._producer.produce
+        topic = self.events_topic
+        on_delivery = self._on_delivery
+        since_poll = self._since_poll
+        queued = 0
+        try:
+            for value, key, ts, ack in records:
+                try:
+                    produce(topic, value, key, timestamp=ts, on_delivery=partial(on_delivery, ack=ack))
+                except (BufferError, KafkaException):
+                    self._send(topic, value, key, ts, ack=ack)
+                queued += 1
+                since_poll += 1
+                if since_poll >= POLL_EVERY:
+                    self._since_poll = 0
+                    self.poll(0)
+                    since_poll = 0
+        finally:
+            self._since_poll = since_poll
+            self.summary.produced += queued
+
     def produce_reject(self, reject: Reject, *, ack: Ack | None = None) -> None:
         """Queue a rejected record for the dead-letter topic and count it by reason.
 
