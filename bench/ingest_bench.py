@@ -12,8 +12,10 @@ baselines send exactly those bytes, so every ratio compares the same payloads:
    the baseline of the ratios below.
 3. ``trends ingest generate --fast -n N`` (the same generator, events built in memory) into another topic;
 4. ``trends ingest file`` of the file (read, parse, validate, serialize every line; ``--workers`` as given).
+5. ``trends collect``, the HTTP collector, in its own process: ``--clients`` threads post the file's lines as JSON
+   lines, ``--batch`` per request (1000 by default), each request answered once Kafka acknowledged all of them.
 
-Prints the rates and the ratios of (3) and (4) to (2) and to (1). Timing is not asserted (it is not a test), but
+Prints the rates and the ratios of (3), (4) and (5) to (2) and to (1). Timing is not asserted (it is not a test), but
 every measurement must have sent every record: a run that sent fewer (or none) exits 1. ``--smoke`` runs every step
 on a few thousand records (CI: a bench that measures nothing fails). All topics are created for the run and deleted
 afterwards.
@@ -25,9 +27,11 @@ import argparse
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -161,10 +165,90 @@ def validate_alone(path: Path) -> float:
     return records / (time.perf_counter() - t0)
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def collector(path: Path, env: dict[str, str], topic: str, dlq: str, clients: int, batch: int) -> tuple[int, float]:
+    """Post the file's lines to ``trends collect`` from ``clients`` threads, ``batch`` lines per request.
+
+    Returns (events accepted, seconds from the first request to the last answer); exits unless every request got
+    a 200 accepting all its lines.
+    """
+    import httpx
+
+    lines = [line for line in path.read_bytes().splitlines() if line]
+    bodies = [b"\n".join(lines[i : i + batch]) for i in range(0, len(lines), batch)]
+    port = free_port()
+    run_env = {
+        **env,
+        "TRENDS_KAFKA__EVENTS_TOPIC": topic,
+        "TRENDS_KAFKA__DLQ_TOPIC": dlq,
+        "TRENDS_COLLECTOR__PORT": str(port),
+        "TRENDS_COLLECTOR__MAX_RECORDS": str(max(batch, 10_000)),
+        "TRENDS_COLLECTOR__DELIVERY_TIMEOUT_S": "120",
+    }
+    url = f"http://127.0.0.1:{port}"
+    log = path.with_name("collect.log")
+    with log.open("wb") as out:
+        proc = subprocess.Popen([str(TRENDS), "collect"], env=run_env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                sys.exit(f"trends collect ended ({proc.returncode}):\n{log.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                sys.exit("trends collect did not answer within 60 s")
+            time.sleep(0.2)
+        todo = list(reversed(bodies))
+        lock = threading.Lock()
+        accepted = [0]
+        problems: list[str] = []
+
+        def client() -> None:
+            with httpx.Client(timeout=180, headers={"Content-Type": "application/x-ndjson"}) as http:
+                while True:
+                    with lock:
+                        if not todo or problems:
+                            return
+                        body = todo.pop()
+                    r = http.post(f"{url}/api/v1/events", content=body)
+                    with lock:
+                        if r.status_code != 200 or r.json()["rejected"]:
+                            problems.append(f"{r.status_code} {r.text[:300]}")
+                        else:
+                            accepted[0] += r.json()["accepted"]
+
+        threads = [threading.Thread(target=client) for _ in range(clients)]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seconds = time.monotonic() - t0
+        if problems:
+            sys.exit(f"trends collect refused requests: {problems[:3]}")
+        if accepted[0] != len(lines):
+            sys.exit(f"trends collect accepted {accepted[0]:,} events, not {len(lines):,}")
+        return accepted[0], seconds
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000, help="records per measurement")
     parser.add_argument("--workers", type=int, default=0, help="trends ingest file --workers (0: one per CPU)")
+    parser.add_argument("--clients", type=int, default=4, help="concurrent HTTP clients of the collector")
+    parser.add_argument("--batch", type=int, default=1000, help="events per collector request")
     parser.add_argument("--smoke", action="store_true", help=f"tiny sizes, every check kept (CI): --records {SMOKE}")
     args = parser.parse_args()
     n = SMOKE if args.smoke else args.records
@@ -178,12 +262,14 @@ def main() -> None:
         "gen": f"bench.gen.{run}",
         "file": f"bench.file.{run}",
         "dlq": f"bench.dlq.{run}",
+        "coll": f"bench.coll.{run}",
     }
     specs = [
         topics.TopicSpec(names["perf"], parts, rf, {}),
         topics.TopicSpec(names["bare"], parts, rf, events_spec.config),
         topics.TopicSpec(names["gen"], parts, rf, events_spec.config),
         topics.TopicSpec(names["file"], parts, rf, events_spec.config),
+        topics.TopicSpec(names["coll"], parts, rf, events_spec.config),
         topics.TopicSpec(names["dlq"], parts, rf, dlq_spec.config),
     ]
     topics.ensure_topics(settings.kafka, specs)
@@ -249,6 +335,20 @@ def main() -> None:
                 f"{alone:,.0f} records/s = {alone / bare:.2f} of the bare producer per core; the replay reached "
                 f"{rate / (alone * workers):.2f} of {workers} x that, on {os.cpu_count()} cores shared with the "
                 f"producer and the broker"
+            )
+            sent, seconds = collector(path, env, names["coll"], names["dlq"], args.clients, args.batch)
+            rate = sent / seconds
+            print(
+                f"trends collect (HTTP, {args.batch} events per request as JSON lines, {args.clients} clients): "
+                f"{sent:,} events -> {rate:,.0f} events/s (every request answered after Kafka's acks)"
+            )
+            print(
+                f"  ratio to the bare keyed producer {rate / bare:.2f} (goal >= 0.5); "
+                f"to ProducerPerformance {rate / perf:.2f}"
+            )
+            print(
+                f"  bound: the collector parses and validates in its one process: it reached {rate / alone:.2f} of "
+                f"read + parse + validate + encode alone ({alone:,.0f} records/s, above)"
             )
     finally:
         topics.delete_topics(settings.kafka, list(names.values()))

@@ -139,6 +139,52 @@ class IngestSettings(BaseModel):
     )
 
 
+class CollectorSettings(BaseModel):
+    """The HTTP collector of ``trends collect``: where it listens and the limits that keep one client from the rest.
+
+    Requests need the API token of ``serving.api_token`` when it is set (one token for the HTTP endpoints).
+    """
+
+    host: str = Field(
+        "127.0.0.1",
+        description="Address the collector binds to (loopback by default; off loopback it needs "
+        "`serving.api_token`, at least 16 characters).",
+    )
+    port: int = Field(8010, ge=0, le=65535, description="Port of the collector (`POST /api/v1/events`).")
+    max_body_bytes: int = Field(
+        10 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body, in bytes, counted both as sent and after gzip decompression (a 413 "
+        "past it): `Content-Length` is checked first, then the bytes as they are read and inflated.",
+    )
+    max_records: int = Field(
+        10_000, ge=1, le=1_000_000, description="Most records (events) one request may carry (a 413 past it)."
+    )
+    rate_limit_events_s: float = Field(
+        0.0,
+        ge=0,
+        description="Events per second the collector accepts (a token bucket over all clients; 0: no limit). A "
+        "request that would overdraw it is refused whole with a 429 and `Retry-After`.",
+    )
+    rate_limit_burst: int = Field(
+        20_000,
+        ge=1,
+        description="Events the token bucket holds when full: a burst after a quiet spell. A request of more "
+        "records than this is refused while a rate limit is set (keep it at least `max_records`).",
+    )
+    delivery_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="How long a request waits for Kafka to acknowledge all its records (acks=all) before it is "
+        "answered 503 with `Retry-After`. It is also the producer's message.timeout.ms, so a refused request "
+        "leaves nothing queued behind it.",
+    )
+    retry_after_s: int = Field(
+        5, ge=1, le=3600, description="`Retry-After` (seconds) of a 503 while Kafka does not acknowledge in time."
+    )
+
+
 class ViewSettings(BaseModel):
     """What the views aggregate, shared by both layers (changing it calls for a batch reprocess)."""
 

@@ -27,6 +27,7 @@ from pydantic_settings import (
 
 from infra.pipeline_settings import (
     BatchSettings,
+    CollectorSettings,
     DedupeBy,
     IngestSettings,
     MetricsSettings,
@@ -45,6 +46,7 @@ __all__ = [
     "RESTARTS_ENV",
     "SECRETS_DIR_ENV",
     "BatchSettings",
+    "CollectorSettings",
     "DedupeBy",
     "IngestSettings",
     "MetricsSettings",
@@ -130,6 +132,7 @@ class Settings(BaseSettings):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     stack: StackSettings = Field(default_factory=StackSettings)
     ingest: IngestSettings = Field(default_factory=IngestSettings)
+    collector: CollectorSettings = Field(default_factory=CollectorSettings)
     views: ViewSettings = Field(default_factory=ViewSettings)
     speed: SpeedSettings = Field(default_factory=SpeedSettings)
     batch: BatchSettings = Field(default_factory=BatchSettings)
