@@ -27,6 +27,7 @@ from pydantic_settings import (
 
 from infra.pipeline_settings import (
     BatchSettings,
+    BridgeSettings,
     DedupeBy,
     IngestSettings,
     MetricsSettings,
@@ -36,7 +37,13 @@ from infra.pipeline_settings import (
     ViewSettings,
 )
 from infra.security import MASK, has_userinfo, is_secret_key
-from infra.service_settings import AirflowSettings, CassandraSettings, KafkaSettings, SparkSettings
+from infra.service_settings import (
+    AirflowSettings,
+    CassandraSettings,
+    KafkaSettings,
+    SchemaRegistrySettings,
+    SparkSettings,
+)
 
 __all__ = [
     "ENV_NESTED_DELIMITER",
@@ -44,6 +51,7 @@ __all__ = [
     "RESTARTS_ENV",
     "SECRETS_DIR_ENV",
     "BatchSettings",
+    "BridgeSettings",
     "DedupeBy",
     "IngestSettings",
     "MetricsSettings",
@@ -128,6 +136,8 @@ class Settings(BaseSettings):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     stack: StackSettings = Field(default_factory=StackSettings)
     ingest: IngestSettings = Field(default_factory=IngestSettings)
+    bridge: BridgeSettings = Field(default_factory=BridgeSettings)
+    registry: SchemaRegistrySettings = Field(default_factory=SchemaRegistrySettings)
     views: ViewSettings = Field(default_factory=ViewSettings)
     speed: SpeedSettings = Field(default_factory=SpeedSettings)
     batch: BatchSettings = Field(default_factory=BatchSettings)

@@ -48,6 +48,8 @@ class Reason(StrEnum):
     UNSUPPORTED_VERSION = "unsupported_version"
     BROKER_REJECTED = "broker_rejected"
     INTERNAL_ERROR = "internal_error"
+    UNKNOWN_SCHEMA = "unknown_schema"  # a framed record whose schema id the registry does not know
+    UNDECODABLE = "undecodable"  # not framed, or a payload that does not match its schema
 
 
 # pydantic error type -> reason; anything else is INVALID_FIELD.
@@ -72,6 +74,8 @@ class Reject:
     :arg line: the 1-based line number in the source where the record starts, if any.
     :arg rejected_at: when it was rejected (UTC).
     :arg raw_size: the size of the whole original record when ``raw`` holds only its start.
+    :arg partition: the source topic's partition, for a record read from Kafka (``source`` is then the topic).
+    :arg offset: its offset in that partition.
     """
 
     raw: bytes
@@ -81,6 +85,8 @@ class Reject:
     line: int | None
     rejected_at: datetime
     raw_size: int | None = None
+    partition: int | None = None
+    offset: int | None = None
 
 
 @dataclass(frozen=True)
