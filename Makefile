@@ -9,7 +9,7 @@ BROWSER := $(VENV)/.browser
 PROMTOOL := $(VENV)/.promtool
 GOTOOLS := $(VENV)/.gotools
 
-.PHONY: bench-peers help setup demo wheel test test-unit test-services test-faults test-reliability test-cluster test-alerting test-backfill test-install test-network test-soak gotools lint docs-check docs format lock stack-down clean
+.PHONY: bench-peers help setup demo wheel test test-unit test-services test-faults test-reliability test-cluster test-alerting test-sources test-backfill test-install test-network test-soak gotools lint docs-check docs format lock stack-down clean
 
 help:
 	@echo "make demo        set up, start the stack and run the whole pipeline (stream, Airflow backfill, API, dashboard)"
@@ -25,6 +25,7 @@ help:
 	@echo "make test-network      network faults (latency, black hole, reset, bandwidth, slicer) through Toxiproxy between the components (not part of make test)"
 	@echo "make test-soak         the whole stack for SOAK_MINUTES (default 60) at a steady rate, a fault every 10 min, resources bounded (not part of make test)"
 	@echo "make test-alerting     the alert rules (promtool), a real Prometheus firing the watermark-lag alert, the dashboards' panels with data (not part of make test)"
+	@echo "make test-sources      the Kafka bridge: Avro (two schema versions), Protobuf and JSON topics through a real schema registry, SIGKILLs, a registry outage (not part of make test)"
 	@echo "make bench-peers   the speed layer beside Flink and quixstreams on the same events, each checked exact first (.venv-peers; ~35 min)"
 	@echo "make gotools     build promtool, prometheus and toxiproxy from Go modules into ~/.cache/trends/bin (once, ~6 min)"
 	@echo "make lint        ruff check, ruff format --check, mypy, lint-imports (the layering contracts)"
@@ -137,6 +138,12 @@ test-tls: setup
 test-alerting: setup $(GOTOOLS)
 	$(BIN)/pytest tests/unit/test_alert_rules.py tests/unit/test_dashboards.py
 	$(BIN)/pytest -m alerting tests/services/test_alerting.py tests/services/test_dashboards.py
+
+# Sources beyond files (marked `sources`): the Kafka bridge (`trends ingest kafka`) from Avro topics with two schema
+# versions interleaved, Protobuf and JSON, with a real Apicurio Registry (fetched and started on demand, Java 21+);
+# three SIGKILLs of the bridge mid-stream, then exact counts; the registry stopped for 30 s mid-run (~4 min).
+test-sources: setup
+	$(BIN)/pytest -m sources tests/services/test_bridge.py
 
 # Network faults between the components: a Toxiproxy server (built into the cache with the Go tools) in front of
 # Cassandra, a private Kafka broker and Airflow; each client pointed at its proxy by settings only. Writes

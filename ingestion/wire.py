@@ -310,12 +310,10 @@ def message_dict(message: Any) -> dict[str, Any]:
 
 
 def _field_value(field: Any, value: Any) -> Any:
-    from google.protobuf.descriptor import FieldDescriptor  # noqa: PLC0415
-
     if field.message_type is not None and field.message_type.GetOptions().map_entry:
         value_field = field.message_type.fields_by_name["value"]
         return {k: _scalar(value_field, v) for k, v in value.items()}
-    if field.label == FieldDescriptor.LABEL_REPEATED:
+    if field.is_repeated:
         return [_scalar(field, v) for v in value]
     return _scalar(field, value)
 
