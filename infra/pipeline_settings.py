@@ -179,6 +179,12 @@ class BridgeSettings(BaseModel):
         description="transaction.timeout.ms: a transaction of a bridge that died and never came back is aborted "
         "by the broker after this long (a restarted bridge aborts it at once).",
     )
+    session_timeout_ms: int = Field(
+        10000,
+        ge=6000,
+        description="session.timeout.ms of the bridge's consumer: how long the partitions of a bridge that died "
+        "stay assigned to it before the group hands them to another (or to its restart).",
+    )
     max_commit_attempts: int = Field(
         5,
         ge=1,

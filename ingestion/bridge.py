@@ -129,6 +129,9 @@ class Bridge:
                 "isolation.level": "read_committed",  # a transactional source's aborted records are not events
                 "auto.offset.reset": "earliest",
                 "enable.partition.eof": False,
+                "session.timeout.ms": self.cfg.session_timeout_ms,
+                # a batch may wait for the registry that long without polling, and must not lose its partitions
+                "max.poll.interval.ms": max(300_000, int((settings.registry.max_wait_s + 60) * 1000)),
                 "logger": logging.getLogger(f"{__name__}.consumer"),
                 **(consumer_config or {}),
             }
@@ -287,10 +290,9 @@ class Bridge:
                     raise BridgeError(msg) from exc
                 logger.warning("%s; retrying in %.1f s", exc, wait)
                 deadline = time.monotonic() + wait
-                while time.monotonic() < deadline:
+                while time.monotonic() < deadline:  # no poll meanwhile: it would hand over records past this one
                     if should_stop():
                         return None
-                    self._consumer.poll(0)  # nothing is assigned to read; keeps the client served
                     time.sleep(min(0.2, wait))
                 wait = min(wait * 2, self.settings.registry.backoff_max_s)
         try:
