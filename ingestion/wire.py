@@ -129,6 +129,7 @@ def registry_client(settings: SchemaRegistrySettings) -> Any:
     """Return confluent-kafka's registry client for the settings (it caches schemas by id); no retries of its own."""
     from confluent_kafka.schema_registry import SchemaRegistryClient  # noqa: PLC0415
 
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # one INFO line per schema fetched is noise
     return SchemaRegistryClient(settings.client_config())
 
 

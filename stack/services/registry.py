@@ -68,7 +68,10 @@ class Registry(Service):
         config = self.conf_dir / "application.properties"
         write_private(
             config,
-            f"quarkus.http.host={self.host}\nquarkus.http.port={self.client_port}\nquarkus.log.console.level=INFO\n",
+            f"quarkus.http.host={self.host}\nquarkus.http.port={self.client_port}\n"
+            # Apicurio's management interface (health, metrics) binds 0.0.0.0:9000 by default: loopback, any free
+            # port (readiness is asked of the API itself), so two registries do not collide
+            "quarkus.management.host=127.0.0.1\nquarkus.management.port=0\nquarkus.log.console.level=INFO\n",
         )
         return config
 
@@ -77,7 +80,8 @@ class Registry(Service):
         app = jars.bundle_dir(self.settings, jars.REGISTRY) / "quarkus-run.jar"
         return [
             java, f"-Xmx{self.settings.stack.registry_heap}", f"-Dquarkus.config.locations={config}",
-            f"-Dquarkus.http.host={self.host}", f"-Dquarkus.http.port={self.client_port}", "-jar", str(app),
+            f"-Dquarkus.http.host={self.host}", f"-Dquarkus.http.port={self.client_port}",
+            "-Dquarkus.management.host=127.0.0.1", "-Dquarkus.management.port=0", "-jar", str(app),
         ]  # fmt: skip
 
     @override
