@@ -58,6 +58,7 @@ class BridgeStats:
     aborted: int = 0  # transactions aborted and their batch read again
     registry_waits: int = 0  # records that waited for the schema registry
     by_topic: Counter[str] = field(default_factory=Counter)
+    first_record_at: float | None = None  # time.monotonic() when the first record arrived (rates exclude start-up)
     summary: IngestSummary = field(default_factory=IngestSummary)
     stopped: bool = False
 
@@ -217,6 +218,8 @@ class Bridge:
                     break
                 continue
             idle_since = time.monotonic()
+            if self.stats.first_record_at is None:
+                self.stats.first_record_at = idle_since
             outcomes = self._outcomes(records, should_stop)
             if outcomes is None:  # asked to stop while waiting for the registry: nothing was produced
                 self._rewind(records)
