@@ -58,9 +58,7 @@ SPARK_KAFKA = Bundle(
     "Spark 4.2.0 Kafka connector (spark-sql-kafka-0-10_2.13)",
     skip_jars_shipped_by_pyspark=True,
 )
-REGISTRY = Bundle(
-    "registry", "Apicurio Registry 3.3.3 (Quarkus app, Confluent-compatible API; Java 21+)", unpack=True
-)
+REGISTRY = Bundle("registry", "Apicurio Registry 3.3.3 (Quarkus app, Confluent-compatible API; Java 21+)", unpack=True)
 BUNDLES = {b.name: b for b in (KAFKA, CASSANDRA, SPARK_KAFKA)}
 # Fetched when first needed (`trends stack up registry`) or asked for (`trends stack fetch --with-registry`):
 # 160 MB that only the Kafka bridge's Avro and Protobuf sources use.
