@@ -33,7 +33,7 @@ from infra.errors import TrendsError
 from infra.settings import Settings
 from ingestion.mapping import DEFAULT_MAPPING, ColumnMapping
 from ingestion.producer import IngestSummary, producer_config
-from ingestion.validate import Context, Encoded, Reason, Reject, encode_json, encoded, validate_fields
+from ingestion.validate import Context, Encoded, Reason, Reject, encode_fields, encode_json
 from ingestion.wire import Decoder, Format, RegistryUnavailable, Undecodable, decoder
 
 if TYPE_CHECKING:
@@ -302,7 +302,7 @@ class Bridge:
             if isinstance(decoded, bytes):
                 done = encode_json(decoded, ctx, self.key_field)
             else:
-                done = encoded(validate_fields(decoded, raw, ctx, None), self.key_field)
+                done = encode_fields(decoded, raw, ctx, self.key_field)
         except Exception as exc:  # the last guard: one bad record never stops the bridge
             logger.exception("validation failed unexpectedly at %s", self._where(message))
             return self._reject(message, raw, Reason.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}", ctx)

@@ -223,6 +223,28 @@ def encode_json(
     return encoded(validate_fields(obj, raw, ctx, line), key_field)
 
 
+def encode_fields(fields: Mapping[str, Any], raw: bytes, ctx: Context, key_field: str) -> Encoded | Reject:
+    """Validate a record already decoded into fields (Avro, Protobuf) and return it as it goes to Kafka.
+
+    The same bytes, key and timestamp as ``encoded(validate_fields(...))``, and the same rejects, with the fast
+    path of :func:`encode_json` for plainly valid records: an aware ``datetime`` (Avro's timestamp types,
+    Protobuf's ``Timestamp``) is written as the canonical time text first, which the model would make of it too.
+    """
+    version = fields.get("v", EVENT_SCHEMA_VERSION)
+    if type(version) is int and version == EVENT_SCHEMA_VERSION:
+        try:
+            mapped = ctx.mapping.apply(fields)
+            ts = mapped.get("ts")
+            if isinstance(ts, datetime) and ts.utcoffset() is not None:
+                mapped["ts"] = format_ts(ts)
+            fast = encode_fast(mapped, key_field)
+        except Exception:  # noqa: BLE001 - the model's path below gives the exact error
+            fast = None
+        if fast is not None and fast[2] <= ts_millis(ctx.latest_allowed):
+            return fast
+    return encoded(validate_fields(fields, raw, ctx, None), key_field)
+
+
 def encoded(outcome: Outcome, key_field: str) -> Encoded | Reject:
     """Return a validated event as it goes to Kafka (JSON, key, record timestamp); a reject as it is."""
     return outcome if isinstance(outcome, Reject) else (outcome.to_json(), outcome.key(key_field), outcome.ts_ms)

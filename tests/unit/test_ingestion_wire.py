@@ -10,7 +10,7 @@ import io
 import json
 import struct
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import fastavro
@@ -20,7 +20,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ingestion.dlq import DeadLetter, encode_reject
-from ingestion.validate import Reason, Reject
+from ingestion.mapping import ColumnMapping
+from ingestion.validate import Context, Reason, Reject, encode_fields, encoded, validate_fields
 from ingestion.wire import (
     AvroDecoder,
     JsonDecoder,
@@ -235,3 +236,37 @@ def test_a_dead_letter_of_a_kafka_record_says_its_topic_partition_and_offset() -
     plain = Reject(b"x", Reason.MALFORMED_JSON, "not JSON", "a.jsonl", 3, now)
     assert "source_offset" not in json.loads(encode_reject(plain)[0])
     assert DeadLetter.decode(encode_reject(plain)[0]).source_partition == -1
+
+
+_AWARE = st.datetimes(
+    min_value=datetime(1900, 1, 1),  # noqa: DTZ001 - bounds of an aware strategy
+    max_value=datetime(2200, 1, 1),  # noqa: DTZ001
+    timezones=st.sampled_from([UTC, timezone(timedelta(hours=5, minutes=30)), timezone(timedelta(hours=-8))]),
+)
+_DECODED = st.fixed_dictionaries(
+    {
+        "event_id": st.text(max_size=6),
+        "at": _AWARE | st.datetimes() | st.integers(0, 2**45) | st.text(max_size=5),
+        "sku": st.text(min_size=0, max_size=6) | st.integers(),
+    },
+    optional={
+        "actor": st.fixed_dictionaries({"id": st.text(max_size=4) | st.none()}),
+        "amount": st.floats() | st.none() | st.integers(-(2**60), 2**60),
+        "dims": st.dictionaries(st.sampled_from(["country", "a b"]), st.text(max_size=3) | st.integers()),
+    },
+)
+
+
+@given(_DECODED, st.sampled_from(["item", "user", "id", "none"]))
+def test_decoded_records_take_the_fast_path_to_the_models_event_or_reject(fields: dict[str, Any], key: str) -> None:
+    """encode_fields, the bridge's hot path, gives what the model gives: the same event bytes, or the same reject."""
+    mapping = ColumnMapping.parse(["id=event_id", "ts=at", "item=sku", "user=actor.id", "value=amount"])
+    now = datetime(2026, 11, 27, tzinfo=UTC)
+    ctx = Context(source="t", now=now, max_future_skew=timedelta(minutes=5), mapping=mapping)
+    fast = encode_fields(fields, b"raw", ctx, key)
+    model = encoded(validate_fields(fields, b"raw", ctx, None), key)
+    if isinstance(model, Reject):
+        assert isinstance(fast, Reject)
+        assert (fast.reason, fast.detail) == (model.reason, model.detail)
+    else:
+        assert fast == model
