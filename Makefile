@@ -23,7 +23,7 @@ help:
 	@echo "make test-install      the built wheel in a fresh venv, no checkout: admin init, ingest, speed, Airflow's recompute, serve; and pip install . without extras"
 	@echo "make test-tls          the pipeline over TLS and SASL_SSL on a private TLS stack (not part of make test)"
 	@echo "make test-network      network faults (latency, black hole, reset, bandwidth, slicer) through Toxiproxy between the components (not part of make test)"
-	@echo "make test-sources      the HTTP collector (trends collect) against the real Kafka: answers, dead letters, a retried batch counted once by the speed and batch layers, Kafka unreachable mid-request, Schemathesis (not part of make test)"
+	@echo "make test-sources      the HTTP collector (trends collect) and the Kafka bridge (Avro in two schema versions, Protobuf, JSON, a real schema registry) against the real Kafka: dead letters, retries counted once, Kafka unreachable, SIGKILLs, a registry outage, Schemathesis (not part of make test)"
 	@echo "make test-soak         the whole stack for SOAK_MINUTES (default 60) at a steady rate, a fault every 10 min, resources bounded (not part of make test)"
 	@echo "make test-alerting     the alert rules (promtool), a real Prometheus firing the watermark-lag alert, the dashboards' panels with data (not part of make test)"
 	@echo "make test-privacy      pseudonymous user ids (no raw id in Kafka) and erasure: forget, export, the ledger and its verification (not part of make test)"
@@ -157,9 +157,12 @@ test-network: setup $(GOTOOLS)
 # The event sources against the real Kafka (marked `sources`): the HTTP collector run as `trends collect` -- valid,
 # invalid and mixed batches read back from the topics, gzip and the size limit, the same batch twice counted once by
 # the speed and batch layers (Spark), Kafka unreachable mid-request through Toxiproxy in front of a private broker (the shared
-# one untouched), Schemathesis with every check on its OpenAPI document (~4-7 min).
+# one untouched), Schemathesis with every check on its OpenAPI document. The Kafka bridge (`trends ingest kafka`) from
+# Avro topics with two schema versions interleaved, Protobuf and JSON, with a real Apicurio Registry (fetched and
+# started on demand, Java 21+); three SIGKILLs of the bridge mid-stream, then exact counts; the registry stopped for
+# 30 s mid-run (~10 min in all).
 test-sources: setup $(GOTOOLS)
-	$(BIN)/pytest -m sources tests/services/test_collector.py
+	$(BIN)/pytest -m sources tests/services/test_collector.py tests/services/test_bridge.py
 
 # The peers bench (bench/peers/): Flink and quixstreams in their own venv (never the pipeline's dependencies), their
 # jars fetched with Maven from bench/peers/pom.xml into the jar cache, then the bench against the local stack.

@@ -97,6 +97,16 @@ class StackSettings(BaseModel):
     java_home: Path | None = Field(
         None, description="JDK 17 to run the servers with. Default: $JAVA_HOME, else `java` on PATH."
     )
+    registry_java_home: Path | None = Field(
+        None,
+        description="JDK 21 or newer to run the local schema registry (Apicurio Registry 3 is built for Java 21). "
+        "Default: java_home or $JAVA_HOME or `java` on PATH when that is 21+, else the newest JDK 21+ found under "
+        "/usr/lib/jvm.",
+    )
+    registry_heap: str = Field("384m", description="Heap (-Xmx) of the local schema registry.")
+    registry_start_timeout_s: float = Field(
+        90.0, gt=0, description="Longest wait for the local schema registry to answer its REST API."
+    )
 
 
 class IngestSettings(BaseModel):
@@ -182,6 +192,50 @@ class CollectorSettings(BaseModel):
     )
     retry_after_s: int = Field(
         5, ge=1, le=3600, description="`Retry-After` (seconds) of a 503 while Kafka does not acknowledge in time."
+    )
+
+
+class BridgeSettings(BaseModel):
+    """The Kafka bridge (`trends ingest kafka`): a consumer group on other topics, transactions into `events`."""
+
+    group_id: str = Field(
+        "trends-bridge",
+        min_length=1,
+        description="Consumer group of the bridge on its source topics (`--group`); its committed offsets are "
+        "where a restarted bridge resumes.",
+    )
+    transactional_id: str | None = Field(
+        None,
+        description="transactional.id of the bridge's producer (`--transactional-id`). Unset: `<group>.bridge`. "
+        "Stable across restarts, so a restarted bridge fences its killed predecessor and aborts its open "
+        "transaction at once; each bridge running in the same group needs its own.",
+    )
+    transaction_records: int = Field(
+        5000, ge=1, description="Most source records per transaction (one offset commit each)."
+    )
+    transaction_ms: float = Field(
+        250.0,
+        gt=0,
+        description="Longest a transaction collects records before it commits, milliseconds: the added latency, "
+        "and how long read_committed readers of the events topic wait behind an open transaction.",
+    )
+    transaction_timeout_ms: int = Field(
+        60000,
+        ge=1000,
+        description="transaction.timeout.ms: a transaction of a bridge that died and never came back is aborted "
+        "by the broker after this long (a restarted bridge aborts it at once).",
+    )
+    session_timeout_ms: int = Field(
+        10000,
+        ge=6000,
+        description="session.timeout.ms of the bridge's consumer: how long the partitions of a bridge that died "
+        "stay assigned to it before the group hands them to another (or to its restart).",
+    )
+    max_commit_attempts: int = Field(
+        5,
+        ge=1,
+        description="Attempts at one batch whose transaction aborts (a broker error): after each the batch is "
+        "re-read from the committed offsets; then the bridge stops with the error.",
     )
 
 

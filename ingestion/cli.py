@@ -470,6 +470,120 @@ def collect(
 ingest.add_command(collect)
 
 
+KAFKA_EXAMPLES = """\b
+Examples:
+  trends ingest kafka --from clicks --format json -m id=event_id -m ts=timestamp -m item=page -m user=uid
+  trends ingest kafka --from orders.v1 --from orders.v2 --format avro -m item=sku -m user=customer.id
+  trends ingest kafka --from telemetry --format protobuf --group telemetry-bridge --dim region
+"""
+
+
+@ingest.command(name="kafka", epilog=KAFKA_EXAMPLES)
+@click.option(
+    "--from",
+    "sources",
+    multiple=True,
+    required=True,
+    metavar="TOPIC",
+    help="A topic to read (repeatable); read as the consumer group --group, committed offsets first.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["json", "avro", "protobuf"]),
+    required=True,
+    help="json: plain JSON values; avro, protobuf: the Confluent wire format, schemas from TRENDS_REGISTRY__URL.",
+)
+@click.option(
+    "-m",
+    "--map",
+    "pairs",
+    multiple=True,
+    metavar="FIELD=COLUMN",
+    help="Source field of an event field (id, ts, item, user, value); dotted paths reach into nested records.",
+)
+@click.option("--dim", "dims", multiple=True, metavar="NAME[=COLUMN]", help="A field to use as a dimension.")
+@click.option("--dims-column", default="dims", show_default=True, help="Field holding a map of dimensions.")
+@click.option(
+    "--time-format",
+    default="auto",
+    show_default=True,
+    help="auto (ISO with offset, epoch s/ms, Avro/Protobuf timestamps), iso, epoch_s/ms/us, or a pattern.",
+)
+@click.option("--assume-tz", help="IANA zone of times written without an offset (default: reject them).")
+@click.option("--group", help="Consumer group on the source topics (default: TRENDS_BRIDGE__GROUP_ID).")
+@click.option(
+    "--transactional-id",
+    help="transactional.id of the producer (default: <group>.bridge); each bridge of one group needs its own.",
+)
+@click.option(
+    "--idle-exit",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="Stop after this many seconds without a record (catch up, then exit). Default: run until stopped.",
+)
+@click.option("--no-progress", is_flag=True, help="Do not print progress lines.")
+@_topic_options
+@click.pass_obj
+def kafka(
+    settings: Settings,
+    *,
+    sources: tuple[str, ...],
+    fmt: str,
+    pairs: tuple[str, ...],
+    dims: tuple[str, ...],
+    dims_column: str,
+    time_format: str,
+    assume_tz: str | None,
+    group: str | None,
+    transactional_id: str | None,
+    idle_exit: float | None,
+    no_progress: bool,
+    topic: str | None,
+    dlq_topic: str | None,
+    key_field: str | None,
+) -> None:
+    """Bridge other Kafka topics into the events topic, exactly once, until stopped (SIGTERM/Ctrl-C: clean stop).
+
+    Each batch of source records becomes one Kafka transaction holding its events, its dead letters (with the
+    source topic, partition and offset) and the group's offsets: a kill at any point neither loses nor duplicates
+    an event. Readers of the events topic must read committed records only (the speed and batch layers do).
+    """
+    from ingestion import metrics
+    from ingestion.bridge import Bridge, BridgeError
+    from ingestion.mapping import ColumnMapping, MappingError
+    from ingestion.progress import Progress, graceful_stop
+    from ingestion.wire import Format
+
+    settings = scoped(settings, topic, dlq_topic, key_field)
+    bridge_update = {k: v for k, v in (("group_id", group), ("transactional_id", transactional_id)) if v}
+    settings = settings.model_copy(update={"bridge": settings.bridge.model_copy(update=bridge_update)})
+    try:
+        mapping = ColumnMapping.parse(
+            pairs, dims, dims_column=dims_column or None, time_format=time_format, assume_tz=assume_tz
+        )
+    except MappingError as exc:
+        raise click.UsageError(str(exc)) from exc
+    progress = Progress(settings.ingest.progress_interval_s, enabled=not no_progress)
+    bridge = Bridge(settings, sources, cast("Format", fmt), mapping)
+    try:
+        with graceful_stop() as stopper, metrics.serving(settings, lambda: bridge.stats.summary, "kafka"):
+            try:
+                stats = bridge.run(
+                    stopper,
+                    idle_exit_s=idle_exit,
+                    on_batch=lambda st: progress.update(st.records, st.summary),
+                )
+            finally:
+                progress.done()
+                bridge.close()
+    except BridgeError as exc:
+        del exc
+        _print_summary(bridge.stats.lines(), err=False)
+        raise
+    _print_summary(stats.lines(), err=False)
+
+
 @ingest.command(epilog=DLQ_EXAMPLES)
 @click.option("--topic", help="Dead-letter topic (default: TRENDS_KAFKA__DLQ_TOPIC).")
 @click.option("--since", type=UTC_TIME, help=f"Only records rejected since: {TIME_HELP}.")

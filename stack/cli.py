@@ -46,10 +46,15 @@ def stack() -> None:
 
 @stack.command()
 @click.option("--force", is_flag=True, help="Fetch again even if the cached jars are current.")
+@click.option(
+    "--with-registry",
+    is_flag=True,
+    help="Also the schema registry (Apicurio, 160 MB; else fetched at its first start).",
+)
 @click.pass_obj
-def fetch(settings: Settings, force: bool) -> None:
+def fetch(settings: Settings, force: bool, with_registry: bool) -> None:
     """Fetch Kafka, Cassandra and the Spark Kafka connector into the jar cache (once; `admin jars` is the last)."""
-    for name, path in jars.fetch_all(settings, force=force).items():
+    for name, path in jars.fetch_all(settings, force=force, on_demand=with_registry).items():
         click.echo(f"{name:12} {len(list(path.glob('*.jar'))):4d} jars  {path}")
 
 

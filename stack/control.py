@@ -23,6 +23,7 @@ from stack.services.cassandra import Cassandra
 from stack.services.kafka import Kafka
 from stack.services.pipeline import ApiService, SpeedService
 from stack.services.prometheus import BatchExporterService, PrometheusService
+from stack.services.registry import Registry
 from stack.services.spark import SparkMaster, SparkWorker
 
 # What `up` starts when no server is named; tests and `make demo` rely on it being just these two.
@@ -32,7 +33,7 @@ SERVICES = ("kafka", "cassandra")
 # cover them too.
 SPARK_WORKERS = 2  # spark-worker-1 … -N, on consecutive web UI ports
 SPARK_CLUSTER = ("spark-master", *(f"spark-worker-{i}" for i in range(1, SPARK_WORKERS + 1)))
-OPTIONAL_SERVICES = ("airflow", "speed", "api", *SPARK_CLUSTER, "batch-exporter", "prometheus")
+OPTIONAL_SERVICES = ("registry", "airflow", "speed", "api", *SPARK_CLUSTER, "batch-exporter", "prometheus")
 ALL_SERVICES = (*SERVICES, *OPTIONAL_SERVICES)
 
 
@@ -59,6 +60,7 @@ def services(settings: Settings, names: Sequence[str] | None = None) -> list[Sta
         node for group in SERVICES for node in nodes(settings, group) if group in chosen or node.name in chosen
     ]
     factories: dict[str, Callable[[Settings], StackService]] = {
+        "registry": Registry,
         "airflow": Airflow,
         "speed": SpeedService,
         "api": ApiService,

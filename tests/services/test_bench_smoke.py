@@ -47,6 +47,9 @@ FIGURES: dict[str, tuple[str, ...]] = {
         r"trends ingest file .*: 3,000 events -> [\d,]+ events/s",
         r"ratio to the bare keyed producer \d+\.\d\d",
         r"trends collect \(HTTP, 1000 events per request as JSON lines, 4 clients\): 3,000 events -> [\d,]+ events/s",
+        r"bare consume-produce loop \(json .*\): 3,000 records -> [\d,]+/s",
+        r"trends ingest kafka --format json: 3,000 events -> [\d,]+ events/s",
+        r"ratio to the bare consume-produce loop \d+\.\d\d",
     ),
     "serving_bench.py": (
         r"trending  1h uncached \(every cache off\): p50 +[\d.]+ ms +p99 +[\d.]+ ms +\| reads alone \(state \+ rows\) "
