@@ -186,3 +186,19 @@ def test_the_generator_emits_one_pseudonym_per_user() -> None:
     assert len(set(users)) == len(set(raw_users))
     assert [k for c in done for k in c.keys] == [u.encode() for u in users]
     assert not any(re.search(rb'"u\d+"', v) for c in done for v in c.values)
+
+
+@pytest.mark.parametrize(("days", "configured"), [(30, 30 * 86_400_000), (30, -1), (2, -1), (90, 7 * 86_400_000)])
+def test_the_dead_letters_are_deleted_before_the_erasure_deadline(days: int, configured: int) -> None:
+    from infra.pipeline_settings import PrivacySettings
+    from infra.service_settings import KafkaSettings
+    from infra.topics import topic_specs
+
+    kafka = KafkaSettings(dlq_retention_ms=configured)
+    _events, dlq = topic_specs(kafka, PrivacySettings(erasure_deadline_days=days))
+    retention, segment = int(dlq.config["retention.ms"]), int(dlq.config["segment.ms"])
+    # a record lives at most its retention plus its segment's span, plus Kafka's check interval and delete delay
+    assert 0 < retention + segment + 6 * 60_000 < days * 86_400_000
+    if 0 <= configured < days * 86_400_000 // 2:
+        assert retention == configured  # a shorter configured retention is kept
+    assert int(topic_specs(kafka)[1].config["retention.ms"]) < 30 * 86_400_000  # the default deadline applies
