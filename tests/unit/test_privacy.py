@@ -202,3 +202,18 @@ def test_the_dead_letters_are_deleted_before_the_erasure_deadline(days: int, con
     if 0 <= configured < days * 86_400_000 // 2:
         assert retention == configured  # a shorter configured retention is kept
     assert int(topic_specs(kafka)[1].config["retention.ms"]) < 30 * 86_400_000  # the default deadline applies
+
+
+def test_an_unexpected_validation_error_logs_no_record_text(caplog: pytest.LogCaptureFixture) -> None:
+    from ingestion.validate import Reason, Reject, validate_fields
+
+    class Weird(dict[str, object]):
+        def get(self, *_args: object, **_kwargs: object) -> object:
+            msg = "no user alice@example.org"
+            raise RuntimeError(msg)
+
+    outcome = validate_fields(Weird(), b"?", Context(source="t"), 1)
+    assert isinstance(outcome, Reject) and outcome.reason is Reason.INTERNAL_ERROR
+    assert "alice@example.org" in outcome.detail  # the dead letter keeps it, beside the raw record
+    assert "RuntimeError" in caplog.text and "validate.py" in caplog.text
+    assert "alice@example.org" not in caplog.text
