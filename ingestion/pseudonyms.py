@@ -6,19 +6,22 @@ JSON and a content-derived event id (:func:`views.event.content_id`, computed fr
 be recomputed from a candidate user) then hold only the pseudonym. The hours that hold each subject's events are
 written to the store before the events are produced, so an erasure finds every hour without reading the log.
 
-With ``privacy.pseudonymise`` off, :meth:`Pseudonymiser.from_settings` returns None and nothing changes.
+With ``privacy.pseudonymise`` off, :meth:`Pseudonymiser.from_settings` returns None and nothing changes. A
+pseudonymiser reads the subject key and connects to Cassandra at its first user: events without users need
+neither.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import msgspec
 
-from infra.privacy.subjects import SubjectStore
+from infra.privacy.subjects import StoreStats, SubjectStore
 from infra.settings import Settings
 from views.event import Event, content_id, encode_fast, parse_time
 
@@ -34,22 +37,46 @@ Encoded = tuple[bytes, bytes | None, int]
 class Pseudonymiser:
     """Replace users by their pseudonyms and record the hours of their events; use as a context manager.
 
-    :arg store: the subject store (owned: :meth:`close` closes it).
+    :arg store: the subject store (owned: :meth:`close` closes it), or the settings to open one from at the first
+        user (so a producer that never sees a user needs neither the key nor Cassandra).
     """
 
-    def __init__(self, store: SubjectStore) -> None:
-        self.store = store
+    def __init__(self, store: SubjectStore | Settings) -> None:
+        self._settings = store if isinstance(store, Settings) else None
+        self._store = None if isinstance(store, Settings) else store
+        self._elsewhere = StoreStats()  # what validation workers did with their own stores
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Pseudonymiser | None:
         """Return a pseudonymiser for these settings, or None when ``privacy.pseudonymise`` is off.
 
-        Reads the subject key at once (a missing key is an error before anything is produced); connects to
-        Cassandra on first use.
+        The subject key is read, and Cassandra connected, at the first user.
         """
         if not settings.privacy.pseudonymise:
             return None
-        return cls(SubjectStore(settings))
+        return cls(settings)
+
+    @property
+    def store(self) -> SubjectStore:
+        """Return the subject store, opened now if it is not yet.
+
+        :raises SubjectKeyError: when the subject key file is missing or unusable.
+        """
+        if self._store is None:
+            self._store = SubjectStore(cast("Settings", self._settings))
+        return self._store
+
+    @property
+    def stats(self) -> StoreStats:
+        """Return what the store (and the workers reported with :meth:`add_stats`) did so far."""
+        total = StoreStats(**asdict(self._elsewhere))
+        if self._store is not None:
+            total.add(asdict(self._store.stats))
+        return total
+
+    def add_stats(self, counts: dict[str, int]) -> None:
+        """Count what another process's store did for this run (a validation worker's)."""
+        self._elsewhere.add(counts)
 
     def table(self, users: Iterable[str]) -> dict[str, str]:
         """Return user -> pseudonym for these users (created where missing)."""
@@ -100,8 +127,9 @@ class Pseudonymiser:
         return out
 
     def close(self) -> None:
-        """Wait for pending writes and close the store."""
-        self.store.close()
+        """Wait for pending writes and close the store (if it was opened)."""
+        if self._store is not None:
+            self._store.close()
 
     def __enter__(self) -> Pseudonymiser:
         return self

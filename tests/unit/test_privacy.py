@@ -106,9 +106,14 @@ def test_with_the_setting_off_nothing_is_pseudonymised() -> None:
     assert Pseudonymiser.from_settings(off) is None
     producer = EventProducer(off)  # no key file needed, no Cassandra asked
     assert producer.pseudonymiser is None
-    on = _settings(subject_key_file="/nonexistent/key")
-    with pytest.raises(SubjectKeyError):
-        EventProducer(on)
+    # on, the key is read at the first user: events without users need neither the key nor Cassandra
+    on = EventProducer(_settings(subject_key_file="/nonexistent/key"))
+    assert on.pseudonymiser is not None
+    event = Event(ts=datetime(2025, 5, 1, tzinfo=UTC), item="#a")
+    assert on.pseudonymiser.event(event) is event
+    assert on.pseudonymiser.stats.created == 0
+    with pytest.raises(SubjectKeyError, match="/nonexistent/key"):
+        on.pseudonymiser.event(event.model_copy(update={"user": "alice"}))
 
 
 class _Table:
