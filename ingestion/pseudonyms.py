@@ -78,27 +78,27 @@ class Pseudonymiser:
         """Count what another process's store did for this run (a validation worker's)."""
         self._elsewhere.add(counts)
 
-    def table(self, users: Iterable[str]) -> dict[str, str]:
-        """Return user -> pseudonym for these users (created where missing)."""
-        return self.store.pseudonyms(users)
+    def table(self, users: Iterable[str], hours: Iterable[tuple[str, int]] = ()) -> dict[str, str]:
+        """Return user -> pseudonym for these users (created where missing), after recording their hours.
 
-    def record(self, pairs: Iterable[tuple[str, int]]) -> None:
-        """Record (user, event time in epoch ms) pairs in the subject store and wait until they are written.
-
-        Called before the events are produced: an hour recorded for an event that then fails is harmless, an
-        event in the log whose hour is missing would escape an erasure.
+        :arg hours: (user, event time in epoch ms) of the events about to be produced: the hours they fall in are
+            written to the subject store, while the pseudonyms are read, and are written when this returns. An
+            hour recorded for an event that then fails is harmless; an event in the log whose hour is missing
+            would escape an erasure.
         """
-        hours = {(user, ts // _HOUR_MS) for user, ts in pairs}
-        if hours:
-            self.store.note_hours((user, datetime.fromtimestamp(h * 3600, UTC)) for user, h in hours)
+        pairs = {(user, ts // _HOUR_MS) for user, ts in hours}
+        if pairs:  # sent first: the writes need only the keyed hash, so they run beside the reads below
+            self.store.note_hours((user, datetime.fromtimestamp(h * 3600, UTC)) for user, h in pairs)
+        found = self.store.pseudonyms(users)
+        if pairs:
             self.store.flush()
+        return found
 
     def event(self, event: Event) -> Event:
         """Return the event with its user pseudonymised (and its content-derived id recomputed from the pseudonym)."""
         if event.user is None:
             return event
-        pseudonym = self.table([event.user])[event.user]
-        self.record([(event.user, event.ts_ms)])
+        pseudonym = self.table([event.user], [(event.user, event.ts_ms)])[event.user]
         update: dict[str, Any] = {"user": pseudonym}
         if event.id == content_id(event.ts, event.item, event.user, event.value, event.dims):
             update["id"] = content_id(event.ts, event.item, pseudonym, event.value, event.dims)
@@ -115,8 +115,8 @@ class Pseudonymiser:
         users = {d["user"] for d in decoded if "user" in d}
         if not users:
             return events
-        table = self.table(users)
-        self.record((d["user"], ts) for d, (_v, _k, ts) in zip(decoded, events, strict=True) if "user" in d)
+        hours = [(d["user"], ts) for d, (_v, _k, ts) in zip(decoded, events, strict=True) if "user" in d]
+        table = self.table(users, hours)
         out: list[Encoded] = []
         for fields, original in zip(decoded, events, strict=True):
             user = fields.get("user")

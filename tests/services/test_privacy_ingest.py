@@ -189,7 +189,8 @@ def test_file_replays_racing_with_parallel_workers_put_only_pseudonyms_on_the_to
     count, users = _people_file(source)
     replay = ["ingest", "file", str(source), "--workers", "2", "--key-field", "user", "--no-progress"]
     replay += ["--topic", topic, "--dlq-topic", private.kafka.dlq_topic]
-    _run_at_once(private, [replay, replay])
+    outputs = _run_at_once(private, [replay, replay], TRENDS_LOG_LEVEL="DEBUG")
+    assert not any("example.org" in out for out in outputs), "a raw id in the output or the log of a replay"
 
     records = _read_topic(private, topic)
     assert len(records) == 2 * count
