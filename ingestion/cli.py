@@ -59,7 +59,7 @@ def _with_pseudonyms(lines: list[str], producer: Any) -> list[str]:
     """Add the pseudonym counts of a run (no ids: counts only) when it pseudonymised."""
     if producer.pseudonymiser is None:
         return lines
-    return [*lines, producer.pseudonymiser.store.stats.line()]
+    return [*lines, producer.pseudonymiser.stats.line()]
 
 
 @click.group()

@@ -342,9 +342,9 @@ def _validate_in_worker(
     pseudonymiser = _WORKER_PSEUDONYMISER
     if pseudonymiser is None:
         return _validate_batch(raws, lines, sizes, header, ctx, key_field)
-    before = asdict(pseudonymiser.store.stats)
+    before = asdict(pseudonymiser.stats)
     out = _validate_batch(raws, lines, sizes, header, ctx, key_field, pseudonymiser)
-    after = asdict(pseudonymiser.store.stats)
+    after = asdict(pseudonymiser.stats)
     out.subject_stats = {k: after[k] - before[k] for k in after if after[k] != before[k]}
     return out
 
@@ -424,7 +424,7 @@ def _produce_batch(
 ) -> None:
     """Produce a validated batch: its events in the file's order, then its rejects (another topic) in theirs."""
     if done.subject_stats and producer.pseudonymiser is not None:
-        producer.pseudonymiser.store.stats.add(done.subject_stats)
+        producer.pseudonymiser.add_stats(done.subject_stats)
     if done.values:
         producer.produce_many(done.values, done.keys, done.stamps)
         if stats.first_event_time is None:

@@ -459,8 +459,7 @@ class SyntheticStream:
         """Return user index -> pseudonym for a chunk's users, after recording their hours."""
         names = self._user_names
         distinct = list(set(users))
-        table = pseudonymiser.table([names[u] for u in distinct])
-        pseudonymiser.record(zip([names[u] for u in users], ts_list, strict=True))
+        table = pseudonymiser.table([names[u] for u in distinct], zip([names[u] for u in users], ts_list, strict=True))
         return {u: table[names[u]] for u in distinct}
 
     def truth(self) -> GroundTruth:

@@ -43,6 +43,10 @@ MIN_KEY_BYTES: Final = 32
 PSEUDONYM_PREFIX: Final = "p_"
 # Domain separation: the store's row key and the hash shown in ledgers and consoles are different functions of
 # the same secret, so a value printed anywhere cannot be used to look a subject up in the store.
+READ_GROUP: Final = 100  # subjects read per request (one IN query)
+# Subject hours written per request, as an unlogged batch: Cassandra warns (to the server log and every client)
+# about unlogged batches over more than 10 partitions (unlogged_batch_across_partitions_warn_threshold).
+WRITE_GROUP: Final = 10
 ATTEMPTS: Final = 6  # tries of a request that timed out (LWT contention between producers) before giving up
 BACKOFF_S: Final = 0.05
 _KEY_LABEL: Final = b"trends/subject-key/v1"
@@ -52,6 +56,7 @@ _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MS: Final = timedelta(milliseconds=1)
 
 SELECT_PSEUDONYM = "SELECT pseudonym FROM {t} WHERE subject_key = ?"
+SELECT_PSEUDONYMS = "SELECT subject_key, pseudonym FROM {t} WHERE subject_key IN ?"
 INSERT_SUBJECT = "INSERT INTO {t} (subject_key, pseudonym, created_at) VALUES (?, ?, ?) IF NOT EXISTS"
 DELETE_SUBJECT = "DELETE FROM {t} WHERE subject_key = ? IF EXISTS"
 INSERT_HOUR = "INSERT INTO {t} (subject_key, hour) VALUES (?, ?)"
@@ -291,12 +296,13 @@ class SubjectStore:
         names = list(users)
         keys = [users[u] for u in names]
         found: dict[bytes, str] = {}
-        select = self._stmt(SELECT_PSEUDONYM, "subjects")
-        results = self._concurrent(select, [(k,) for k in keys], READ_PROFILE)
-        for key, rows in zip(keys, results, strict=True):
-            row = rows.one()
-            if row is not None:
-                found[key] = row.pseudonym
+        # many partitions per read (IN): a round trip per READ_GROUP users rather than per user
+        select = self._stmt(SELECT_PSEUDONYMS, "subjects")
+        distinct = list(dict.fromkeys(keys))
+        groups = [(distinct[i : i + READ_GROUP],) for i in range(0, len(distinct), READ_GROUP)]
+        for rows in self._concurrent(select, groups, READ_PROFILE):
+            for row in rows:
+                found[row.subject_key] = row.pseudonym
         self.stats.read += len(found)
         absent = list(dict.fromkeys(k for k in keys if k not in found))
         if absent:
@@ -377,7 +383,10 @@ class SubjectStore:
         writes are asynchronous, at most ``privacy.lookup_concurrency`` in flight: :meth:`flush` waits for them
         and raises the first error.
         """
+        from cassandra.query import BatchStatement, BatchType  # noqa: PLC0415
+
         insert = self._stmt(INSERT_HOUR, "subject_hours")
+        rows: list[tuple[bytes, datetime]] = []
         for who, ts in pairs:
             key = self._key_of(who)
             hour_ms = (ts - _EPOCH) // _ONE_MS // _HOUR_MS * _HOUR_MS
@@ -389,8 +398,14 @@ class SubjectStore:
                 if seen:
                     self.stats.hours_skipped += 1
                     continue
-            self._write_async(insert, (key, datetime.fromtimestamp(hour_ms / 1000, UTC)))
-            self.stats.hours_written += 1
+            rows.append((key, datetime.fromtimestamp(hour_ms / 1000, UTC)))
+        self.stats.hours_written += len(rows)
+        for i in range(0, len(rows), WRITE_GROUP):
+            batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+            batch.is_idempotent = True
+            for row in rows[i : i + WRITE_GROUP]:
+                batch.add(insert, row)
+            self._write_async(batch, None)
 
     def _key_of(self, who: str) -> bytes:
         if self._cache is not None and self._by_pseudonym is not None:
@@ -401,7 +416,7 @@ class SubjectStore:
                 return key
         return self.keys.subject_key(who)
 
-    def _write_async(self, stmt: Any, params: tuple[Any, ...]) -> None:
+    def _write_async(self, stmt: Any, params: tuple[Any, ...] | None) -> None:
         with self._writes:
             while self._pending >= self._concurrency:
                 self._writes.wait()

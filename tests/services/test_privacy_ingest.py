@@ -189,7 +189,8 @@ def test_file_replays_racing_with_parallel_workers_put_only_pseudonyms_on_the_to
     count, users = _people_file(source)
     replay = ["ingest", "file", str(source), "--workers", "2", "--key-field", "user", "--no-progress"]
     replay += ["--topic", topic, "--dlq-topic", private.kafka.dlq_topic]
-    _run_at_once(private, [replay, replay])
+    outputs = _run_at_once(private, [replay, replay], TRENDS_LOG_LEVEL="DEBUG")
+    assert not any("example.org" in out for out in outputs), "a raw id in the output or the log of a replay"
 
     records = _read_topic(private, topic)
     assert len(records) == 2 * count
@@ -218,3 +219,33 @@ def test_the_search_finds_raw_ids_when_pseudonymisation_is_off(private: Settings
     assert len(records) == count
     assert all(b"example.org" in value for _key, value in records)
     assert b"example.org" in _segments_text(private, topic)
+
+
+def test_init_applies_the_dead_letters_retention_bound_to_an_existing_topic(
+    stack_up: Settings, new_topic: Callable[..., str]
+) -> None:
+    """A dead-letter topic made before the bound keeps raw records 90 days: `--apply-topic-config` bounds it."""
+    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+    from infra.topics import topic_specs
+
+    events_spec, dlq_spec = topic_specs(stack_up.kafka, stack_up.privacy)
+    events = new_topic(stack_up.kafka.partitions, events_spec.config)
+    dlq = new_topic(stack_up.kafka.partitions, {"retention.ms": str(90 * 86_400_000)})
+    env = {**os.environ, "TRENDS_KAFKA__EVENTS_TOPIC": events, "TRENDS_KAFKA__DLQ_TOPIC": dlq}
+    proc = subprocess.run(
+        [str(VENV / "bin" / "trends"), "admin", "init", "--only", "kafka", "--apply-topic-config"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"changed {dlq} retention.ms: {90 * 86_400_000} -> {dlq_spec.config['retention.ms']}" in proc.stdout
+    admin = AdminClient({**stack_up.kafka.client_config(), "log_level": 3})
+    resource = ConfigResource(ResourceType.TOPIC, dlq)
+    configs = next(iter(admin.describe_configs([resource]).values())).result(timeout=30)
+    assert configs["retention.ms"].value == dlq_spec.config["retention.ms"]
+    assert configs["segment.ms"].value == dlq_spec.config["segment.ms"]
+    assert int(configs["retention.ms"].value) + int(configs["segment.ms"].value) < 30 * 86_400_000

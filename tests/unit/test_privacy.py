@@ -106,9 +106,14 @@ def test_with_the_setting_off_nothing_is_pseudonymised() -> None:
     assert Pseudonymiser.from_settings(off) is None
     producer = EventProducer(off)  # no key file needed, no Cassandra asked
     assert producer.pseudonymiser is None
-    on = _settings(subject_key_file="/nonexistent/key")
-    with pytest.raises(SubjectKeyError):
-        EventProducer(on)
+    # on, the key is read at the first user: events without users need neither the key nor Cassandra
+    on = EventProducer(_settings(subject_key_file="/nonexistent/key"))
+    assert on.pseudonymiser is not None
+    event = Event(ts=datetime(2025, 5, 1, tzinfo=UTC), item="#a")
+    assert on.pseudonymiser.event(event) is event
+    assert on.pseudonymiser.stats.created == 0
+    with pytest.raises(SubjectKeyError, match="/nonexistent/key"):
+        on.pseudonymiser.event(event.model_copy(update={"user": "alice"}))
 
 
 class _Table:
@@ -186,3 +191,34 @@ def test_the_generator_emits_one_pseudonym_per_user() -> None:
     assert len(set(users)) == len(set(raw_users))
     assert [k for c in done for k in c.keys] == [u.encode() for u in users]
     assert not any(re.search(rb'"u\d+"', v) for c in done for v in c.values)
+
+
+@pytest.mark.parametrize(("days", "configured"), [(30, 30 * 86_400_000), (30, -1), (2, -1), (90, 7 * 86_400_000)])
+def test_the_dead_letters_are_deleted_before_the_erasure_deadline(days: int, configured: int) -> None:
+    from infra.pipeline_settings import PrivacySettings
+    from infra.service_settings import KafkaSettings
+    from infra.topics import topic_specs
+
+    kafka = KafkaSettings(dlq_retention_ms=configured)
+    _events, dlq = topic_specs(kafka, PrivacySettings(erasure_deadline_days=days))
+    retention, segment = int(dlq.config["retention.ms"]), int(dlq.config["segment.ms"])
+    # a record lives at most its retention plus its segment's span, plus Kafka's check interval and delete delay
+    assert 0 < retention + segment + 6 * 60_000 < days * 86_400_000
+    if 0 <= configured < days * 86_400_000 // 2:
+        assert retention == configured  # a shorter configured retention is kept
+    assert int(topic_specs(kafka)[1].config["retention.ms"]) < 30 * 86_400_000  # the default deadline applies
+
+
+def test_an_unexpected_validation_error_logs_no_record_text(caplog: pytest.LogCaptureFixture) -> None:
+    from ingestion.validate import Reason, Reject, validate_fields
+
+    class Weird(dict[str, object]):
+        def get(self, *_args: object, **_kwargs: object) -> object:
+            msg = "no user alice@example.org"
+            raise RuntimeError(msg)
+
+    outcome = validate_fields(Weird(), b"?", Context(source="t"), 1)
+    assert isinstance(outcome, Reject) and outcome.reason is Reason.INTERNAL_ERROR
+    assert "alice@example.org" in outcome.detail  # the dead letter keeps it, beside the raw record
+    assert "RuntimeError" in caplog.text and "validate.py" in caplog.text
+    assert "alice@example.org" not in caplog.text
