@@ -32,10 +32,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from infra.privacy.subjects import SubjectStore
-
 from infra.cassandra import session as cassandra_session
 from infra.privacy.ledger import Ledger, Request
+from infra.privacy.subjects import SubjectStore
 from infra.settings import Settings
 
 if TYPE_CHECKING:
@@ -195,7 +194,7 @@ def forget(
 
 @dataclass
 class Status:
-    """The ledger's requests (newest first, pending first) and their counts."""
+    """The ledger's requests (pending first, oldest first; then the others, newest first) and their counts."""
 
     requests: list[Request]
     pending: int
@@ -220,12 +219,12 @@ def status(
     settings: Settings, *, session: Session | None = None, limit: int = 50, now: datetime | None = None
 ) -> Status:
     """Return the erasure requests' status from the ledger."""
-    from infra.privacy.ledger import summarize  # noqa: PLC0415
+    from infra.privacy.ledger import ordered, summarize  # noqa: PLC0415
 
     with _session(settings, session) as sess:
         reqs = list(Ledger(settings, sess).requests().values())
     summary = summarize(reqs)
-    reqs.sort(key=lambda r: (not r.pending, -r.requested_at.timestamp()))
+    reqs = ordered(reqs)
     return Status(
         reqs[:limit],
         summary.pending,
