@@ -10,7 +10,11 @@ import secrets
 import threading
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, StringConstraints
 
 from infra.settings import Settings
@@ -180,3 +184,21 @@ def router(settings: Settings) -> APIRouter:
         raise refused from None
 
     return api
+
+
+def mount(app: FastAPI, settings: Settings) -> None:
+    """Mount the erasure routes into an app, and keep the user id out of their 422s.
+
+    FastAPI's validation errors echo each refused value (``input``); for a forget that value is the user id, which no
+    answer may carry. The other routes keep FastAPI's default answer.
+    """
+    app.include_router(router(settings))
+
+    async def refused(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)  # noqa: S101 - registered for this class only
+        if not request.url.path.startswith(PREFIX + "/"):
+            return await request_validation_exception_handler(request, exc)
+        errors = [{k: v for k, v in e.items() if k not in ("input", "ctx", "url")} for e in exc.errors()]
+        return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
+
+    app.add_exception_handler(RequestValidationError, refused)

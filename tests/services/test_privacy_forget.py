@@ -241,6 +241,11 @@ def test_the_api_forgets_behind_the_token(psettings: Settings) -> None:
         assert client.post("/api/v1/privacy/forget", json={"user": "ivy"}).status_code == 401
         assert client.get("/api/v1/privacy/status").status_code == 401
         assert client.post("/api/v1/privacy/forget", json={"user": ""}, headers=auth).status_code == 422
+        long = client.post("/api/v1/privacy/forget", json={"user": "ivy" * 50}, headers=auth)
+        assert long.status_code == 422 and "ivy" not in long.text, long.text  # FastAPI would echo the input
+        assert long.json()["detail"][0]["loc"] == ["body", "user"]
+        other = client.get("/api/v1/trending?last=1h&min_support=0", headers=auth)  # other routes: FastAPI's 422
+        assert other.status_code == 422 and other.json()["detail"][0]["input"] == "0", other.text
         assert client.post("/api/v1/privacy/forget", json={"usr": "ivy"}, headers=auth).status_code == 422
         r = client.post("/api/v1/privacy/forget", json={"user": "ivy", "exclude": True}, headers=auth)
         assert r.status_code == 200 and r.json()["outcome"] == "pending_recompute", r.text
