@@ -15,7 +15,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field, StringConstraints
+from pydantic import BaseModel, Field, StrictBool, StringConstraints
 
 from infra.settings import Settings
 
@@ -51,11 +51,16 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+BAD_BODY: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "The body is not JSON (FastAPI's parse error)."},
+}
+
+
 class ForgetBody(BaseModel):
     """Who to forget, and how."""
 
     user: User = Field(description="The user id as producers send it (never logged, never returned).")
-    exclude: bool | None = Field(
+    exclude: StrictBool | None = Field(
         None,
         description="Also exclude the user's events from the views (a recompute of its hours); default: "
         "`privacy.exclude_on_forget`.",
@@ -157,7 +162,7 @@ def router(settings: Settings) -> APIRouter:
 
     api = APIRouter(prefix=PREFIX, dependencies=[Depends(authorize)], tags=["privacy"], responses=ERRORS)
 
-    @api.post("/forget", response_model=ForgetAnswer)
+    @api.post("/forget", response_model=ForgetAnswer, responses=BAD_BODY)
     def forget(body: ForgetBody) -> dict[str, Any]:
         """Forget a user now: delete the link to its pseudonym and record the request in the erasure ledger.
 
@@ -173,12 +178,14 @@ def router(settings: Settings) -> APIRouter:
         raise refused from None
 
     @api.get("/status", response_model=StatusAnswer)
-    def status(limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> dict[str, Any]:
+    def status(
+        show: Annotated[int, Query(ge=1, le=1000, description="How many requests to list (pending first).")] = 50,
+    ) -> dict[str, Any]:
         """List the erasure requests (pending first, hashes only), how many are pending and the oldest one's age."""
         from privacy.erasure import status as read_status  # noqa: PLC0415
 
         try:
-            return read_status(settings, session=sessions.get(), limit=limit).to_json()
+            return read_status(settings, session=sessions.get(), limit=show).to_json()
         except Exception as exc:  # noqa: BLE001
             refused = unavailable("status", exc)
         raise refused from None
