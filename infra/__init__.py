@@ -10,5 +10,6 @@ one SparkSession factory), ``topics`` (the Kafka topics), ``migrations`` (the CQ
 ``params`` (the command line's parameter types), ``dashboards`` (the Grafana dashboards of ``infra/grafana``,
 declared in code; ``dashboard_model`` renders them). Commands:
 ``admin_cli`` (``trends admin``: topics and schema, connector jars, DAG folder on real clusters) and ``config_cli``
-(``trends config``). ``airflow`` holds the REST API's client.
+(``trends config``). ``airflow`` holds the REST API's client; ``privacy`` the subject store (pseudonyms) and the
+erasure ledger, contracts every layer may import.
 """
