@@ -10,10 +10,16 @@ baselines send exactly those bytes, so every ratio compares the same payloads:
 2. A bare confluent-kafka producer (idempotent, the same settings) sending the same lines **keyed by their item**
    with their event time as record timestamp: what ``trends ingest`` sends, with no parsing or validation. This is
    the baseline of the ratios below.
-3. ``trends ingest generate --fast -n N`` (the same generator, events built in memory) into another topic;
-4. ``trends ingest file`` of the file (read, parse, validate, serialize every line; ``--workers`` as given).
+3. ``trends ingest generate --fast -n N`` (the same generator, events built in memory) into another topic, with
+   its users pseudonymised (``privacy.pseudonymise``, the default) on a cold subject store (every user new: one
+   LWT each), again on the warm store (users known, the new process's cache empty: one read each), and with
+   pseudonymisation off;
+4. ``trends ingest file`` of the file (read, parse, validate, serialize every line; ``--workers`` as given),
+   pseudonymised (warm store) and not.
 
-Prints the rates and the ratios of (3) and (4) to (2) and to (1). Timing is not asserted (it is not a test), but
+Prints the rates and the ratios of (3) and (4) to (2) and to (1), and pseudonymised to not. The subject store runs on
+a keyspace and a subject key of the bench's own (dropped afterwards), and its costs are measured alone too: creating
+pseudonyms, reading them, the cache, and writing subject hours. Timing is not asserted (it is not a test), but
 every measurement must have sent every record: a run that sent fewer (or none) exits 1. ``--smoke`` runs every step
 on a few thousand records (CI: a bench that measures nothing fails). All topics are created for the run and deleted
 afterwards.
@@ -30,9 +36,11 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
-from infra import jars, topics
+from infra import jars, migrations, topics
+from infra.cassandra import session
 from infra.settings import Settings
 from stack.services.base import find_java
 
@@ -161,6 +169,57 @@ def validate_alone(path: Path) -> float:
     return records / (time.perf_counter() - t0)
 
 
+def generate(label: str, n: int, names: dict[str, str], env: dict[str, str], bare: float, perf: float) -> float:
+    """Run ``trends ingest generate --fast -n N`` into the bench's topic; print and return its events/s."""
+    out, wall = trends(
+        ["ingest", "generate", "--fast", "-n", str(n), "--topic", names["gen"], "--dlq-topic", names["dlq"]], env
+    )
+    sent, seconds, rate = summary_rate(out, n)
+    print(
+        f"trends ingest generate{label}: {sent:,} events -> {rate:,.0f} events/s "
+        f"(producer {seconds:.1f} s; {sent / wall:,.0f}/s over the whole command, {wall:.1f} s with start-up)"
+    )
+    counts = re.search(r"pseudonyms .*", out)
+    if counts:
+        print(f"  {counts[0]}")
+    print(
+        f"  ratio to the bare keyed producer {rate / bare:.2f} (goal >= 0.5); to ProducerPerformance {rate / perf:.2f}"
+    )
+    return rate
+
+
+def store_costs(settings: Settings, n: int) -> None:
+    """Measure the subject store alone: create n pseudonyms (LWTs), read them, hit the cache, write subject hours."""
+    import secrets
+    from datetime import UTC, datetime, timedelta
+
+    from infra.privacy.subjects import SubjectStore
+
+    key = secrets.token_bytes(32)
+    users = [f"bench-user-{i}" for i in range(n)]
+
+    def timed(what: Callable[[], object]) -> float:
+        t0 = time.perf_counter()
+        what()
+        return n / (time.perf_counter() - t0)
+
+    with SubjectStore(settings, key=key) as cold:
+        created = timed(lambda: cold.pseudonyms(users))
+        cached = timed(lambda: cold.pseudonyms(users))
+        hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+        pairs = [(u, hour - timedelta(hours=i % 3)) for i, u in enumerate(users)]
+        written = timed(lambda: (cold.note_hours(pairs), cold.flush()))
+        deduped = timed(lambda: (cold.note_hours(pairs), cold.flush()))
+    with SubjectStore(settings, key=key) as warm:
+        read = timed(lambda: warm.pseudonyms(users))
+    concurrency = settings.privacy.lookup_concurrency
+    print(
+        f"subject store alone ({n:,} users, {concurrency} requests in flight): create (LWT) {created:,.0f}/s, "
+        f"read {read:,.0f}/s, cached {cached:,.0f}/s; subject hours: written {written:,.0f}/s (async), "
+        f"already written by this process {deduped:,.0f}/s"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000, help="records per measurement")
@@ -187,19 +246,28 @@ def main() -> None:
         topics.TopicSpec(names["dlq"], parts, rf, dlq_spec.config),
     ]
     topics.ensure_topics(settings.kafka, specs)
+    # the subject store on a keyspace and key of the run's own: the first pseudonymised run meets only new users
+    keyspace = f"bench_ingest_{run}"
+    private = settings.model_copy(update={"cassandra": settings.cassandra.model_copy(update={"keyspace": keyspace})})
+    migrations.migrate(private)
     env = {
         **os.environ,
         "TRENDS_INGEST__COMPRESSION_TYPE": PRODUCER_PROPS["compression.type"],
         "TRENDS_INGEST__LINGER_MS": PRODUCER_PROPS["linger.ms"],
         "TRENDS_INGEST__BATCH_SIZE": PRODUCER_PROPS["batch.size"],
         "TRENDS_LOG_LEVEL": "WARNING",
+        "TRENDS_CASSANDRA__KEYSPACE": keyspace,
     }
+    off_env = {**env, "TRENDS_PRIVACY__PSEUDONYMISE": "false"}
     print(
         f"broker {settings.kafka.bootstrap_servers}, {parts} partitions, {n:,} records, acks=all, lz4, linger 5 ms"
         f"{' (smoke: tiny sizes, figures not comparable)' * args.smoke}"
     )
     try:
         with tempfile.TemporaryDirectory(prefix="ingest-bench-") as tmp:
+            key_file = Path(tmp) / "subject.key"
+            key_file.write_text(os.urandom(32).hex())
+            env["TRENDS_PRIVACY__SUBJECT_KEY_FILE"] = str(key_file)
             path = Path(tmp) / "events.jsonl"
             _, gen_wall = trends(["ingest", "generate", "--fast", "-n", str(n), "-o", str(path)], env)
             size_mb = path.stat().st_size / 1e6
@@ -207,41 +275,41 @@ def main() -> None:
             perf = producer_performance(settings, names["perf"], n, path)
             bare = bare_keyed(settings, names["bare"], path)
 
-            out, wall = trends(
-                ["ingest", "generate", "--fast", "-n", str(n), "--topic", names["gen"], "--dlq-topic", names["dlq"]],
-                env,
-            )
-            sent, seconds, rate = summary_rate(out, n)
-            print(
-                f"trends ingest generate: {sent:,} events -> {rate:,.0f} events/s "
-                f"(producer {seconds:.1f} s; {sent / wall:,.0f}/s over the whole command, {wall:.1f} s with start-up)"
-            )
-            print(f"  ratio to the bare keyed producer {rate / bare:.2f}; to ProducerPerformance {rate / perf:.2f}")
+            cold = generate(", pseudonymised, cold store (every user new)", n, names, env, bare, perf)
+            warm = generate(", pseudonymised, warm store (users known)", n, names, env, bare, perf)
+            off = generate(", not pseudonymised", n, names, off_env, bare, perf)
+            print(f"  pseudonymised / not: cold store {cold / off:.2f}, warm store {warm / off:.2f}")
 
-            out, wall = trends(
-                [
-                    "ingest",
-                    "file",
-                    str(path),
-                    "--no-progress",
-                    "--workers",
-                    str(args.workers),
-                    "--topic",
-                    names["file"],
-                    "--dlq-topic",
-                    names["dlq"],
-                ],
-                env,
-            )
-            sent, seconds, rate = summary_rate(out, n)
-            print(
-                f"trends ingest file (--workers {args.workers or os.cpu_count()}): {sent:,} events -> "
-                f"{rate:,.0f} events/s (read+validate+produce {seconds:.1f} s; {wall:.1f} s with start-up)"
-            )
-            print(
-                f"  ratio to the bare keyed producer {rate / bare:.2f} (goal >= 0.5); "
-                f"to ProducerPerformance {rate / perf:.2f}"
-            )
+            file_rates = {}
+            for label, file_env in ((", pseudonymised", env), (", not pseudonymised", off_env)):
+                out, wall = trends(
+                    [
+                        "ingest",
+                        "file",
+                        str(path),
+                        "--no-progress",
+                        "--workers",
+                        str(args.workers),
+                        "--topic",
+                        names["file"],
+                        "--dlq-topic",
+                        names["dlq"],
+                    ],
+                    file_env,
+                )
+                sent, seconds, rate = summary_rate(out, n)
+                file_rates[label] = rate
+                print(
+                    f"trends ingest file (--workers {args.workers or os.cpu_count()}){label}: {sent:,} events -> "
+                    f"{rate:,.0f} events/s (read+validate+produce {seconds:.1f} s; {wall:.1f} s with start-up)"
+                )
+                print(
+                    f"  ratio to the bare keyed producer {rate / bare:.2f} (goal >= 0.5); "
+                    f"to ProducerPerformance {rate / perf:.2f}"
+                )
+            on_file, off_file = file_rates.values()
+            print(f"  pseudonymised / not: {on_file / off_file:.2f}")
+            store_costs(private, max(n // 50, 2000))
             alone = validate_alone(path)
             workers = args.workers or os.cpu_count() or 1
             print(
@@ -252,6 +320,8 @@ def main() -> None:
             )
     finally:
         topics.delete_topics(settings.kafka, list(names.values()))
+        with session(settings) as sess:
+            sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
 
 
 if __name__ == "__main__":

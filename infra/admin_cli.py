@@ -32,7 +32,7 @@ def init_clusters(
     if kafka:
         changes: list[topics.ConfigChange] = []
         for topic, state in topics.ensure_topics(
-            settings.kafka, apply_config=apply_topic_config, changes=changes
+            settings.kafka, apply_config=apply_topic_config, changes=changes, privacy=settings.privacy
         ).items():
             click.echo(f"topic      {topic:22} {state}")
         for change in changes:

@@ -52,6 +52,13 @@ def _print_summary(lines: list[str], *, err: bool) -> None:
         click.echo(escape_text(line), err=err)
 
 
+def _with_pseudonyms(lines: list[str], producer: Any) -> list[str]:
+    """Add the pseudonym counts of a run (no ids: counts only) when it pseudonymised."""
+    if producer.pseudonymiser is None:
+        return lines
+    return [*lines, producer.pseudonymiser.stats.line()]
+
+
 @click.group()
 def ingest() -> None:
     """Feed events into Kafka: a synthetic stream, files of past events, stdin; inspect dead letters.
@@ -229,11 +236,12 @@ def _generate_to_kafka(settings: Settings, config: Any, wall_duration: float | N
     from ingestion.producer import DeliveryError, EventProducer
     from ingestion.progress import Progress, graceful_stop
 
-    stream = gen.SyntheticStream(config)
     progress = Progress(settings.ingest.progress_interval_s)
     total = config.total()
     producer = EventProducer(settings)
     producer.check_topics()
+    # Users are pseudonymised as each chunk is made (privacy.pseudonymise); a file (-o) keeps the generated ids.
+    stream = gen.SyntheticStream(config, pseudonymiser=producer.pseudonymiser)
     try:
         with graceful_stop() as stopper, metrics.serving(settings, lambda: producer.summary, "generate"):
             stats = gen.run(
@@ -258,7 +266,7 @@ def _generate_to_kafka(settings: Settings, config: Any, wall_duration: float | N
     finally:
         if truth is not None:
             gen.write_truth(stream, truth)
-    _print_summary(summary.lines(), err=False)
+    _print_summary(_with_pseudonyms(summary.lines(), producer), err=False)
     if truth is not None:
         click.echo(f"ground truth: {truth}")
     return stats.stopped
@@ -377,7 +385,8 @@ def file_(
     except DeliveryError as exc:
         _print_summary(exc.summary.lines(), err=False)
         raise
-    _print_summary([f"read      {stats.records:>12,} records from {path}", *summary.lines()], err=False)
+    lines = [f"read      {stats.records:>12,} records from {path}", *summary.lines()]
+    _print_summary(_with_pseudonyms(lines, producer), err=False)
     if stats.stopped:
         sys.exit(130)
 

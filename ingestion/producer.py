@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 from infra.errors import TrendsError
 from infra.settings import Settings
 from ingestion.dlq import encode_reject
+from ingestion.pseudonyms import Pseudonymiser
 from ingestion.validate import Reason, Reject
 from views.event import Event
 
@@ -125,11 +126,17 @@ class EventProducer:
 
     :arg settings: the settings (Kafka connection, topics, ``ingest`` producer tuning and key field).
     :arg config: extra librdkafka properties, applied last (tests, benchmarks).
+    :arg pseudonymise: replace users by pseudonyms in :meth:`produce` (default: ``privacy.pseudonymise``); the
+        :attr:`pseudonymiser` is there for the callers that encode events themselves (:meth:`produce_many`).
     """
 
-    def __init__(self, settings: Settings, *, config: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, settings: Settings, *, config: dict[str, Any] | None = None, pseudonymise: bool | None = None
+    ) -> None:
         from confluent_kafka import KafkaError, Producer  # noqa: PLC0415
 
+        on = settings.privacy.pseudonymise if pseudonymise is None else pseudonymise
+        self.pseudonymiser = Pseudonymiser.from_settings(settings) if on else None
         self.events_topic = settings.kafka.events_topic
         self.dlq_topic = settings.kafka.dlq_topic
         self.key_field = settings.ingest.key_field
@@ -233,17 +240,22 @@ class EventProducer:
             raise DeliveryError(msg, self.summary)
 
     def produce(self, event: Event) -> None:
-        """Queue an event for the events topic (key per settings, record timestamp = event time)."""
+        """Queue an event for the events topic (key per settings, record timestamp = event time).
+
+        With a :attr:`pseudonymiser` the user is replaced by its pseudonym first (and its hour recorded).
+        """
+        if self.pseudonymiser is not None:
+            event = self.pseudonymiser.event(event)
         self.summary.produced += 1
         self._send(self.events_topic, event.to_json(), event.key(self.key_field), event.ts_ms)
 
     def produce_encoded(self, value: bytes, key: bytes | None, ts_ms: int) -> None:
-        """Queue an already normalized event (the generator's fast path: it builds the JSON itself)."""
+        """Queue an already normalized (and, where on, pseudonymised) event: the caller built the JSON itself."""
         self.summary.produced += 1
         self._send(self.events_topic, value, key, ts_ms)
 
     def produce_many(self, values: Sequence[bytes], keys: Sequence[bytes | None], ts_ms: Sequence[int]) -> None:
-        """Queue many already normalized events; the tight loop of fast generation."""
+        """Queue many already normalized (and, where on, pseudonymised) events; the tight loop of fast generation."""
         from confluent_kafka import KafkaException  # noqa: PLC0415
 
         produce = self._producer.produce
@@ -304,6 +316,8 @@ class EventProducer:
         """
         if not self._closed:
             self._closed = True
+            if self.pseudonymiser is not None:
+                self.pseudonymiser.close()
             deadline = time.monotonic() + (timeout_s if timeout_s is not None else self._flush_timeout_s)
             while True:
                 self._drain_reroutes()

@@ -40,7 +40,7 @@ def stack_up(settings: Settings) -> Iterator[Settings]:
     """Start (or reuse) Kafka and Cassandra, with topics and schema; stop them afterwards if we started them."""
     results = control.up(settings)
     ensure_key_file(settings.subject_key_path)  # as `trends stack up` does
-    topics.ensure_topics(settings.kafka)
+    topics.ensure_topics(settings.kafka, privacy=settings.privacy)
     migrations.migrate(settings)
     yield settings
     started_here = [r.name for r in results if not r.already_running]

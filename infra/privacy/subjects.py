@@ -22,7 +22,7 @@ import threading
 import time
 import unicodedata
 from base64 import urlsafe_b64encode
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -43,6 +43,10 @@ MIN_KEY_BYTES: Final = 32
 PSEUDONYM_PREFIX: Final = "p_"
 # Domain separation: the store's row key and the hash shown in ledgers and consoles are different functions of
 # the same secret, so a value printed anywhere cannot be used to look a subject up in the store.
+READ_GROUP: Final = 100  # subjects read per request (one IN query)
+# Subject hours written per request, as an unlogged batch: Cassandra warns (to the server log and every client)
+# about unlogged batches over more than 10 partitions (unlogged_batch_across_partitions_warn_threshold).
+WRITE_GROUP: Final = 10
 ATTEMPTS: Final = 6  # tries of a request that timed out (LWT contention between producers) before giving up
 BACKOFF_S: Final = 0.05
 _KEY_LABEL: Final = b"trends/subject-key/v1"
@@ -52,6 +56,7 @@ _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MS: Final = timedelta(milliseconds=1)
 
 SELECT_PSEUDONYM = "SELECT pseudonym FROM {t} WHERE subject_key = ?"
+SELECT_PSEUDONYMS = "SELECT subject_key, pseudonym FROM {t} WHERE subject_key IN ?"
 INSERT_SUBJECT = "INSERT INTO {t} (subject_key, pseudonym, created_at) VALUES (?, ?, ?) IF NOT EXISTS"
 DELETE_SUBJECT = "DELETE FROM {t} WHERE subject_key = ? IF EXISTS"
 INSERT_HOUR = "INSERT INTO {t} (subject_key, hour) VALUES (?, ?)"
@@ -179,6 +184,18 @@ class StoreStats:
     hours_written: int = 0
     hours_skipped: int = 0  # (subject, hour) pairs already written by this process
 
+    def add(self, counts: dict[str, int]) -> None:
+        """Add another process's counts (a validation worker's) to these."""
+        for name, n in counts.items():
+            setattr(self, name, getattr(self, name) + n)
+
+    def line(self) -> str:
+        """Return the summary line of a producing run."""
+        return (
+            f"pseudonyms {self.created:,} created, {self.read:,} found, {self.raced:,} taken from a racing producer, "
+            f"{self.cache_hits:,} from the cache; subject hours written {self.hours_written:,}"
+        )
+
 
 class SubjectStore:
     """Get or create pseudonyms, record the hours that hold a subject's events, and unlink a subject.
@@ -186,22 +203,30 @@ class SubjectStore:
     :arg settings: the settings (Cassandra, ``privacy``); the key is read from ``settings.subject_key_path``.
     :arg session: a driver session to use (not closed by :meth:`close`); default: one of its own.
     :arg key: the subject key's bytes instead of the key file (tests).
+    :arg timer: the clock of the cache's TTL (tests).
     """
 
-    def __init__(self, settings: Settings, session: Session | None = None, *, key: bytes | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        session: Session | None = None,
+        *,
+        key: bytes | None = None,
+        timer: Callable[[], float] = time.monotonic,
+    ) -> None:
         privacy = settings.privacy
         self.keys = SubjectKeys(key if key is not None else read_key(settings.subject_key_path))
         self.stats = StoreStats()
         self._settings = settings
         self._concurrency = privacy.lookup_concurrency
-        self._cache: TTLCache[str, str] | None = (
-            TTLCache(privacy.pseudonym_cache_size, privacy.pseudonym_cache_ttl_s)
+        self._cache: TTLCache[str, tuple[str, bytes]] | None = (  # user -> (pseudonym, row key)
+            TTLCache(privacy.pseudonym_cache_size, privacy.pseudonym_cache_ttl_s, timer)
             if privacy.pseudonym_cache_size
             else None
         )
         # pseudonym -> row key of the pseudonyms this process handed out, so note_hours takes either
         self._by_pseudonym: TTLCache[str, bytes] | None = (
-            TTLCache(privacy.pseudonym_cache_size, privacy.pseudonym_cache_ttl_s)
+            TTLCache(privacy.pseudonym_cache_size, privacy.pseudonym_cache_ttl_s, timer)
             if privacy.pseudonym_cache_size
             else None
         )
@@ -213,7 +238,8 @@ class SubjectStore:
         self._session = session
         self._owns_session = session is None
         self._statements: dict[str, Any] = {}
-        self._inflight = threading.BoundedSemaphore(self._concurrency)
+        self._writes = threading.Condition()
+        self._pending = 0  # hour writes in flight
         self._write_errors: list[str] = []
 
     # -- plumbing ---------------------------------------------------------------------------------------------
@@ -258,7 +284,7 @@ class SubjectStore:
                 with self._lock:
                     found = cache.get(user)
                 if found is not None:
-                    out[user] = found
+                    out[user] = found[0]
                     self.stats.cache_hits += 1
                     continue
             missing[user] = self.keys.subject_key(user)
@@ -270,12 +296,13 @@ class SubjectStore:
         names = list(users)
         keys = [users[u] for u in names]
         found: dict[bytes, str] = {}
-        select = self._stmt(SELECT_PSEUDONYM, "subjects")
-        results = self._concurrent(select, [(k,) for k in keys], READ_PROFILE)
-        for key, rows in zip(keys, results, strict=True):
-            row = rows.one()
-            if row is not None:
-                found[key] = row.pseudonym
+        # many partitions per read (IN): a round trip per READ_GROUP users rather than per user
+        select = self._stmt(SELECT_PSEUDONYMS, "subjects")
+        distinct = list(dict.fromkeys(keys))
+        groups = [(distinct[i : i + READ_GROUP],) for i in range(0, len(distinct), READ_GROUP)]
+        for rows in self._concurrent(select, groups, READ_PROFILE):
+            for row in rows:
+                found[row.subject_key] = row.pseudonym
         self.stats.read += len(found)
         absent = list(dict.fromkeys(k for k in keys if k not in found))
         if absent:
@@ -296,7 +323,7 @@ class SubjectStore:
         with self._lock:
             if self._cache is not None and self._by_pseudonym is not None:
                 for user, key in users.items():
-                    self._cache[user] = out[user]
+                    self._cache[user] = (out[user], key)
                     self._by_pseudonym[out[user]] = key
         return out
 
@@ -356,7 +383,10 @@ class SubjectStore:
         writes are asynchronous, at most ``privacy.lookup_concurrency`` in flight: :meth:`flush` waits for them
         and raises the first error.
         """
+        from cassandra.query import BatchStatement, BatchType  # noqa: PLC0415
+
         insert = self._stmt(INSERT_HOUR, "subject_hours")
+        rows: list[tuple[bytes, datetime]] = []
         for who, ts in pairs:
             key = self._key_of(who)
             hour_ms = (ts - _EPOCH) // _ONE_MS // _HOUR_MS * _HOUR_MS
@@ -368,45 +398,59 @@ class SubjectStore:
                 if seen:
                     self.stats.hours_skipped += 1
                     continue
-            self._write_async(insert, (key, datetime.fromtimestamp(hour_ms / 1000, UTC)))
-            self.stats.hours_written += 1
+            rows.append((key, datetime.fromtimestamp(hour_ms / 1000, UTC)))
+        self.stats.hours_written += len(rows)
+        for i in range(0, len(rows), WRITE_GROUP):
+            batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+            batch.is_idempotent = True
+            for row in rows[i : i + WRITE_GROUP]:
+                batch.add(insert, row)
+            self._write_async(batch, None)
 
     def _key_of(self, who: str) -> bytes:
-        if self._by_pseudonym is not None and who.startswith(PSEUDONYM_PREFIX):
+        if self._cache is not None and self._by_pseudonym is not None:
             with self._lock:
-                key = self._by_pseudonym.get(who)
+                cached = self._cache.get(who)
+                key = cached[1] if cached is not None else self._by_pseudonym.get(who)
             if key is not None:
                 return key
         return self.keys.subject_key(who)
 
-    def _write_async(self, stmt: Any, params: tuple[Any, ...]) -> None:
-        self._inflight.acquire()
+    def _write_async(self, stmt: Any, params: tuple[Any, ...] | None) -> None:
+        with self._writes:
+            while self._pending >= self._concurrency:
+                self._writes.wait()
+            self._pending += 1
         try:
             future: ResponseFuture = self._sess().execute_async(stmt, params, execution_profile=WRITE_PROFILE)
         except Exception:
-            self._inflight.release()
+            self._one_done()
             raise
         future.add_callbacks(self._written, self._failed)
 
+    def _one_done(self) -> None:
+        with self._writes:
+            self._pending -= 1
+            self._writes.notify_all()
+
     def _written(self, _rows: Any) -> None:
-        self._inflight.release()
+        self._one_done()
 
     def _failed(self, exc: BaseException) -> None:
         with self._lock:
             if len(self._write_errors) < 20:
                 self._write_errors.append(f"{type(exc).__name__}: {exc}")
-        self._inflight.release()
+        self._one_done()
 
     def flush(self) -> None:
         """Wait for the hours written so far.
 
-        :raises SubjectStoreError: when some were not written (they are forgotten as written: the next
-            process writes them again).
+        :raises SubjectStoreError: when some were not written (this process forgets having written any hour,
+            so they are written again).
         """
-        for _ in range(self._concurrency):
-            self._inflight.acquire()
-        for _ in range(self._concurrency):
-            self._inflight.release()
+        with self._writes:
+            while self._pending:
+                self._writes.wait()
         with self._lock:
             errors, self._write_errors = self._write_errors, []
             if errors and self._noted is not None:

@@ -43,9 +43,13 @@ FIGURES: dict[str, tuple[str, ...]] = {
     ),
     "ingest_bench.py": (
         r"ProducerPerformance .*: 3,000 records -> [\d,]+/s",
-        r"trends ingest generate: 3,000 events -> [\d,]+ events/s",
-        r"trends ingest file .*: 3,000 events -> [\d,]+ events/s",
+        r"trends ingest generate, pseudonymised, cold store .*: 3,000 events -> [\d,]+ events/s",
+        r"trends ingest generate, pseudonymised, warm store .*: 3,000 events -> [\d,]+ events/s",
+        r"trends ingest generate, not pseudonymised: 3,000 events -> [\d,]+ events/s",
+        r"pseudonymised / not: cold store [\d.]+, warm store [\d.]+",
+        r"trends ingest file .*, pseudonymised: 3,000 events -> [\d,]+ events/s",
         r"ratio to the bare keyed producer \d+\.\d\d",
+        r"subject store alone .*: create \(LWT\) [\d,]+/s, read [\d,]+/s, .*subject hours: written [\d,]+/s",
     ),
     "serving_bench.py": (
         r"trending  1h uncached \(every cache off\): p50 +[\d.]+ ms +p99 +[\d.]+ ms +\| reads alone \(state \+ rows\) "
