@@ -112,7 +112,7 @@ test-backfill: setup
 # `trends ingest`, the speed job, `trends batch index|run` and `trends serve` against the local stack, and
 # `import airflow` failing there (~3 min with a warm pip cache; not part of make test).
 CORE_VENV ?= .venv-core
-$(CORE_VENV)/.installed: pyproject.toml constraints.txt $(shell find app infra ingestion speed_layer batch_layer views serving -name '*.py' -o -name '*.cql' 2>/dev/null)
+$(CORE_VENV)/.installed: pyproject.toml constraints.txt $(shell find app infra ingestion speed_layer batch_layer views serving privacy -name '*.py' -o -name '*.cql' 2>/dev/null)
 	rm -rf $(CORE_VENV) && $(PY) -m venv $(CORE_VENV)
 	$(CORE_VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt .
 	rm -rf build  # setuptools' build folder of the non-editable install

@@ -11,7 +11,7 @@ import logging
 from fastapi import FastAPI
 
 from infra.settings import Settings
-from privacy.api import router as privacy_router
+from privacy.api import mount as mount_privacy
 from serving.api import create_app as create_serving_app
 from serving.cli import serve_command
 
@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 def create_app(settings: Settings) -> FastAPI:
     """Build the served app for these settings: the query API and dashboard, and erasure's routes."""
     app = create_serving_app(settings)
-    app.include_router(privacy_router(settings))
+    mount_privacy(app, settings)
     return app
 
 

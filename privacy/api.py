@@ -10,8 +10,12 @@ import secrets
 import threading
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
-from pydantic import BaseModel, Field, StringConstraints
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field, StrictBool, StringConstraints
 
 from infra.settings import Settings
 
@@ -47,11 +51,16 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+BAD_BODY: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "The body is not JSON (FastAPI's parse error)."},
+}
+
+
 class ForgetBody(BaseModel):
     """Who to forget, and how."""
 
     user: User = Field(description="The user id as producers send it (never logged, never returned).")
-    exclude: bool | None = Field(
+    exclude: StrictBool | None = Field(
         None,
         description="Also exclude the user's events from the views (a recompute of its hours); default: "
         "`privacy.exclude_on_forget`.",
@@ -153,7 +162,7 @@ def router(settings: Settings) -> APIRouter:
 
     api = APIRouter(prefix=PREFIX, dependencies=[Depends(authorize)], tags=["privacy"], responses=ERRORS)
 
-    @api.post("/forget", response_model=ForgetAnswer)
+    @api.post("/forget", response_model=ForgetAnswer, responses=BAD_BODY)
     def forget(body: ForgetBody) -> dict[str, Any]:
         """Forget a user now: delete the link to its pseudonym and record the request in the erasure ledger.
 
@@ -169,14 +178,34 @@ def router(settings: Settings) -> APIRouter:
         raise refused from None
 
     @api.get("/status", response_model=StatusAnswer)
-    def status(limit: Annotated[int, Query(ge=1, le=1000)] = 50) -> dict[str, Any]:
+    def status(
+        show: Annotated[int, Query(ge=1, le=1000, description="How many requests to list (pending first).")] = 50,
+    ) -> dict[str, Any]:
         """List the erasure requests (pending first, hashes only), how many are pending and the oldest one's age."""
         from privacy.erasure import status as read_status  # noqa: PLC0415
 
         try:
-            return read_status(settings, session=sessions.get(), limit=limit).to_json()
+            return read_status(settings, session=sessions.get(), limit=show).to_json()
         except Exception as exc:  # noqa: BLE001
             refused = unavailable("status", exc)
         raise refused from None
 
     return api
+
+
+def mount(app: FastAPI, settings: Settings) -> None:
+    """Mount the erasure routes into an app, and keep the user id out of their 422s.
+
+    FastAPI's validation errors echo each refused value (``input``); for a forget that value is the user id, which no
+    answer may carry. The other routes keep FastAPI's default answer.
+    """
+    app.include_router(router(settings))
+
+    async def refused(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)  # noqa: S101 - registered for this class only
+        if not request.url.path.startswith(PREFIX + "/"):
+            return await request_validation_exception_handler(request, exc)
+        errors = [{k: v for k, v in e.items() if k not in ("input", "ctx", "url")} for e in exc.errors()]
+        return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
+
+    app.add_exception_handler(RequestValidationError, refused)

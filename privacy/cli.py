@@ -9,15 +9,32 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import IO
 
 import click
 
+from infra.errors import TrendsError
 from infra.settings import Settings
 
 logger = logging.getLogger(__name__)
 
 USER_HELP = "The user id as producers send it (`-`: read it from the first line of stdin)."
+
+
+@contextmanager
+def _reachable() -> Iterator[None]:
+    """Turn the drivers' failures (Cassandra or Kafka unreachable) into a message and exit 1, not a traceback."""
+    from cassandra import DriverException
+    from cassandra.cluster import NoHostAvailable
+    from confluent_kafka import KafkaException
+
+    try:
+        yield
+    except (NoHostAvailable, DriverException, KafkaException, OSError) as exc:
+        msg = f"{type(exc).__name__}: {str(exc)[:300]} (is the stack up? `trends stack status`)"
+        raise TrendsError(msg) from exc
 
 
 def _user(value: str) -> str:
@@ -51,7 +68,8 @@ def forget(settings: Settings, user: str, exclude: bool | None, as_json: bool) -
     """
     from privacy.erasure import forget as run_forget
 
-    result = run_forget(settings, _user(user), exclude=exclude)
+    with _reachable():
+        result = run_forget(settings, _user(user), exclude=exclude)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
         return
@@ -86,7 +104,8 @@ def export(settings: Settings, user: str, output: IO[bytes]) -> None:
     def write(value: bytes) -> None:
         output.write(value.rstrip(b"\n") + b"\n")
 
-    result = run_export(settings, _user(user), write)
+    with _reachable():
+        result = run_export(settings, _user(user), write)
     click.echo(result.line(), err=True)
 
 
@@ -99,7 +118,7 @@ def ledger(settings: Settings, verify: bool, as_json: bool) -> None:
     from infra.cassandra import session
     from infra.privacy.ledger import Ledger, verify_chain
 
-    with session(settings) as sess:
+    with _reachable(), session(settings) as sess:
         entries = Ledger(settings, sess).entries()
     if verify:
         got = verify_chain(entries)
@@ -130,7 +149,8 @@ def status(settings: Settings, as_json: bool, limit: int) -> None:
     """Show the erasure requests: pending first (what each waits for), then done and failed ones."""
     from privacy.erasure import status as read_status
 
-    st = read_status(settings, limit=limit)
+    with _reachable():
+        st = read_status(settings, limit=limit)
     if as_json:
         click.echo(json.dumps(st.to_json(), indent=2))
         return

@@ -202,7 +202,7 @@ def forget(
 
 @dataclass
 class Status:
-    """The ledger's requests (newest first, pending first) and their counts."""
+    """The ledger's requests (pending first, oldest first; then the others, newest first) and their counts."""
 
     requests: list[Request]
     pending: int
@@ -227,12 +227,12 @@ def status(
     settings: Settings, *, session: Session | None = None, limit: int = 50, now: datetime | None = None
 ) -> Status:
     """Return the erasure requests' status from the ledger."""
-    from infra.privacy.ledger import summarize  # noqa: PLC0415
+    from infra.privacy.ledger import ordered, summarize  # noqa: PLC0415
 
     with _session(settings, session) as sess:
         reqs = list(Ledger(settings, sess).requests().values())
     summary = summarize(reqs)
-    reqs.sort(key=lambda r: (not r.pending, -r.requested_at.timestamp()))
+    reqs = ordered(reqs)
     return Status(
         reqs[:limit],
         summary.pending,

@@ -108,11 +108,13 @@ def read_ranges(settings: Settings, topic: str, ranges: dict[int, list[tuple[int
     if not todo:
         return
     current = {p: spans.pop(0) for p, spans in todo.items()}
+    position = {p: first for p, (first, _) in current.items()}  # the next offset each current range expects
     consumer = _consumer(settings)
 
     def advance(p: int) -> None:
         if todo[p]:
             current[p] = todo[p].pop(0)
+            position[p] = current[p][0]
             consumer.seek(TopicPartition(topic, p, current[p][0]))
         else:
             del current[p]
@@ -122,7 +124,10 @@ def read_ranges(settings: Settings, topic: str, ranges: dict[int, list[tuple[int
         consumer.assign([TopicPartition(topic, p, first) for p, (first, _) in current.items()])
         deadline = time.monotonic() + READ_TIMEOUT_S
         while current:
-            batch = consumer.consume(10_000, POLL_S)
+            # consume() returns when it holds this many records or at its timeout: ask no more than the current
+            # ranges still hold, or every short range waits for the timeout
+            wanted = sum(current[p][1] - position[p] + 1 for p in current)
+            batch = consumer.consume(max(1, min(10_000, wanted)), POLL_S)
             if batch:
                 deadline = time.monotonic() + READ_TIMEOUT_S
             elif time.monotonic() > deadline:
@@ -145,6 +150,7 @@ def read_ranges(settings: Settings, topic: str, ranges: dict[int, list[tuple[int
                 offset = msg.offset()
                 if offset < first:
                     continue  # fetched before the seek
+                position[p] = offset + 1
                 if offset <= last:
                     yield msg
                 if offset >= last:

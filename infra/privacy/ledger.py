@@ -471,8 +471,11 @@ def read_summary(settings: Settings, session: Session) -> Summary:
     return summarize(fold(entries).values(), len(entries))
 
 
+def ordered(requests: Iterable[Request]) -> list[Request]:
+    """Return requests as operators list them: pending ones first, oldest first, then the others, newest first."""
+    return sorted(requests, key=lambda r: (not r.pending, (1 if r.pending else -1) * r.requested_at.timestamp()))
+
+
 def read_requests(settings: Settings, session: Session, limit: int = 50) -> list[Request]:
-    """Return the newest requests, pending first (the console's reader)."""
-    reqs = list(Ledger(settings, session).requests().values())
-    reqs.sort(key=lambda r: (not r.pending, -r.requested_at.timestamp()))
-    return reqs[:limit]
+    """Return the requests in :func:`ordered` order, at most ``limit``."""
+    return ordered(Ledger(settings, session).requests().values())[:limit]

@@ -80,6 +80,10 @@ FIGURES: dict[str, tuple[str, ...]] = {
         r"\(a\) trends batch run, 2 days: [\d.]+ s .* ratio bare read / it = [\d.]+",
         r"48 of 48 hours with a current run; daily counts EXACT",
     ),
+    "privacy_export_bench.py": (
+        r"sparse +2 +2 +\d+ +\d+ +[\d.]+ +[\d.]+ +[\d.]+ ",
+        r"dense +48 +48 +\d+ +\d+ +[\d.]+ +[\d.]+ +[\d.]+ ",
+    ),
     "peers/peers_bench.py": (
         r"bare Kafka -> noop +[1-9][\d,]* rows/s +\(baseline\)",
         r"speed layer \(Cassandra\) +[1-9][\d,]* rows/s +[\d.]+ of bare +exact",

@@ -241,6 +241,11 @@ def test_the_api_forgets_behind_the_token(psettings: Settings) -> None:
         assert client.post("/api/v1/privacy/forget", json={"user": "ivy"}).status_code == 401
         assert client.get("/api/v1/privacy/status").status_code == 401
         assert client.post("/api/v1/privacy/forget", json={"user": ""}, headers=auth).status_code == 422
+        long = client.post("/api/v1/privacy/forget", json={"user": "ivy" * 50}, headers=auth)
+        assert long.status_code == 422 and "ivy" not in long.text, long.text  # FastAPI would echo the input
+        assert long.json()["detail"][0]["loc"] == ["body", "user"]
+        other = client.get("/api/v1/trending?last=1h&min_support=0", headers=auth)  # other routes: FastAPI's 422
+        assert other.status_code == 422 and other.json()["detail"][0]["input"] == "0", other.text
         assert client.post("/api/v1/privacy/forget", json={"usr": "ivy"}, headers=auth).status_code == 422
         r = client.post("/api/v1/privacy/forget", json={"user": "ivy", "exclude": True}, headers=auth)
         assert r.status_code == 200 and r.json()["outcome"] == "pending_recompute", r.text
@@ -250,3 +255,44 @@ def test_the_api_forgets_behind_the_token(psettings: Settings) -> None:
         st = client.get("/api/v1/privacy/status", headers=auth).json()
         assert st["pending"] == 1 and st["requests"][0]["subject_hash"] == r.json()["subject_hash"]
         assert "/api/v1/privacy/forget" in client.get("/openapi.json").json()["paths"]
+
+
+def test_trends_serve_forgets_and_the_console_shows_the_requests(
+    psettings: Settings, tmp_path: Path, artifacts_dir: Path
+) -> None:
+    import httpx
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.helpers import chromium, free_port, serve
+
+    s = psettings.model_copy(  # Airflow where nothing listens: the console says so and goes on
+        update={"airflow": psettings.airflow.model_copy(update={"api_port": free_port()})}
+    )
+    with SubjectStore(s) as store:
+        store.pseudonyms(["jack", "kate"])
+    with serve(s, tmp_path / "serve.log") as url:  # the served app is the composed one: it has the privacy routes
+        done = httpx.post(f"{url}/api/v1/privacy/forget", json={"user": "jack"}, timeout=30).json()
+        pending = httpx.post(f"{url}/api/v1/privacy/forget", json={"user": "kate", "exclude": True}, timeout=30).json()
+        assert (done["outcome"], pending["outcome"]) == ("forgotten", "pending_recompute")
+        console = httpx.get(f"{url}/api/v1/console", timeout=60).json()["erasures"]
+        assert (console["pending"], console["done"], console["overdue"]) == (1, 1, False)
+        assert [r["request_id"] for r in console["requests"]] == [pending["request_id"], done["request_id"]]
+        driver = chromium()
+        try:
+            driver.get(f"{url}/console")
+            WebDriverWait(driver, 60).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-loaded"))
+            box = driver.find_element(By.ID, "erasures")
+            text = box.text
+            driver.save_screenshot(str(artifacts_dir / "console_erasures.png"))
+            rows = box.find_elements(By.CSS_SELECTOR, "tr[data-request]")
+            assert [(r.get_attribute("data-state"), r.get_attribute("data-pending")) for r in rows] == [
+                ("unlinked", "true"),
+                ("done", "false"),
+            ]
+        finally:
+            driver.quit()
+        assert text.startswith("1 pending, oldest 0.0 days (deadline 30 days)"), text
+        assert "waits for a recompute of its hours" in text and pending["subject_hash"][:12] in text
+        assert "jack" not in text and "kate" not in text
+    assert "jack" not in (tmp_path / "serve.log").read_text()
