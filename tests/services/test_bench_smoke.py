@@ -47,7 +47,7 @@ FIGURES: dict[str, tuple[str, ...]] = {
         r"trends ingest file .*: 3,000 events -> [\d,]+ events/s",
         r"ratio to the bare keyed producer \d+\.\d\d",
         r"bare consume-produce loop \(json .*\): 3,000 records -> [\d,]+/s",
-        r"trends ingest kafka --format json: 3,000 events -> [\d,]+ events/s",
+        r"trends ingest kafka --format json .*: 3,000 events -> [\d,]+ events/s",
         r"ratio to the bare consume-produce loop \d+\.\d\d",
     ),
     "serving_bench.py": (
