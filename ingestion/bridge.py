@@ -80,6 +80,31 @@ class BridgeStats:
 Outcome = tuple["Message", Encoded | Reject]
 
 
+def transform(
+    value: bytes | None, where: tuple[str, int, int], decode: Decoder, ctx: Context, key: str
+) -> Encoded | Reject:
+    """Decode, map and validate one source record: its event as it goes to Kafka, or its reject with its position.
+
+    :raises RegistryUnavailable: the registry did not answer (no verdict on the record: the caller retries).
+    """
+    topic, partition, offset = where
+    raw = value or b""
+    try:
+        decoded = decode(value)
+        done = encode_json(decoded, ctx, key) if isinstance(decoded, bytes) else encode_fields(decoded, raw, ctx, key)
+    except Undecodable as exc:
+        return Reject(raw, exc.reason, exc.detail[:500], topic, None, ctx.now, None, partition, offset)
+    except RegistryUnavailable:
+        raise
+    except Exception as exc:  # the last guard: one bad record never stops the bridge
+        logger.exception("validation failed unexpectedly at %s partition %s offset %s", topic, partition, offset)
+        detail = f"{type(exc).__name__}: {exc}"[:500]
+        return Reject(raw, Reason.INTERNAL_ERROR, detail, topic, None, ctx.now, None, partition, offset)
+    if isinstance(done, Reject):
+        return dataclasses.replace(done, raw=raw, partition=partition, offset=offset)
+    return done
+
+
 class Bridge:
     """Consume source topics and produce their events exactly once; :meth:`run` until asked to stop.
 
@@ -262,7 +287,7 @@ class Bridge:
             topic = message.topic() or "?"
             ctx = contexts.get(topic)
             if ctx is None:
-                ctx = contexts[topic] = Context(source=topic, now=now, max_future_skew=self._skew, mapping=self.mapping)
+                ctx = contexts[topic] = Context(topic, now, self._skew, self.mapping)
             result = self._outcome(message, ctx, should_stop)
             if result is None:
                 return None
@@ -270,17 +295,14 @@ class Bridge:
         return out
 
     def _outcome(self, message: Message, ctx: Context, should_stop: Callable[[], bool]) -> Encoded | Reject | None:
-        value = message.value()
-        raw = value or b""
+        """Transform one record, waiting (bounded, with back-off) for a registry that does not answer."""
+        where = (message.topic() or "?", message.partition() or 0, message.offset() or 0)
         started = time.monotonic()
         wait = self.settings.registry.backoff_s
         waited = False
         while True:
             try:
-                decoded = self._decode(value)
-                break
-            except Undecodable as exc:
-                return self._reject(message, raw, exc.reason, exc.detail, ctx)
+                return transform(message.value(), where, self._decode, ctx, self.key_field)
             except RegistryUnavailable as exc:
                 if not waited:
                     waited = True
@@ -300,20 +322,6 @@ class Bridge:
                         return None
                     time.sleep(min(0.2, wait))
                 wait = min(wait * 2, self.settings.registry.backoff_max_s)
-        try:
-            if isinstance(decoded, bytes):
-                done = encode_json(decoded, ctx, self.key_field)
-            else:
-                done = encode_fields(decoded, raw, ctx, self.key_field)
-        except Exception as exc:  # the last guard: one bad record never stops the bridge
-            logger.exception("validation failed unexpectedly at %s", self._where(message))
-            return self._reject(message, raw, Reason.INTERNAL_ERROR, f"{type(exc).__name__}: {exc}", ctx)
-        if isinstance(done, Reject):
-            return dataclasses.replace(done, raw=raw, partition=message.partition(), offset=message.offset())
-        return done
-
-    def _reject(self, message: Message, raw: bytes, reason: Reason, detail: str, ctx: Context) -> Reject:
-        return Reject(raw, reason, detail[:500], ctx.source, None, ctx.now, None, message.partition(), message.offset())
 
     @staticmethod
     def _where(message: Message) -> str:

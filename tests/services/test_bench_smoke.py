@@ -51,7 +51,7 @@ FIGURES: dict[str, tuple[str, ...]] = {
         r"ratio to the bare keyed producer \d+\.\d\d",
         r"trends collect \(HTTP, 1000 events per request as JSON lines, 4 clients\): 3,000 events -> [\d,]+ events/s",
         r"bare consume-produce loop \(json .*\): 3,000 records -> [\d,]+/s",
-        r"trends ingest kafka --format json: 3,000 events -> [\d,]+ events/s",
+        r"trends ingest kafka --format json .*: 3,000 events -> [\d,]+ events/s",
         r"ratio to the bare consume-produce loop \d+\.\d\d",
         r"subject store alone .*: create \(LWT\) [\d,]+/s, read [\d,]+/s, .*subject hours: written [\d,]+/s",
     ),
