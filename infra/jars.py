@@ -1,4 +1,4 @@
-"""Fetch the Java servers and the Spark Kafka connector with Maven into the jar cache.
+"""Fetch the Java servers, the Spark Kafka connector and Spark's Avro functions with Maven into the jar cache.
 
 Each bundle is a small pom under ``infra/maven/<bundle>/``; its runtime dependencies are copied into
 ``<cache_dir>/jars/<bundle>/`` — one folder per bundle because Kafka's and Cassandra's jars conflict. A bundle is
@@ -56,7 +56,13 @@ SPARK_KAFKA = Bundle(
     "Spark 4.2.0 Kafka connector (spark-sql-kafka-0-10_2.13)",
     skip_jars_shipped_by_pyspark=True,
 )
-BUNDLES = {b.name: b for b in (KAFKA, CASSANDRA, SPARK_KAFKA)}
+# Only the speed bench's JSON-against-Avro decode uses it (bench/speed_bench.py --decode); no job puts it on spark.jars.
+SPARK_AVRO = Bundle(
+    "spark-avro",
+    "Spark 4.2.0 Avro functions (spark-avro_2.13)",
+    skip_jars_shipped_by_pyspark=True,
+)
+BUNDLES = {b.name: b for b in (KAFKA, CASSANDRA, SPARK_KAFKA, SPARK_AVRO)}
 
 
 def artifact_name(jar: str) -> str:
