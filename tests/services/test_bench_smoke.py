@@ -74,6 +74,9 @@ FIGURES: dict[str, tuple[str, ...]] = {
         r"speed layer +[1-9][\d,]* rows/s",
         r"ratio speed layer / bare Kafka -> noop: [\d.]+",
         r"[1-9]\d* samples, \d+ lost .*: p50 [\d.]+ s",
+        r"from_avro, avro_schema +[\d.]+ / +[\d.]+ s +[1-9][\d,]* / +[1-9][\d,]* rows/s",
+        r"bytes per event: JSON [1-9][\d.]*, Avro [1-9][\d.]*",
+        r"ratio from_avro / the layers' decode \(parse_events\): [\d.]+x faster",
     ),
     "backfill_bench.py": (
         r"indexer: [\d,]+ records in [\d.]+ s; bare Spark read \+ count [\d,]+ in [\d.]+ s: ratio [\d.]+",
