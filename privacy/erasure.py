@@ -164,6 +164,14 @@ def forget(
         interrupted = next((r for r in pending if r.state == "requested"), None)
         pseudonym = subjects.lookup(user)
         if pseudonym is None and interrupted is None:
+            stalled = next((r for r in pending if r.mode == "exclude" and r.state == "unlinked" and not r.runs), None)
+            again = trigger(settings, stalled) if stalled is not None and stalled.hours else []
+            if stalled is not None and again:  # its recompute had not been triggered (Airflow was away): now it is
+                entry = ledger.append(
+                    stalled.request_id, subject, stalled.mode, "recompute_started", runs=again, now=now()
+                )
+                logger.info("erasure request %s: recompute triggered again", stalled.request_id)
+                return ForgetResult("resumed", subject, ledger.requests()[stalled.request_id], [entry.seq], again)
             if pending:
                 return ForgetResult("in_progress", subject, pending[-1])
             if earlier:

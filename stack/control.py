@@ -93,12 +93,12 @@ def up(settings: Settings, names: Sequence[str] | None = None) -> list[UpResult]
     A second call while they run is a no-op. Data survives ``down``/``up``. The stack's subject key (the secret
     its producers key the hash of user ids with) is created with the stack's data, as every stack's producers need it.
     """
-    if settings.privacy.pseudonymise and ensure_key_file(settings.subject_key_path):
-        logger.info("created the subject key %s (mode 0600)", settings.subject_key_path)
     chosen = services(settings, names)
     for svc in chosen:  # refuse an unsafe configuration before anything is launched
         if svc.pid() is None:
             svc.check_safe()
+    if settings.privacy.pseudonymise and ensure_key_file(settings.subject_key_path):
+        logger.info("created the subject key %s (mode 0600)", settings.subject_key_path)
     java = find_java(settings) if any(svc.needs_java and svc.pid() is None for svc in chosen) else ""
     launched: list[tuple[StackService, int, bool, float]] = []
     try:
