@@ -148,7 +148,7 @@ test-network: setup $(GOTOOLS)
 # The event sources against the real Kafka (marked `sources`): the HTTP collector run as `trends collect` -- valid,
 # invalid and mixed batches read back from the topics, gzip and the size limit, the same batch twice counted once by
 # the speed and batch layers (Spark), Kafka unreachable mid-request through Toxiproxy in front of a private broker (the shared
-# one untouched), Schemathesis with every check on its OpenAPI document (~4-7 min).
+# one untouched), Schemathesis with every check on its OpenAPI document (4-10 min).
 test-sources: setup $(GOTOOLS)
 	$(BIN)/pytest -m sources tests/services/test_collector.py
 
