@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -448,14 +449,22 @@ def collect(
         raise click.UsageError(msg)
     if problem:
         logger.warning("--insecure: anyone who reaches %s can write events", host)
-    # Missing topics are a set-up error, found now; an unreachable broker is not: requests get 503 until it is back.
+    # Missing topics are a set-up error, found now (after a short wait: topics just created may not be in the
+    # broker's metadata yet); an unreachable broker is not: requests get 503 until it is back.
     probe = EventProducer(settings)
+    deadline = time.monotonic() + settings.collector.delivery_timeout_s
     try:
-        probe.check_topics(timeout_s=settings.collector.delivery_timeout_s)
-    except TrendsError as exc:
-        if "do not exist" in str(exc):
-            raise
-        logger.warning("starting without Kafka (%s): requests get 503 until it answers", exc)
+        while True:
+            try:
+                probe.check_topics(timeout_s=settings.collector.delivery_timeout_s)
+                break
+            except TrendsError as exc:
+                if "do not exist" not in str(exc):
+                    logger.warning("starting without Kafka (%s): requests get 503 until it answers", exc)
+                    break
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
     finally:
         probe.close(5, raise_on_failure=False)
 
