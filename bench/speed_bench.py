@@ -485,8 +485,10 @@ def main() -> None:
 
         # The session throughput() takes up (get_spark returns the running one) and stops.
         spark = get_spark(settings, "bench")
+        t0 = time.monotonic()
         formats = decode_formats(spark, settings, args.events, args.decode_runs, warm=not args.smoke)
         print_decode_formats(formats, args.events, warm=not args.smoke)
+        print(f"  (the decode comparison took {time.monotonic() - t0:.1f} s in all)")
         if args.decode_only:
             spark.stop()
             return
