@@ -129,8 +129,8 @@ def main() -> int:
                     + ")"
                 )
     finally:
-        with session(base) as sess:
-            sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
+        with session(base) as sess:  # schema changes are slow on a busy node: wait for it
+            sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=180)
         topics.delete_topics(base.kafka, [topic])
         shutil.rmtree(key_dir, ignore_errors=True)
     if not ok:
