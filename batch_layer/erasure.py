@@ -99,7 +99,8 @@ def purge(settings: Settings, hours: Sequence[datetime]) -> Purged:
     """Delete what still holds the hours' old counts once they are recomputed; advance the watermark over them.
 
     Only the current (recomputed) version of each hour is kept, so a rollback cannot bring the subject back; the speed
-    view's minutes of the hours go, in every slice the batch view has that day and for every speed query.
+    view's minutes of the hours go, in every slice the batch view has that day and for every speed query; the days'
+    rollups are merged again from the current hours.
     """
     versions = slices = 0
     mark = None
@@ -110,6 +111,10 @@ def purge(settings: Settings, hours: Sequence[datetime]) -> Purged:
             versions += store.delete_superseded(hour, keep=1)
             day_slices = store.rows.day_slices(day_key(hour))
             slices += sum(speed.delete_hour(query, day_slices, hour) for query in queries)
+        # The chunks ran side by side, each rolling its days up from the pointers it saw: a chunk that read them
+        # before another's swap wrote a day row with an old hour. Every swap is done now: roll the days up again.
+        for day in sorted({day_key(h) for h in hours}):
+            store.remerge_day(day)
         if hours:
             _low, mark = PointerStore(settings, sess).advance(min(hours))
     out = Purged(len(set(hours)), versions, slices, mark)

@@ -181,6 +181,9 @@ def test_an_excluded_subject_leaves_exactly_its_hours_and_never_comes_back(
         assert len(env.versions(hour)) == 1  # no superseded version keeps the subject for a rollback
         assert env.speed_minutes(hour) == []  # the speed rows of the hour are gone; the batch view serves it
     assert env.speed_minutes(H0 + HOUR) != []  # ...and only of those hours
+    with session(env.settings) as sess:  # the day's rollup is merged again from the current hours
+        days = list(sess.execute(f"SELECT users_hll FROM {table(env.settings, 'batch_days')}"))
+    assert days and not any(member(r.users_hll, SUBJECT) for r in days)
 
     # No resurrection: a rerun of the range, the speed layer again on its checkpoint and on a new one.
     job.run(env.settings, H0, H0 + 3 * HOUR, force=True, spark=spark)
