@@ -2,7 +2,8 @@
 
 Kafka, Cassandra and Airflow start (or are reused); the speed layer starts as a background service; a generated
 workload goes to Kafka — some hours of history with planted bursts in its last half hour, then a live stream at
-the wall clock; the Airflow DAG backfills the closed hours through the scheduler; the API and dashboard start; and
+the wall clock; the Airflow DAG backfills the closed hours through the scheduler; an app's batch arrives through the
+HTTP collector (``trends collect``); the API and dashboard start; and
 the trending answer is printed with its provenance. A second run reuses the servers, the workload and the batch
 runs already there (``--fresh`` produces a new workload).
 """
@@ -185,6 +186,49 @@ def _absorb_late(settings: Settings, hour: datetime) -> None:
     click.echo(f"{hour:%H:%M} UTC now counts {_hour_events(settings, hour)} in the batch view (was {before})")
 
 
+def _collect(settings: Settings) -> None:
+    """Feed a batch through the HTTP collector, as an app would: answered once Kafka acknowledged every record.
+
+    One record is invalid on purpose: the answer names it and its reason, and it goes to the dead-letter topic.
+    """
+    import socket  # noqa: PLC0415
+
+    _step("a source that is not a generator: the HTTP collector")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    env = {**_env(settings, "kafka", "cassandra"), "TRENDS_COLLECTOR__PORT": str(port)}
+    url = f"http://127.0.0.1:{port}/api/v1/events"
+    click.echo(f"trends collect  (POST {url})")
+    proc = subprocess.Popen(_trends("collect"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # noqa: S603
+    try:
+        now = datetime.now(UTC)
+        lines = [
+            {"id": f"http-{now:%H%M%S}-{i}", "ts": (now - timedelta(seconds=i)).isoformat(), "item": "#from-http",
+             "user": f"app-user-{i % 7}", "value": i}
+            for i in range(20)
+        ]  # fmt: skip
+        body = "\n".join([*(json.dumps(x) for x in lines), '{"item": "#no-time"}']).encode()
+        request = urllib.request.Request(url, body, {"Content-Type": "application/x-ndjson"}, method="POST")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(request, timeout=30) as resp:  # noqa: S310 - our own collector on loopback
+                    answer = json.load(resp)
+                break
+            except OSError:  # not listening yet
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    click.echo("(the collector did not answer; skipped)")
+                    return
+                time.sleep(0.5)
+        rejects = ", ".join(f"line {r['index']}: {r['reason']}" for r in answer["rejects"])
+        click.echo(f"200 after Kafka's acks: {answer['accepted']} accepted, {answer['rejected']} rejected ({rejects})")
+        click.echo("users pseudonymised at this first hop; the rejected line is in the dead-letter topic")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 def _get(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=60) as resp:  # noqa: S310 - our own API on loopback
         return json.load(resp)
@@ -261,6 +305,7 @@ def demo(settings: Settings, fresh: bool, hours: int, event_rate: float, live_ra
         if hours_done:
             _step("late data: the index finds it, the hour turns stale, a recompute absorbs it")
             _absorb_late(settings, hours_done[0])
+        _collect(settings)
     finally:
         if live is not None:
             _stop(live, live_started)
