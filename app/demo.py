@@ -3,9 +3,9 @@
 Kafka, Cassandra and Airflow start (or are reused); the speed layer starts as a background service; a generated
 workload goes to Kafka — some hours of history with planted bursts in its last half hour, then a live stream at
 the wall clock; the Airflow DAG backfills the closed hours through the scheduler; an app's batch arrives through the
-HTTP collector (``trends collect``); the API and dashboard start; and
-the trending answer is printed with its provenance. A second run reuses the servers, the workload and the batch
-runs already there (``--fresh`` produces a new workload).
+HTTP collector (``trends collect``); the API and dashboard start; and the trending answer is printed with its
+provenance. A second run reuses the servers, the workload and the batch runs already there (``--fresh`` produces a
+new workload).
 """
 
 from __future__ import annotations
