@@ -9,7 +9,7 @@ BROWSER := $(VENV)/.browser
 PROMTOOL := $(VENV)/.promtool
 GOTOOLS := $(VENV)/.gotools
 
-.PHONY: bench-peers help setup demo wheel test test-unit test-services test-faults test-reliability test-cluster test-alerting test-privacy test-backfill test-install test-network test-soak gotools lint docs-check docs format lock stack-down clean
+.PHONY: bench-peers help setup demo wheel test test-unit test-services test-faults test-reliability test-cluster test-alerting test-privacy test-backfill test-install test-network test-soak test-sources gotools lint docs-check docs format lock stack-down clean
 
 help:
 	@echo "make demo        set up, start the stack and run the whole pipeline (stream, Airflow backfill, API, dashboard)"
@@ -23,6 +23,7 @@ help:
 	@echo "make test-install      the built wheel in a fresh venv, no checkout: admin init, ingest, speed, Airflow's recompute, serve; and pip install . without extras"
 	@echo "make test-tls          the pipeline over TLS and SASL_SSL on a private TLS stack (not part of make test)"
 	@echo "make test-network      network faults (latency, black hole, reset, bandwidth, slicer) through Toxiproxy between the components (not part of make test)"
+	@echo "make test-sources      the HTTP collector (trends collect) and the Kafka bridge (Avro in two schema versions, Protobuf, JSON, a real schema registry) against the real Kafka: dead letters, retries counted once, Kafka unreachable, SIGKILLs, a registry outage, Schemathesis (not part of make test)"
 	@echo "make test-soak         the whole stack for SOAK_MINUTES (default 60) at a steady rate, a fault every 10 min, resources bounded (not part of make test)"
 	@echo "make test-alerting     the alert rules (promtool), a real Prometheus firing the watermark-lag alert, the dashboards' panels with data (not part of make test)"
 	@echo "make test-privacy      pseudonymous user ids (no raw id in Kafka) and erasure: forget, export, the ledger and its verification (not part of make test)"
@@ -102,7 +103,8 @@ test-cluster: setup
 	$(BIN)/pytest -m cluster tests/cluster
 
 # `trends batch backfill --wait` over 30 days (exact) and with Cassandra stopped mid-run, on a private Cassandra and
-# Airflow (3-7 min; kept out of make test, which would pass 30 minutes with it).
+# Airflow, and the hourly DAG's runs over empty, missing and stale hours (5-9 min; kept out of make test, which
+# would pass 25 minutes with it).
 test-backfill: setup
 	$(BIN)/pytest -m backfill tests/services/test_batch_backfill_cli.py tests/services/test_batch_dag.py
 
@@ -151,6 +153,16 @@ test-privacy: setup
 # artifacts/network.md (link x fault -> what the component did, recovery time, counts after).
 test-network: setup $(GOTOOLS)
 	$(BIN)/pytest -m network tests/network
+
+# The event sources against the real Kafka (marked `sources`): the HTTP collector run as `trends collect` -- valid,
+# invalid and mixed batches read back from the topics, gzip and the size limit, the same batch twice counted once by
+# the speed and batch layers (Spark), Kafka unreachable mid-request through Toxiproxy in front of a private broker (the shared
+# one untouched), Schemathesis with every check on its OpenAPI document. The Kafka bridge (`trends ingest kafka`) from
+# Avro topics with two schema versions interleaved, Protobuf and JSON, with a real Apicurio Registry (fetched and
+# started on demand, Java 21+); three SIGKILLs of the bridge mid-stream, then exact counts; the registry stopped for
+# 30 s mid-run (~10 min in all).
+test-sources: setup $(GOTOOLS)
+	$(BIN)/pytest -m sources tests/services/test_collector.py tests/services/test_bridge.py
 
 # The peers bench (bench/peers/): Flink and quixstreams in their own venv (never the pipeline's dependencies), their
 # jars fetched with Maven from bench/peers/pom.xml into the jar cache, then the bench against the local stack.

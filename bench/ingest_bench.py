@@ -16,13 +16,20 @@ baselines send exactly those bytes, so every ratio compares the same payloads:
    pseudonymisation off;
 4. ``trends ingest file`` of the file (read, parse, validate, serialize every line; ``--workers`` as given),
    pseudonymised (warm store) and not.
+5. ``trends collect``, the HTTP collector, in its own process: ``--clients`` threads post the file's lines as JSON
+   lines, ``--batch`` per request (1000 by default), each request answered once Kafka acknowledged all of them.
+6. The Kafka bridge (``trends ingest kafka``'s :class:`ingestion.bridge.Bridge`, in this process) reading the same
+   events from a source topic -- as JSON lines, and as Confluent-framed Avro with the schema in the registry
+   (``--bridge-formats``; Avro needs the registry: ``trends stack up registry``) -- beside a bare consume-produce
+   loop of the same records (read_committed consumer, idempotent producer, the values forwarded as they are, no
+   decoding, no validation, no transactions). Both are timed from their first record to their last acknowledgement.
 
-Prints the rates and the ratios of (3) and (4) to (2) and to (1), and pseudonymised to not. The subject store runs on
-a keyspace and a subject key of the bench's own (dropped afterwards), and its costs are measured alone too: creating
-pseudonyms, reading them, the cache, and writing subject hours. Timing is not asserted (it is not a test), but
-every measurement must have sent every record: a run that sent fewer (or none) exits 1. ``--smoke`` runs every step
-on a few thousand records (CI: a bench that measures nothing fails). All topics are created for the run and deleted
-afterwards.
+Prints the rates and the ratios of (3), (4) and (5) to (2) and to (1), pseudonymised to not, and of (6) to its bare
+loop (goal >= 0.5). The subject store runs on a keyspace and a subject key of the bench's own (dropped afterwards),
+and its costs are measured alone too: creating pseudonyms, reading them, the cache, and writing subject hours.
+Timing is not asserted (it is not a test), but every measurement must have sent every record: a run that sent
+fewer (or none) exits 1. ``--smoke`` runs every step on a few thousand records (CI: a bench that measures nothing
+fails). All topics are created for the run and deleted afterwards.
 """
 
 from __future__ import annotations
@@ -31,9 +38,11 @@ import argparse
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -169,6 +178,230 @@ def validate_alone(path: Path) -> float:
     return records / (time.perf_counter() - t0)
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def collector(path: Path, env: dict[str, str], topic: str, dlq: str, clients: int, batch: int) -> tuple[int, float]:
+    """Post the file's lines to ``trends collect`` from ``clients`` threads, ``batch`` lines per request.
+
+    Returns (events accepted, seconds from the first request to the last answer); exits unless every request got
+    a 200 accepting all its lines.
+    """
+    import httpx
+
+    lines = [line for line in path.read_bytes().splitlines() if line]
+    bodies = [b"\n".join(lines[i : i + batch]) for i in range(0, len(lines), batch)]
+    port = free_port()
+    run_env = {
+        **env,
+        "TRENDS_KAFKA__EVENTS_TOPIC": topic,
+        "TRENDS_KAFKA__DLQ_TOPIC": dlq,
+        "TRENDS_COLLECTOR__PORT": str(port),
+        "TRENDS_COLLECTOR__MAX_RECORDS": str(max(batch, 10_000)),
+        "TRENDS_COLLECTOR__DELIVERY_TIMEOUT_S": "120",
+    }
+    url = f"http://127.0.0.1:{port}"
+    log = path.with_name("collect.log")
+    with log.open("wb") as out:
+        proc = subprocess.Popen([str(TRENDS), "collect"], env=run_env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                sys.exit(f"trends collect ended ({proc.returncode}):\n{log.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                sys.exit("trends collect did not answer within 60 s")
+            time.sleep(0.2)
+        todo = list(reversed(bodies))
+        lock = threading.Lock()
+        accepted = [0]
+        problems: list[str] = []
+
+        def client() -> None:
+            with httpx.Client(timeout=180, headers={"Content-Type": "application/x-ndjson"}) as http:
+                while True:
+                    with lock:
+                        if not todo or problems:
+                            return
+                        body = todo.pop()
+                    r = http.post(f"{url}/api/v1/events", content=body)
+                    with lock:
+                        if r.status_code != 200 or r.json()["rejected"]:
+                            problems.append(f"{r.status_code} {r.text[:300]}")
+                        else:
+                            accepted[0] += r.json()["accepted"]
+
+        threads = [threading.Thread(target=client) for _ in range(clients)]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seconds = time.monotonic() - t0
+        if problems:
+            sys.exit(f"trends collect refused requests: {problems[:3]}")
+        if accepted[0] != len(lines):
+            sys.exit(f"trends collect accepted {accepted[0]:,} events, not {len(lines):,}")
+        return accepted[0], seconds
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+AVRO_EVENT = {
+    "type": "record",
+    "name": "Event",
+    "namespace": "bench",
+    "fields": [
+        {"name": "id", "type": "string"},
+        {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "item", "type": "string"},
+        {"name": "user", "type": ["null", "string"], "default": None},
+        {"name": "value", "type": ["null", "double"], "default": None},
+        {"name": "dims", "type": {"type": "map", "values": "string"}, "default": {}},
+    ],
+}
+
+
+def fill_source(settings: Settings, topic: str, path: Path, fmt: str) -> int:
+    """Write the file's events into a source topic as JSON lines or as framed Avro (untimed); return the count."""
+    from confluent_kafka import Producer
+
+    from views.event import Event
+
+    values: list[tuple[bytes, bytes | None, int]] = []
+    lines = [line for line in path.read_bytes().splitlines() if line]
+    if fmt == "json":
+        for line in lines:
+            event = Event.model_validate(json.loads(line))
+            values.append((line, event.key("item"), event.ts_ms))
+    else:
+        import io
+
+        import fastavro
+        from confluent_kafka.schema_registry import Schema
+
+        from ingestion.wire import frame, registry_client
+
+        schema_id = registry_client(settings.registry).register_schema(
+            f"{topic}-value", Schema(json.dumps(AVRO_EVENT), "AVRO")
+        )
+        parsed = fastavro.parse_schema(AVRO_EVENT)
+        for line in lines:
+            event = Event.model_validate(json.loads(line))
+            out = io.BytesIO()
+            record = {"id": event.id, "ts": event.ts_ms, "item": event.item, "user": event.user, "value": event.value}
+            fastavro.schemaless_writer(out, parsed, {**record, "dims": {k: str(v) for k, v in event.dims.items()}})
+            values.append((frame(schema_id, out.getvalue()), event.key("item"), event.ts_ms))
+    producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True, **PRODUCER_PROPS})
+    for i, (value, key, ts) in enumerate(values):
+        while True:
+            try:
+                producer.produce(topic, value, key, timestamp=ts)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        if i % 1000 == 0:
+            producer.poll(0)
+    if producer.flush(300):
+        sys.exit(f"could not fill {topic}")
+    return len(values)
+
+
+def bare_forward(settings: Settings, source: str, target: str, records: int) -> float:
+    """Forward a topic's records as they are, consumer to producer; return records/s from the first record on."""
+    from confluent_kafka import Consumer, Producer
+
+    consumer = Consumer(
+        {
+            **settings.kafka.client_config(),
+            "group.id": f"bench-bare-{uuid.uuid4().hex[:8]}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True, **PRODUCER_PROPS})
+    consumer.subscribe([source])
+    seen = 0
+    t0 = None
+    deadline = time.monotonic() + 600
+    try:
+        while seen < records and time.monotonic() < deadline:
+            batch = consumer.consume(5000, 0.25)
+            for m in batch:
+                if m.error() is not None:
+                    continue
+                if t0 is None:
+                    t0 = time.monotonic()
+                while True:
+                    try:
+                        producer.produce(target, m.value(), m.key(), timestamp=m.timestamp()[1])
+                        break
+                    except BufferError:
+                        producer.poll(0.01)
+                seen += 1
+            producer.poll(0)
+        if producer.flush(300) or seen != records or t0 is None:
+            sys.exit(f"bare consume-produce loop: forwarded {seen:,} of {records:,} records")
+        return records / (time.monotonic() - t0)
+    finally:
+        consumer.close()
+
+
+def bridge_rate(settings: Settings, source: str, fmt: str, records: int) -> tuple[float, int]:
+    """Run the bridge over a source topic until it committed every record; return (records/s, events sent)."""
+    from ingestion.bridge import Bridge
+
+    bridge = Bridge(settings, [source], fmt)  # type: ignore[arg-type]
+    started = time.monotonic()
+    try:
+        stats = bridge.run(lambda: bridge.stats.records >= records or time.monotonic() - started > 900)
+    finally:
+        bridge.close()
+    ended = time.monotonic()
+    if stats.records != records or stats.summary.sent != records or stats.first_record_at is None:
+        sys.exit(
+            f"the bridge ({fmt}) committed {stats.records:,} records and {stats.summary.sent:,} events of {records:,}"
+        )
+    return records / (ended - stats.first_record_at), stats.summary.sent
+
+
+def bridge_lanes(settings: Settings, path: Path, formats: list[str], run: str, names: dict[str, str]) -> None:
+    """Measure the bridge beside a bare consume-produce loop of the same records, per source format."""
+    for fmt in formats:
+        source, target, bare_target = f"bench.src-{fmt}.{run}", f"bench.bridge-{fmt}.{run}", f"bench.fwd-{fmt}.{run}"
+        names.update({f"src-{fmt}": source, f"bridge-{fmt}": target, f"fwd-{fmt}": bare_target})
+        events_spec, _ = topics.topic_specs(settings.kafka)
+        parts, rf = settings.kafka.partitions, settings.kafka.replication_factor
+        topics.ensure_topics(
+            settings.kafka, [topics.TopicSpec(t, parts, rf, events_spec.config) for t in (source, target, bare_target)]
+        )
+        records = fill_source(settings, source, path, fmt)
+        bare = bare_forward(settings, source, bare_target, records)
+        scoped = settings.model_copy(
+            update={
+                "kafka": settings.kafka.model_copy(update={"events_topic": target, "dlq_topic": names["dlq"]}),
+                "bridge": settings.bridge.model_copy(update={"group_id": f"bench-bridge-{fmt}-{run}"}),
+            }
+        )
+        rate, sent = bridge_rate(scoped, source, fmt, records)
+        print(f"bare consume-produce loop ({fmt} records forwarded as they are): {records:,} records -> {bare:,.0f}/s")
+        print(
+            f"trends ingest kafka --format {fmt} (one process): {sent:,} events -> "
+            f"{rate:,.0f} events/s (decode, validate, transactions)"
+        )
+        print(f"  ratio to the bare consume-produce loop {rate / bare:.2f} (goal >= 0.5)")
+
+
 def generate(label: str, n: int, names: dict[str, str], env: dict[str, str], bare: float, perf: float) -> float:
     """Run ``trends ingest generate --fast -n N`` into the bench's topic; print and return its events/s."""
     out, wall = trends(
@@ -224,8 +457,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000, help="records per measurement")
     parser.add_argument("--workers", type=int, default=0, help="trends ingest file --workers (0: one per CPU)")
+    parser.add_argument("--clients", type=int, default=4, help="concurrent HTTP clients of the collector")
+    parser.add_argument("--batch", type=int, default=1000, help="events per collector request")
     parser.add_argument("--smoke", action="store_true", help=f"tiny sizes, every check kept (CI): --records {SMOKE}")
+    parser.add_argument(
+        "--bridge-formats",
+        help="source formats of the bridge lane, comma-separated: json, avro (needs `trends stack up registry`), "
+        "none. Default: json,avro; with --smoke json (make test runs no registry)",
+    )
     args = parser.parse_args()
+    chosen = args.bridge_formats or ("json" if args.smoke else "json,avro")
+    bridge_formats = [f for f in chosen.split(",") if f and f != "none"]
+    if set(bridge_formats) - {"json", "avro"}:
+        sys.exit(f"--bridge-formats {chosen}: json, avro or none")
     n = SMOKE if args.smoke else args.records
     settings = Settings()
     run = uuid.uuid4().hex[:8]
@@ -237,12 +481,14 @@ def main() -> None:
         "gen": f"bench.gen.{run}",
         "file": f"bench.file.{run}",
         "dlq": f"bench.dlq.{run}",
+        "coll": f"bench.coll.{run}",
     }
     specs = [
         topics.TopicSpec(names["perf"], parts, rf, {}),
         topics.TopicSpec(names["bare"], parts, rf, events_spec.config),
         topics.TopicSpec(names["gen"], parts, rf, events_spec.config),
         topics.TopicSpec(names["file"], parts, rf, events_spec.config),
+        topics.TopicSpec(names["coll"], parts, rf, events_spec.config),
         topics.TopicSpec(names["dlq"], parts, rf, dlq_spec.config),
     ]
     topics.ensure_topics(settings.kafka, specs)
@@ -318,6 +564,22 @@ def main() -> None:
                 f"{rate / (alone * workers):.2f} of {workers} x that, on {os.cpu_count()} cores shared with the "
                 f"producer and the broker"
             )
+            sent, seconds = collector(path, env, names["coll"], names["dlq"], args.clients, args.batch)
+            rate = sent / seconds
+            print(
+                f"trends collect (HTTP, {args.batch} events per request as JSON lines, {args.clients} clients): "
+                f"{sent:,} events -> {rate:,.0f} events/s (every request answered after Kafka's acks)"
+            )
+            print(
+                f"  ratio to the bare keyed producer {rate / bare:.2f} (goal >= 0.5); "
+                f"to ProducerPerformance {rate / perf:.2f}"
+            )
+            print(
+                f"  bound: the collector parses and validates in its one process: it reached {rate / alone:.2f} of "
+                f"read + parse + validate + encode alone ({alone:,.0f} records/s, above)"
+            )
+
+            bridge_lanes(settings, path, bridge_formats, run, names)
     finally:
         topics.delete_topics(settings.kafka, list(names.values()))
         with session(settings) as sess:

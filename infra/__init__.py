@@ -11,6 +11,6 @@ store of pseudonyms), ``dag_contract`` (the DAGs' ids, params and folder),
 ``params`` (the command line's parameter types), ``dashboards`` (the Grafana dashboards of ``infra/grafana``,
 declared in code; ``dashboard_model`` renders them). Commands:
 ``admin_cli`` (``trends admin``: topics and schema, connector jars, DAG folder on real clusters) and ``config_cli``
-(``trends config``). ``airflow`` holds the REST API's client; ``privacy`` the subject store (pseudonyms) and the
-erasure ledger, contracts every layer may import.
+(``trends config``). ``airflow`` holds the REST API's client; ``privacy`` the subject store (pseudonyms), the
+erasure ledger and the erased subjects, contracts every layer may import.
 """

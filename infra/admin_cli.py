@@ -19,7 +19,7 @@ DAG_FILE = "trends_dags.py"
 DAG_FILE_TEXT = (
     '"""The trends batch DAGs (airflow) of the installed package, written by `trends admin dags --install`."""\n'
     "\n"
-    f"from {DAG_MODULE} import backfill_dag, batch_dag  # noqa: F401\n"
+    f"from {DAG_MODULE} import backfill_dag, batch_dag, erasure_dag  # noqa: F401\n"
 )
 
 

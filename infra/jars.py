@@ -1,4 +1,4 @@
-"""Fetch the Java servers and the Spark Kafka connector with Maven into the jar cache.
+"""Fetch the Java servers, the Spark Kafka connector and Spark's Avro functions with Maven into the jar cache.
 
 Each bundle is a small pom under ``infra/maven/<bundle>/``; its runtime dependencies are copied into
 ``<cache_dir>/jars/<bundle>/`` — one folder per bundle because Kafka's and Cassandra's jars conflict. A bundle is
@@ -13,6 +13,7 @@ import logging
 import re
 import shutil
 import subprocess
+import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ class Bundle:
     name: str
     description: str
     skip_jars_shipped_by_pyspark: bool = False
+    unpack: bool = False  # the artifacts are tar.gz archives (a Quarkus app): unpacked in place, then removed
 
     @property
     def pom(self) -> Path:
@@ -56,7 +58,17 @@ SPARK_KAFKA = Bundle(
     "Spark 4.2.0 Kafka connector (spark-sql-kafka-0-10_2.13)",
     skip_jars_shipped_by_pyspark=True,
 )
-BUNDLES = {b.name: b for b in (KAFKA, CASSANDRA, SPARK_KAFKA)}
+REGISTRY = Bundle("registry", "Apicurio Registry 3.3.3 (Quarkus app, Confluent-compatible API; Java 21+)", unpack=True)
+# Only the speed bench's JSON-against-Avro decode uses it (bench/speed_bench.py --decode); no job puts it on spark.jars.
+SPARK_AVRO = Bundle(
+    "spark-avro",
+    "Spark 4.2.0 Avro functions (spark-avro_2.13)",
+    skip_jars_shipped_by_pyspark=True,
+)
+BUNDLES = {b.name: b for b in (KAFKA, CASSANDRA, SPARK_KAFKA, SPARK_AVRO)}
+# Fetched when first needed (`trends stack up registry`) or asked for (`trends stack fetch --with-registry`):
+# 160 MB that only the Kafka bridge's Avro and Protobuf sources use.
+ON_DEMAND = {REGISTRY.name: REGISTRY}
 
 
 def artifact_name(jar: str) -> str:
@@ -129,6 +141,11 @@ def fetch(settings: Settings, bundle: Bundle, *, force: bool = False) -> Path:
             tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-25:])
             msg = f"Maven failed to fetch {bundle.name} ({bundle.pom}):\n{tail}"
             raise SetupError(msg)
+        if bundle.unpack:
+            for archive in out.glob("*.tar.gz"):
+                with tarfile.open(archive) as tar:
+                    tar.extractall(out, filter="data")  # refuses absolute paths and links out of the folder
+                archive.unlink()
         if bundle.skip_jars_shipped_by_pyspark:
             shipped = pyspark_jar_names()
             for jar in out.glob("*.jar"):
@@ -143,6 +160,7 @@ def fetch(settings: Settings, bundle: Bundle, *, force: bool = False) -> Path:
     return target
 
 
-def fetch_all(settings: Settings, *, force: bool = False) -> dict[str, Path]:
-    """Fetch every bundle; return their folders by name."""
-    return {name: fetch(settings, bundle, force=force) for name, bundle in BUNDLES.items()}
+def fetch_all(settings: Settings, *, force: bool = False, on_demand: bool = False) -> dict[str, Path]:
+    """Fetch every bundle (and the on-demand ones when asked); return their folders by name."""
+    wanted = {**BUNDLES, **(ON_DEMAND if on_demand else {})}
+    return {name: fetch(settings, bundle, force=force) for name, bundle in wanted.items()}

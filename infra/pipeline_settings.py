@@ -97,6 +97,16 @@ class StackSettings(BaseModel):
     java_home: Path | None = Field(
         None, description="JDK 17 to run the servers with. Default: $JAVA_HOME, else `java` on PATH."
     )
+    registry_java_home: Path | None = Field(
+        None,
+        description="JDK 21 or newer to run the local schema registry (Apicurio Registry 3 is built for Java 21). "
+        "Default: java_home or $JAVA_HOME or `java` on PATH when that is 21+, else the newest JDK 21+ found under "
+        "/usr/lib/jvm.",
+    )
+    registry_heap: str = Field("384m", description="Heap (-Xmx) of the local schema registry.")
+    registry_start_timeout_s: float = Field(
+        90.0, gt=0, description="Longest wait for the local schema registry to answer its REST API."
+    )
 
 
 class IngestSettings(BaseModel):
@@ -136,6 +146,96 @@ class IngestSettings(BaseModel):
     )
     progress_interval_s: float = Field(
         2.0, gt=0, description="Seconds between progress lines of `trends ingest` (rate, sent, rejected)."
+    )
+
+
+class CollectorSettings(BaseModel):
+    """The HTTP collector of ``trends collect``: where it listens and the limits that keep one client from the rest.
+
+    Requests need the API token of ``serving.api_token`` when it is set (one token for the HTTP endpoints).
+    """
+
+    host: str = Field(
+        "127.0.0.1",
+        description="Address the collector binds to (loopback by default; off loopback it needs "
+        "`serving.api_token`, at least 16 characters).",
+    )
+    port: int = Field(8010, ge=0, le=65535, description="Port of the collector (`POST /api/v1/events`).")
+    max_body_bytes: int = Field(
+        10 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body, in bytes, counted both as sent and after gzip decompression (a 413 "
+        "past it): `Content-Length` is checked first, then the bytes as they are read and inflated.",
+    )
+    max_records: int = Field(
+        10_000, ge=1, le=1_000_000, description="Most records (events) one request may carry (a 413 past it)."
+    )
+    rate_limit_events_s: float = Field(
+        0.0,
+        ge=0,
+        description="Events per second the collector accepts (a token bucket over all clients; 0: no limit). A "
+        "request that would overdraw it is refused whole with a 429 and `Retry-After`.",
+    )
+    rate_limit_burst: int = Field(
+        20_000,
+        ge=1,
+        description="Events the token bucket holds when full: a burst after a quiet spell. A request of more "
+        "records than this is refused while a rate limit is set (keep it at least `max_records`).",
+    )
+    delivery_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="How long a request waits for Kafka to acknowledge all its records (acks=all) before it is "
+        "answered 503 with `Retry-After`. It is also the producer's message.timeout.ms, so a refused request "
+        "leaves nothing queued behind it.",
+    )
+    retry_after_s: int = Field(
+        5, ge=1, le=3600, description="`Retry-After` (seconds) of a 503 while Kafka does not acknowledge in time."
+    )
+
+
+class BridgeSettings(BaseModel):
+    """The Kafka bridge (`trends ingest kafka`): a consumer group on other topics, transactions into `events`."""
+
+    group_id: str = Field(
+        "trends-bridge",
+        min_length=1,
+        description="Consumer group of the bridge on its source topics (`--group`); its committed offsets are "
+        "where a restarted bridge resumes.",
+    )
+    transactional_id: str | None = Field(
+        None,
+        description="transactional.id of the bridge's producer (`--transactional-id`). Unset: `<group>.bridge`. "
+        "Stable across restarts, so a restarted bridge fences its killed predecessor and aborts its open "
+        "transaction at once; each bridge running in the same group needs its own.",
+    )
+    transaction_records: int = Field(
+        5000, ge=1, description="Most source records per transaction (one offset commit each)."
+    )
+    transaction_ms: float = Field(
+        250.0,
+        gt=0,
+        description="Longest a transaction collects records before it commits, milliseconds: the added latency, "
+        "and how long read_committed readers of the events topic wait behind an open transaction.",
+    )
+    transaction_timeout_ms: int = Field(
+        60000,
+        ge=1000,
+        description="transaction.timeout.ms: a transaction of a bridge that died and never came back is aborted "
+        "by the broker after this long (a restarted bridge aborts it at once).",
+    )
+    session_timeout_ms: int = Field(
+        10000,
+        ge=6000,
+        description="session.timeout.ms of the bridge's consumer: how long the partitions of a bridge that died "
+        "stay assigned to it before the group hands them to another (or to its restart).",
+    )
+    max_commit_attempts: int = Field(
+        5,
+        ge=1,
+        description="Attempts at one batch whose transaction aborts (a broker error): after each the batch is "
+        "re-read from the committed offsets; then the bridge stops with the error.",
     )
 
 

@@ -1,4 +1,4 @@
-"""The settings of the services the pipeline runs on: Kafka, Cassandra, Spark and Airflow.
+"""The settings of the services the pipeline runs on: Kafka, a schema registry, Cassandra, Spark and Airflow.
 
 These sections of :class:`infra.settings.Settings` say where each service is and how to reach it (addresses,
 security, consistency, timeouts); the clients built from them live beside their users (:mod:`infra.cassandra`,
@@ -141,6 +141,68 @@ class KafkaSettings(BaseModel):
     def first_broker(self) -> tuple[str, int]:
         """Return host and port of the first bootstrap server."""
         return self.brokers[0]
+
+
+class SchemaRegistrySettings(BaseModel):
+    """The schema registry of Avro and Protobuf sources (`trends ingest kafka`): its Confluent-compatible REST API."""
+
+    url: str = Field(
+        "http://127.0.0.1:8081/apis/ccompat/v7",
+        pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="Base URL of the Confluent-compatible REST API (Confluent Schema Registry: http://host:8081; "
+        "Apicurio Registry: http://host:port/apis/ccompat/v7). The local stack's `registry` service listens on "
+        "this URL's host and port.",
+    )
+    username: str | None = Field(None, description="User for HTTP basic authentication, if the registry wants one.")
+    password: SecretStr | None = Field(None, description="Password for HTTP basic authentication (secret).")
+    ssl_ca_file: Path | None = Field(
+        None, description="PEM file of the CA(s) that signed an https registry's certificate. Unset: the system's CAs."
+    )
+    timeout_s: float = Field(10.0, gt=0, description="Timeout of one request to the registry, seconds.")
+    max_wait_s: float = Field(
+        120.0,
+        gt=0,
+        description="How long a record whose schema must be fetched waits for a registry that does not answer "
+        "(retried with back-off) before the bridge stops with an error, committing nothing past that record.",
+    )
+    backoff_s: float = Field(
+        0.5, gt=0, description="First wait between attempts to reach the registry, doubling up to backoff_max_s."
+    )
+    backoff_max_s: float = Field(10.0, gt=0, description="Longest wait between attempts to reach the registry.")
+    cache_capacity: int = Field(1000, ge=10, description="Schemas kept by id in the client's cache.")
+
+    @model_validator(mode="after")
+    def _consistent_auth(self) -> SchemaRegistrySettings:
+        if (self.username is None) != (self.password is None):
+            msg = "registry basic auth needs both TRENDS_REGISTRY__USERNAME and TRENDS_REGISTRY__PASSWORD"
+            raise ValueError(msg)
+        return self
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        """Return the host and port of the URL (the local stack's registry binds them)."""
+        from urllib.parse import urlsplit  # noqa: PLC0415
+
+        parts = urlsplit(self.url)
+        return parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80)
+
+    def client_config(self, *, reveal_secrets: bool = True) -> dict[str, Any]:
+        """Return the configuration of confluent-kafka's ``SchemaRegistryClient`` (retries are the bridge's own).
+
+        :arg reveal_secrets: put the real password in (``False`` masks it for logging).
+        """
+        conf: dict[str, Any] = {
+            "url": self.url,
+            "timeout": self.timeout_s,
+            "cache.capacity": self.cache_capacity,
+            "max.retries": 0,
+        }
+        if self.username is not None and self.password is not None:
+            password = self.password.get_secret_value() if reveal_secrets else str(self.password)
+            conf["basic.auth.user.info"] = f"{self.username}:{password}"
+        if self.ssl_ca_file is not None:
+            conf["ssl.ca.location"] = str(self.ssl_ca_file)
+        return conf
 
 
 class CassandraSettings(BaseModel):

@@ -27,6 +27,8 @@ from pydantic_settings import (
 
 from infra.pipeline_settings import (
     BatchSettings,
+    BridgeSettings,
+    CollectorSettings,
     DedupeBy,
     IngestSettings,
     MetricsSettings,
@@ -37,7 +39,13 @@ from infra.pipeline_settings import (
     ViewSettings,
 )
 from infra.security import MASK, has_userinfo, is_secret_key
-from infra.service_settings import AirflowSettings, CassandraSettings, KafkaSettings, SparkSettings
+from infra.service_settings import (
+    AirflowSettings,
+    CassandraSettings,
+    KafkaSettings,
+    SchemaRegistrySettings,
+    SparkSettings,
+)
 
 __all__ = [
     "ENV_NESTED_DELIMITER",
@@ -45,6 +53,8 @@ __all__ = [
     "RESTARTS_ENV",
     "SECRETS_DIR_ENV",
     "BatchSettings",
+    "BridgeSettings",
+    "CollectorSettings",
     "DedupeBy",
     "IngestSettings",
     "MetricsSettings",
@@ -130,6 +140,9 @@ class Settings(BaseSettings):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     stack: StackSettings = Field(default_factory=StackSettings)
     ingest: IngestSettings = Field(default_factory=IngestSettings)
+    collector: CollectorSettings = Field(default_factory=CollectorSettings)
+    bridge: BridgeSettings = Field(default_factory=BridgeSettings)
+    registry: SchemaRegistrySettings = Field(default_factory=SchemaRegistrySettings)
     views: ViewSettings = Field(default_factory=ViewSettings)
     speed: SpeedSettings = Field(default_factory=SpeedSettings)
     batch: BatchSettings = Field(default_factory=BatchSettings)

@@ -125,6 +125,8 @@ def get_spark(settings: Settings, app: str) -> SparkSession:
 def kafka_options(kafka: KafkaSettings) -> dict[str, str]:
     """Return the brokers' connection as options of Spark's Kafka source (``kafka.``-prefixed Java client keys).
 
+    Reads see committed records only (``kafka.isolation.level=read_committed``).
+
     Certificates and keys go inline as PEM text (``ssl.truststore.certificates``, ``ssl.keystore.key``), not as
     file paths: the options travel to the executors, which may run on hosts without the files.
 
@@ -133,6 +135,11 @@ def kafka_options(kafka: KafkaSettings) -> dict[str, str]:
     opts = {
         "kafka.bootstrap.servers": kafka.bootstrap_servers,
         "kafka.security.protocol": kafka.security_protocol,
+        # Committed records only: the Kafka bridge writes the events topic in transactions, and the Java
+        # consumer's default (read_uncommitted) would also read the records of aborted ones (twice, after a
+        # bridge restart). Offsets then have holes (transaction markers, aborted records): ranges never assume
+        # contiguous offsets.
+        "kafka.isolation.level": "read_committed",
     }
     if kafka.sasl_mechanism:
         opts["kafka.sasl.mechanism"] = kafka.sasl_mechanism

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import logging
 import os
 import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,6 +18,8 @@ import click
 
 from infra.params import TIME_HELP, UTC_TIME
 from infra.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 
 def scoped(
@@ -389,6 +393,204 @@ def file_(
     _print_summary(_with_pseudonyms(lines, producer), err=False)
     if stats.stopped:
         sys.exit(130)
+
+
+COLLECT_EXAMPLES = """\b
+Examples:
+  trends collect
+  curl -s -H 'Content-Type: application/json' -d '[{"ts": "2026-11-27T10:00:00Z", "item": "#a", "user": "u1"}]' \\
+      http://127.0.0.1:8010/api/v1/events
+  gzip -c events.jsonl | curl -s -H 'Content-Type: application/x-ndjson' -H 'Content-Encoding: gzip' \\
+      --data-binary @- http://127.0.0.1:8010/api/v1/events
+"""
+
+
+@click.command(epilog=COLLECT_EXAMPLES)
+@click.option("--host", help="Bind address (default: collector.host, loopback).")
+@click.option("--port", type=click.IntRange(0, 65535), help="Port (default: collector.port).")
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="Bind a non-loopback address without an API token (or with a short one); logs a warning.",
+)
+@_topic_options
+@click.pass_obj
+def collect(
+    settings: Settings,
+    *,
+    host: str | None,
+    port: int | None,
+    insecure: bool,
+    topic: str | None,
+    dlq_topic: str | None,
+    key_field: str | None,
+) -> None:
+    """Serve the HTTP collector: POST /api/v1/events puts a batch of events into Kafka.
+
+    The body is a JSON array of events (application/json) or JSON lines (application/x-ndjson), gzip allowed;
+    each record is validated as `trends ingest file` does. The answer comes once Kafka acknowledged every record:
+    200 with the accepted and rejected counts (rejects go to the dead-letter topic with their reason), or 503 with
+    Retry-After. Requests need TRENDS_SERVING__API_TOKEN when it is set; off loopback it must be set.
+    `trends collect` and `trends ingest collect` are the same command.
+    """
+    from infra.errors import TrendsError
+    from infra.security import exposure_problem
+    from ingestion.producer import EventProducer
+
+    settings = scoped(settings, topic, dlq_topic, key_field)
+    host = host if host is not None else settings.collector.host
+    port = port if port is not None else settings.collector.port
+    token = settings.serving.api_token.get_secret_value() if settings.serving.api_token is not None else None
+    problem = exposure_problem(
+        "the collector", host, token, guard_var="TRENDS_SERVING__API_TOKEN", host_var="--host/TRENDS_COLLECTOR__HOST"
+    )
+    if problem and not insecure:
+        msg = f"{problem} (--insecure serves it anyway)"
+        raise click.UsageError(msg)
+    if problem:
+        logger.warning("--insecure: anyone who reaches %s can write events", host)
+    # Missing topics are a set-up error, found now (after a short wait: topics just created may not be in the
+    # broker's metadata yet); an unreachable broker is not: requests get 503 until it is back.
+    probe = EventProducer(settings)
+    deadline = time.monotonic() + settings.collector.delivery_timeout_s
+    try:
+        while True:
+            try:
+                probe.check_topics(timeout_s=settings.collector.delivery_timeout_s)
+                break
+            except TrendsError as exc:
+                if "do not exist" not in str(exc):
+                    logger.warning("starting without Kafka (%s): requests get 503 until it answers", exc)
+                    break
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+    finally:
+        probe.close(5, raise_on_failure=False)
+
+    import uvicorn
+
+    from ingestion.collector import EVENTS_PATH, create_app
+
+    click.echo(f"collector http://{host}:{port}{EVENTS_PATH}  metrics http://{host}:{port}/metrics", err=True)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower(), access_log=False)
+
+
+ingest.add_command(collect)
+
+
+KAFKA_EXAMPLES = """\b
+Examples:
+  trends ingest kafka --from clicks --format json -m id=event_id -m ts=timestamp -m item=page -m user=uid
+  trends ingest kafka --from orders.v1 --from orders.v2 --format avro -m item=sku -m user=customer.id
+  trends ingest kafka --from telemetry --format protobuf --group telemetry-bridge --dim region
+"""
+
+
+@ingest.command(name="kafka", epilog=KAFKA_EXAMPLES)
+@click.option(
+    "--from",
+    "sources",
+    multiple=True,
+    required=True,
+    metavar="TOPIC",
+    help="A topic to read (repeatable); read as the consumer group --group, committed offsets first.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["json", "avro", "protobuf"]),
+    required=True,
+    help="json: plain JSON values; avro, protobuf: the Confluent wire format, schemas from TRENDS_REGISTRY__URL.",
+)
+@click.option(
+    "-m",
+    "--map",
+    "pairs",
+    multiple=True,
+    metavar="FIELD=COLUMN",
+    help="Source field of an event field (id, ts, item, user, value); dotted paths reach into nested records.",
+)
+@click.option("--dim", "dims", multiple=True, metavar="NAME[=COLUMN]", help="A field to use as a dimension.")
+@click.option("--dims-column", default="dims", show_default=True, help="Field holding a map of dimensions.")
+@click.option(
+    "--time-format",
+    default="auto",
+    show_default=True,
+    help="auto (ISO with offset, epoch s/ms, Avro/Protobuf timestamps), iso, epoch_s/ms/us, or a pattern.",
+)
+@click.option("--assume-tz", help="IANA zone of times written without an offset (default: reject them).")
+@click.option("--group", help="Consumer group on the source topics (default: TRENDS_BRIDGE__GROUP_ID).")
+@click.option(
+    "--transactional-id",
+    help="transactional.id of the producer (default: <group>.bridge); each bridge of one group needs its own.",
+)
+@click.option(
+    "--idle-exit",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="Stop after this many seconds without a record (catch up, then exit). Default: run until stopped.",
+)
+@click.option("--no-progress", is_flag=True, help="Do not print progress lines.")
+@_topic_options
+@click.pass_obj
+def kafka(
+    settings: Settings,
+    *,
+    sources: tuple[str, ...],
+    fmt: str,
+    pairs: tuple[str, ...],
+    dims: tuple[str, ...],
+    dims_column: str,
+    time_format: str,
+    assume_tz: str | None,
+    group: str | None,
+    transactional_id: str | None,
+    idle_exit: float | None,
+    no_progress: bool,
+    topic: str | None,
+    dlq_topic: str | None,
+    key_field: str | None,
+) -> None:
+    """Bridge other Kafka topics into the events topic, exactly once, until stopped (SIGTERM/Ctrl-C: clean stop).
+
+    Each batch of source records becomes one Kafka transaction holding its events, its dead letters (with the
+    source topic, partition and offset) and the group's offsets: a kill at any point neither loses nor duplicates
+    an event. Readers of the events topic must read committed records only (the speed and batch layers do).
+    """
+    from ingestion import metrics
+    from ingestion.bridge import Bridge, BridgeError
+    from ingestion.mapping import ColumnMapping, MappingError
+    from ingestion.progress import Progress, graceful_stop
+    from ingestion.wire import Format
+
+    settings = scoped(settings, topic, dlq_topic, key_field)
+    bridge_update = {k: v for k, v in (("group_id", group), ("transactional_id", transactional_id)) if v}
+    settings = settings.model_copy(update={"bridge": settings.bridge.model_copy(update=bridge_update)})
+    try:
+        mapping = ColumnMapping.parse(
+            pairs, dims, dims_column=dims_column or None, time_format=time_format, assume_tz=assume_tz
+        )
+    except MappingError as exc:
+        raise click.UsageError(str(exc)) from exc
+    progress = Progress(settings.ingest.progress_interval_s, enabled=not no_progress)
+    bridge = Bridge(settings, sources, cast("Format", fmt), mapping)
+    try:
+        with graceful_stop() as stopper, metrics.serving(settings, lambda: bridge.stats.summary, "kafka"):
+            try:
+                stats = bridge.run(
+                    stopper,
+                    idle_exit_s=idle_exit,
+                    on_batch=lambda st: progress.update(st.records, st.summary),
+                )
+            finally:
+                progress.done()
+                bridge.close()
+    except BridgeError as exc:
+        del exc
+        _print_summary(bridge.stats.lines(), err=False)
+        raise
+    _print_summary(stats.lines(), err=False)
 
 
 @ingest.command(epilog=DLQ_EXAMPLES)

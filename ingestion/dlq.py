@@ -6,6 +6,10 @@ A dead-letter record's value is JSON::
      "rejected_at": "2026-11-22T10:00:00.123Z", "raw_size": 84, "truncated": false,
      "raw_encoding": "utf-8", "raw": "…the original record…"}
 
+A record read from another Kafka topic (``trends ingest kafka``) has the topic as ``source``, no ``line``, and
+``source_partition`` and ``source_offset`` besides: where to find the original record (records of older writers
+lack both keys, and read back as -1).
+
 ``raw`` holds the original bytes exactly: as text when they are valid UTF-8, else base64 (``raw_encoding``).
 Records longer than :data:`MAX_DLQ_RAW_BYTES` keep only their start (``truncated``; ``raw_size`` is the whole
 size). Headers repeat ``reason`` and ``source`` for tools that do not parse values (their names live in
@@ -47,7 +51,7 @@ def encode_reject(reject: Reject) -> tuple[bytes, list[tuple[str, bytes]], int]:
         text, encoding = raw.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
         text, encoding = base64.b64encode(raw).decode("ascii"), "base64"
-    value = {
+    value: dict[str, Any] = {
         "v": DLQ_FORMAT_VERSION,
         "reason": str(reject.reason),
         "detail": reject.detail,
@@ -59,6 +63,9 @@ def encode_reject(reject: Reject) -> tuple[bytes, list[tuple[str, bytes]], int]:
         "raw_encoding": encoding,
         "raw": text,
     }
+    if reject.partition is not None:
+        value["source_partition"] = reject.partition
+        value["source_offset"] = reject.offset
     headers = [(REASON_HEADER, str(reject.reason).encode()), (SOURCE_HEADER, reject.source.encode("utf-8", "replace"))]
     return json.dumps(value, ensure_ascii=False).encode(), headers, ts_millis(reject.rejected_at)
 
@@ -77,6 +84,8 @@ class DeadLetter:
     truncated: bool
     partition: int = -1
     offset: int = -1
+    source_partition: int = -1  # a record of another Kafka topic: its partition and offset there
+    source_offset: int = -1
 
     @classmethod
     def decode(cls, value: bytes, partition: int = -1, offset: int = -1) -> DeadLetter:
@@ -105,6 +114,8 @@ class DeadLetter:
             truncated=obj["truncated"],
             partition=partition,
             offset=offset,
+            source_partition=obj.get("source_partition", -1),
+            source_offset=obj.get("source_offset", -1),
         )
 
 

@@ -38,7 +38,7 @@ class IngestCollector(Collector):
 
     def __init__(self, summary: Callable[[], IngestSummary], source: str) -> None:
         self.summary = summary
-        self.source = source  # the command (generate, file): a label, so two processes' series never mix
+        self.source = source  # the command (generate, file, kafka): a label, so two processes' series never mix
 
     def collect(self) -> Iterator[Metric]:
         """Yield the counters of the summary so far."""

@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from infra.cassandra import session as cassandra_session
+from infra.dag_contract import ERASURE_DAG, HOURS_PARAM, REQUEST_PARAM
 from infra.privacy.ledger import Entry, Ledger, Request, fold
 from infra.privacy.subjects import SubjectStore
 from infra.settings import Settings
@@ -91,21 +92,28 @@ RecomputeTrigger = Callable[[Settings, Request], list[str]]
 
 
 def request_recompute(settings: Settings, request: Request) -> list[str]:
-    """Ask for the hours of an exclusion-mode request to be recomputed without the subject's events.
+    """Trigger the ``trends_erasure`` DAG over the request's hours; return the Airflow run id it started.
 
-    The recompute's entry point: a trigger of the batch layer's recompute over ``request.hours`` (Airflow params:
-    the request id and the hours, never an id or a pseudonym) returns the Airflow run ids it started, and the forget
-    records them (``recompute_started``); :func:`record_recompute` records the later steps. Until that trigger
-    exists this returns no run and the request stays pending (``unlinked``, waiting for a recompute), which
-    ``trends privacy status``, the metrics and the alert report.
+    Its params are the request id and the hours, never an id or a pseudonym. The DAG recomputes the hours without
+    the subject's events (the batch layer reads the erased pseudonyms at every run), purges their older versions and
+    speed rows, and records ``recomputed`` and ``done`` in the ledger. Airflow runs one at a time: a request made
+    while another's recompute runs is queued behind it. No hours (the subject's events were never indexed into an
+    hour): nothing to recompute, no run.
+
+    :raises infra.errors.AirflowError: when Airflow cannot be reached or refuses; the request stays ``unlinked`` and
+        a forget of the same user triggers it again.
     """
+    if not request.hours:
+        return []
+    from infra.airflow.client import AirflowClient  # noqa: PLC0415
+
+    conf = {REQUEST_PARAM: request.request_id, HOURS_PARAM: [h.isoformat() for h in request.hours]}
+    run_id = AirflowClient(settings).trigger(None, ERASURE_DAG, conf)
     logger.info(
-        "erasure request %s: %s hour(s) wait for a recompute without the subject's events",
-        request.request_id,
-        len(request.hours),
-    )
-    del settings
-    return []
+        "erasure request %s: %s hour(s) to recompute without the subject's events, %s run %s",
+        request.request_id, len(request.hours), ERASURE_DAG, run_id,
+    )  # fmt: skip
+    return [run_id]
 
 
 def record_recompute(
@@ -157,6 +165,14 @@ def forget(
         interrupted = next((r for r in pending if r.state == "requested"), None)
         pseudonym = subjects.lookup(user)
         if pseudonym is None and interrupted is None:
+            stalled = next((r for r in pending if r.mode == "exclude" and r.state == "unlinked" and not r.runs), None)
+            again = trigger(settings, stalled) if stalled is not None and stalled.hours else []
+            if stalled is not None and again:  # its recompute had not been triggered (Airflow was away): now it is
+                entry = ledger.append(
+                    stalled.request_id, subject, stalled.mode, "recompute_started", runs=again, now=now()
+                )
+                logger.info("erasure request %s: recompute triggered again", stalled.request_id)
+                return ForgetResult("resumed", subject, ledger.requests()[stalled.request_id], [entry.seq], again)
             if pending:
                 return ForgetResult("in_progress", subject, pending[-1])
             if earlier:

@@ -46,10 +46,15 @@ def stack() -> None:
 
 @stack.command()
 @click.option("--force", is_flag=True, help="Fetch again even if the cached jars are current.")
+@click.option(
+    "--with-registry",
+    is_flag=True,
+    help="Also the schema registry (Apicurio, 160 MB; else fetched at its first start).",
+)
 @click.pass_obj
-def fetch(settings: Settings, force: bool) -> None:
+def fetch(settings: Settings, force: bool, with_registry: bool) -> None:
     """Fetch Kafka, Cassandra and the Spark Kafka connector into the jar cache (once; `admin jars` is the last)."""
-    for name, path in jars.fetch_all(settings, force=force).items():
+    for name, path in jars.fetch_all(settings, force=force, on_demand=with_registry).items():
         click.echo(f"{name:12} {len(list(path.glob('*.jar'))):4d} jars  {path}")
 
 
@@ -102,6 +107,17 @@ def _init(settings: Settings, names: list[str] | None, *, apply_topic_config: bo
 def init(settings: Settings, apply_topic_config: bool) -> None:
     """Create the topics and apply the CQL migrations on the local stack (re-runnable): `trends admin init`."""
     _init(settings, None, apply_topic_config=apply_topic_config)
+
+
+@stack.command(context_settings={"ignore_unknown_options": True})
+@click.option("--node", default=0, show_default=True, help="Which Cassandra node (0 is the seed).")
+@click.argument("args", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_obj
+def nodetool(settings: Settings, node: int, args: tuple[str, ...]) -> None:
+    """Run Cassandra's nodetool against a local node (e.g. `flush`, `garbagecollect KEYSPACE TABLE`, `drain`)."""
+    from stack.services.cassandra import Cassandra
+
+    click.echo(Cassandra(settings, node).nodetool(*args), nl=False)
 
 
 @stack.command()

@@ -96,9 +96,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def spark(settings: Settings) -> Iterator[object]:
-    """Return one local SparkSession for the whole run (starting a JVM costs seconds)."""
+    """Return one local SparkSession for the whole run (starting a JVM costs seconds), with spark-avro on its jars."""
+    from infra import jars
     from infra.spark import get_spark
 
-    session = get_spark(settings, "tests")
+    avro = [str(p) for p in jars.bundle_jars(settings, jars.SPARK_AVRO)]
+    spark_settings = settings.spark.model_copy(update={"extra_jars": [*settings.spark.extra_jars, *avro]})
+    session = get_spark(settings.model_copy(update={"spark": spark_settings}), "tests")
     yield session
     session.stop()

@@ -4,5 +4,6 @@
 subject's events, unlinking a subject). ``ledger`` (the append-only, hash-chained record of erasure requests, the
 pseudonyms whose events the layers exclude, and the readers the batch exporter, the API and the console use).
 Raw user ids never pass ingestion; logs, metrics and messages carry at most the keyed hash that
-:meth:`subjects.SubjectStore.subject_hash` gives.
+:meth:`subjects.SubjectStore.subject_hash` gives. ``exclusions`` (the erased subjects' pseudonyms, as the speed and
+batch layers read them at every start and run).
 """

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from infra.cassandra import READ_PROFILE, table
 from infra.errors import TrendsError
+from infra.privacy.exclusions import TABLE as ERASED_TABLE
+from infra.privacy.exclusions import excluded_users
 from infra.settings import Settings
 
 if TYPE_CHECKING:
@@ -330,7 +332,7 @@ class Ledger:
 
         self.settings = settings
         self.sess = session
-        t, erased = table(settings, "privacy_ledger"), table(settings, "erased_pseudonyms")
+        t, erased = table(settings, "privacy_ledger"), table(settings, ERASED_TABLE)
         p = session.prepare
         self._insert = p(
             f"INSERT INTO {t} (chain, {COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS"
@@ -343,8 +345,6 @@ class Ledger:
         self._all.fetch_size = 1000
         self._exclude = p(f"INSERT INTO {erased} (pseudonym, requested_at) VALUES (?, ?)")
         self._exclude.is_idempotent = True
-        self._erased = p(f"SELECT pseudonym FROM {erased}")
-        self._erased.fetch_size = 5000
 
     # -- reads ------------------------------------------------------------------------------------------------
     def entries(self) -> list[Entry]:
@@ -370,7 +370,7 @@ class Ledger:
 
     def erased_pseudonyms(self) -> set[str]:
         """Return the pseudonyms whose events the layers exclude."""
-        return {r.pseudonym for r in self.sess.execute(self._erased, execution_profile=READ_PROFILE)}
+        return set(excluded_users(self.settings, self.sess))  # the layers' own read of the table
 
     # -- writes -----------------------------------------------------------------------------------------------
     def append(

@@ -111,19 +111,14 @@ class StackService(Protocol):
         """Return what ``reset`` deletes."""
 
 
-def find_java(settings: Settings) -> str:
-    """Return the ``java`` executable to run the servers with, checking that it is JDK 17 or newer.
+JVM_DIRS = (Path("/usr/lib/jvm"), Path("/opt/java"))  # where Debian's and Temurin's JDKs install
 
-    :raises StackError: when no Java is found or it is too old.
+
+def java_major(java: str) -> int:
+    """Return the major version of a ``java`` executable (0 when it does not tell).
+
+    :raises StackError: when it cannot be run.
     """
-    home = settings.stack.java_home or (Path(os.environ["JAVA_HOME"]) if os.environ.get("JAVA_HOME") else None)
-    java = str(home / "bin" / "java") if home else shutil.which("java")
-    if not java or not Path(java).exists():
-        msg = (
-            "Java was not found: the servers need a JDK 17 or newer. Install one (e.g. Debian's "
-            "openjdk-17-jre-headless) or set TRENDS_STACK__JAVA_HOME / JAVA_HOME."
-        )
-        raise StackError(msg)
     try:
         proc = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30, check=False)  # noqa: S603
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -133,10 +128,61 @@ def find_java(settings: Settings) -> str:
     major = int(match.group(1)) if match else 0
     if major == 1 and match and match.group(2):  # "1.8" style
         major = int(match.group(2))
-    if major < MIN_JAVA:
-        msg = f"{java} is Java {major or 'unknown'}; the servers need Java {MIN_JAVA} or newer."
+    return major
+
+
+def find_java(settings: Settings, minimum: int = MIN_JAVA, home: Path | None = None) -> str:
+    """Return the ``java`` executable to run a server with, checking that it is at least ``minimum``.
+
+    :arg home: a JDK asked for by name (a setting): it must do, no other is looked for.
+    Otherwise ``stack.java_home``, ``$JAVA_HOME`` or ``java`` on PATH; when that one is too old for ``minimum``
+    (Apicurio Registry needs 21, the machine's default may be 17), the newest JDK that is new enough under
+    :data:`JVM_DIRS`.
+
+    :raises StackError: when no Java is found or none is new enough.
+    """
+    if home is not None:
+        java = str(home / "bin" / "java")
+    else:
+        home = settings.stack.java_home or (Path(os.environ["JAVA_HOME"]) if os.environ.get("JAVA_HOME") else None)
+        java = str(home / "bin" / "java") if home else (shutil.which("java") or "")
+    if not java or not Path(java).exists():
+        if minimum > MIN_JAVA and (found := _discover_java(minimum)):
+            return found
+        msg = (
+            f"Java was not found: the servers need a JDK {minimum} or newer. Install one (e.g. Debian's "
+            f"openjdk-{minimum}-jre-headless) or set TRENDS_STACK__JAVA_HOME / JAVA_HOME."
+        )
         raise StackError(msg)
-    return java
+    major = java_major(java)
+    if major >= minimum:
+        return java
+    if minimum > MIN_JAVA and not settings.stack.registry_java_home and (found := _discover_java(minimum)):
+        return found
+    msg = f"{java} is Java {major or 'unknown'}; this server needs Java {minimum} or newer."
+    if minimum > MIN_JAVA:
+        msg += f" Install a JDK {minimum}+ under /usr/lib/jvm or set TRENDS_STACK__REGISTRY_JAVA_HOME."
+    raise StackError(msg)
+
+
+def _discover_java(minimum: int) -> str | None:
+    """Return the newest JDK of at least ``minimum`` installed under :data:`JVM_DIRS`, or None."""
+    best: tuple[int, str] | None = None
+    for root in JVM_DIRS:
+        if not root.is_dir():
+            continue
+        for candidate in sorted(root.glob("*/bin/java")):
+            if candidate.parent.parent.is_symlink():
+                continue  # Debian's aliases (java-1.17.0-openjdk-amd64) of the same JDK
+            try:
+                major = java_major(str(candidate))
+            except StackError:
+                continue
+            if major >= minimum and (best is None or major > best[0]):
+                best = (major, str(candidate))
+    if best is not None:
+        logger.info("using Java %s at %s (Java %s+ needed)", best[0], best[1], minimum)
+    return best[1] if best else None
 
 
 def render(template: str, target: Path, **values: object) -> Path:

@@ -49,6 +49,10 @@ FIGURES: dict[str, tuple[str, ...]] = {
         r"pseudonymised / not: cold store [\d.]+, warm store [\d.]+",
         r"trends ingest file .*, pseudonymised: 3,000 events -> [\d,]+ events/s",
         r"ratio to the bare keyed producer \d+\.\d\d",
+        r"trends collect \(HTTP, 1000 events per request as JSON lines, 4 clients\): 3,000 events -> [\d,]+ events/s",
+        r"bare consume-produce loop \(json .*\): 3,000 records -> [\d,]+/s",
+        r"trends ingest kafka --format json .*: 3,000 events -> [\d,]+ events/s",
+        r"ratio to the bare consume-produce loop \d+\.\d\d",
         r"subject store alone .*: create \(LWT\) [\d,]+/s, read [\d,]+/s, .*subject hours: written [\d,]+/s",
     ),
     "serving_bench.py": (
@@ -70,6 +74,9 @@ FIGURES: dict[str, tuple[str, ...]] = {
         r"speed layer +[1-9][\d,]* rows/s",
         r"ratio speed layer / bare Kafka -> noop: [\d.]+",
         r"[1-9]\d* samples, \d+ lost .*: p50 [\d.]+ s",
+        r"from_avro, avro_schema +[\d.]+ / +[\d.]+ s +[1-9][\d,]* / +[1-9][\d,]* rows/s",
+        r"bytes per event: JSON [1-9][\d.]*, Avro [1-9][\d.]*",
+        r"ratio from_avro / the layers' decode \(parse_events\): [\d.]+x faster",
     ),
     "backfill_bench.py": (
         r"indexer: [\d,]+ records in [\d.]+ s; bare Spark read \+ count [\d,]+ in [\d.]+ s: ratio [\d.]+",

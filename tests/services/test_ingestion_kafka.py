@@ -481,7 +481,17 @@ def test_ctrl_c_stops_reading_flushes_and_summarizes(ingest_settings: Settings) 
         text=True,
     )
     try:
-        time.sleep(4)
+        # interrupt once it is well under way: over 1,000 events acknowledged (a loaded machine takes longer)
+        probe = Consumer({**kafka.client_config(), "group.id": uuid.uuid4().hex})
+        try:
+            parts = [TopicPartition(kafka.events_topic, p) for p in range(kafka.partitions)]
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and proc.poll() is None:
+                if sum(probe.get_watermark_offsets(tp, timeout=10)[1] for tp in parts) > 1000:
+                    break
+                time.sleep(0.5)
+        finally:
+            probe.close()
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=120)
     finally:

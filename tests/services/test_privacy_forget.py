@@ -21,6 +21,7 @@ from pydantic import SecretStr
 
 from infra import migrations
 from infra.cassandra import session
+from infra.errors import AirflowError
 from infra.privacy.ledger import Ledger
 from infra.privacy.subjects import SubjectStore, ensure_key_file
 from infra.settings import Settings
@@ -92,6 +93,29 @@ def test_forget_unlinks_at_once_and_answers_repeats(psettings: Settings) -> None
     for secret in ("alice", "carol", made["alice"], made["bob"], back):
         assert secret not in text, "the ledger holds an id or a pseudonym"
     assert status(psettings).pending == 0
+
+
+def test_an_exclusion_whose_recompute_could_not_be_triggered_is_triggered_by_the_next_forget(
+    psettings: Settings,
+) -> None:
+    def airflow_away(_s: Settings, _r: Any) -> list[str]:
+        msg = "cannot reach Airflow"
+        raise AirflowError(msg)
+
+    with SubjectStore(psettings) as store:
+        store.pseudonyms(["fay"])
+        store.note_hours([("fay", T0)])
+        store.flush()
+        with pytest.raises(AirflowError):
+            forget(psettings, "fay", exclude=True, store=store, trigger=airflow_away)
+        (stalled,) = [r for r in status(psettings).requests if r.pending]
+        assert (stalled.state, stalled.runs) == ("unlinked", ())  # unlinked and excluded; its recompute waits
+        again = forget(psettings, "fay", exclude=True, store=store, trigger=lambda _s, r: [f"manual__{len(r.hours)}"])
+        assert again.outcome == "resumed" and again.runs == ["manual__1"]
+        assert again.request is not None and again.request.state == "recompute_started"
+        assert again.request.request_id == stalled.request_id  # the same request goes on, nothing new
+    with session(psettings) as sess:
+        assert Ledger(psettings, sess).verify().ok
 
 
 def test_exclusion_stays_pending_until_recomputed_and_a_second_forget_waits(psettings: Settings) -> None:

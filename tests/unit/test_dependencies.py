@@ -85,8 +85,25 @@ def _undeclared(folders: list[str], declared: set[str], skip: Path | None = None
     return missing
 
 
+# The [sources] extra (Avro and Protobuf topics of `trends ingest kafka`) is imported only here, lazily: a plain
+# `pip install .` bridges JSON topics and runs every other role without it.
+SOURCES_USERS = {"ingestion/wire.py"}
+
+
 def test_the_pipeline_imports_only_its_declared_dependencies() -> None:
-    assert _undeclared(PIPELINE, _declared()) == {}
+    assert _undeclared(PIPELINE, _declared("sources")) == {}
+
+
+def test_only_the_wire_decoders_import_the_sources_extra() -> None:
+    extra = _declared("sources") - _declared()
+    users = {
+        f
+        for module, files in _third_party(_imports(PIPELINE)).items()
+        if _distributions(module) & extra and not _distributions(module) & _declared()
+        for f in files
+    }
+    assert users == SOURCES_USERS
+    assert _undeclared(PIPELINE, _declared()).keys() == {"fastavro", "google", "grpc_tools"}
 
 
 def test_the_pipeline_never_imports_airflow() -> None:
@@ -100,7 +117,7 @@ def test_the_dag_files_need_only_the_airflow_extra() -> None:
 
 
 def test_tests_and_benches_need_only_the_dev_extra() -> None:
-    assert _undeclared(["tests", "bench"], _declared("airflow", "dev"), skip=PEERS) == {}
+    assert _undeclared(["tests", "bench"], _declared("airflow", "sources", "dev"), skip=PEERS) == {}
 
 
 def test_the_peers_bench_needs_only_the_dev_extra_and_its_own_requirements() -> None:
@@ -127,6 +144,7 @@ def test_every_declared_dependency_is_used() -> None:
 def test_dev_includes_airflow_so_make_test_runs_the_dag_tests() -> None:
     optional: dict[str, list[str]] = _project()["optional-dependencies"]  # type: ignore[assignment]
     assert "trends[airflow]" in optional["dev"]
+    assert "trends[sources]" in optional["dev"]
     # pandas only bounds what the Spark provider pulls in (PySpark 4.2 and pandas 3 do not go together)
     assert {_name(r) for r in optional["airflow"]} == {
         "apache-airflow",

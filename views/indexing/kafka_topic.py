@@ -32,6 +32,11 @@ def index_consumer(settings: Settings) -> Any:
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "enable.partition.eof": True,
+            # Committed records only (librdkafka's default, stated): the Kafka bridge writes in transactions, and
+            # the records of an aborted one are no events. The offsets of markers and aborted records are holes
+            # inside spans; a span's count is of the records read, and the end of a partition is reported (EOF)
+            # at its last stable offset.
+            "isolation.level": "read_committed",
             # Offsets removed under a running pass are an error, never a silent jump to the end (librdkafka's
             # default, "largest", would skip everything between): the next pass records them as a loss.
             "auto.offset.reset": "error",
@@ -89,6 +94,7 @@ def first_timestamps(settings: Settings, topic: str, starts: dict[int, tuple[int
             "group.id": "trends-batch-indexer",
             "enable.auto.commit": False,
             "enable.partition.eof": True,
+            "isolation.level": "read_committed",
             "auto.offset.reset": "error",
             "log_level": 3,
         }
