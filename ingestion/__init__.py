@@ -5,7 +5,8 @@
 Kafka producer), ``generator`` (a seeded synthetic stream with planted bursts), ``files`` (replay JSONL or CSV
 files), ``collector`` (the HTTP collector of ``trends collect``, answering once Kafka acknowledged a batch),
 ``bridge`` (``trends ingest kafka``: other topics into the events topic in Kafka transactions, exactly once),
-``wire`` (the Confluent wire format of Avro and Protobuf records, and the schema registry's client), ``dlq`` (the dead-letter record format, read back), ``metrics`` (Prometheus metrics of a long-running
-ingest), ``progress`` (progress lines and a graceful stop), ``cli`` (``trends ingest``).
+``wire`` (the Confluent wire format of Avro and Protobuf records, and the schema registry's client), ``dlq`` (the
+dead-letter record format, read back), ``metrics`` (Prometheus metrics of a long-running ingest), ``progress``
+(progress lines and a graceful stop), ``cli`` (``trends ingest``).
 The event model itself is the views' (:mod:`views.event`).
 """
