@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from infra.cassandra import session as cassandra_session
 from infra.dag_contract import ERASURE_DAG, HOURS_PARAM, REQUEST_PARAM
-from infra.privacy.ledger import Ledger, Request
+from infra.privacy.ledger import Entry, Ledger, Request, fold
 from infra.privacy.subjects import SubjectStore
 from infra.settings import Settings
 
@@ -159,7 +159,8 @@ def forget(
         subjects = store or SubjectStore(settings, sess)
         ledger = Ledger(settings, sess)
         subject = subjects.subject_hash(user)
-        earlier = ledger.of_subject(subject)
+        history = ledger.entries()  # the one read of the whole ledger; this request's entries are kept below
+        earlier = [r for r in fold(history).values() if r.subject_hash == subject]
         pending = [r for r in earlier if r.pending]
         interrupted = next((r for r in pending if r.state == "requested"), None)
         pseudonym = subjects.lookup(user)
@@ -179,28 +180,29 @@ def forget(
             first = ledger.append(uuid.uuid4().hex, subject, mode, "requested", now=now())
             last = ledger.append(first.request_id, subject, mode, "done", reason="no_data", now=now())
             logger.info("erasure request %s: no data held for the subject", first.request_id)
-            return ForgetResult("no_data", subject, ledger.requests()[first.request_id], [first.seq, last.seq])
+            return ForgetResult("no_data", subject, fold([first, last])[first.request_id], [first.seq, last.seq])
 
-        written: list[int] = []
+        own: list[Entry] = []  # this request's entries, in order (``before`` of them written by an earlier call)
         if interrupted is not None:
-            request_id, mode, requested_at = interrupted.request_id, interrupted.mode, interrupted.requested_at
+            request_id, mode = interrupted.request_id, interrupted.mode
+            own = [e for e in history if e.request_id == request_id]
         else:
-            first = ledger.append(uuid.uuid4().hex, subject, mode, "requested", now=now())
-            request_id, requested_at = first.request_id, first.at
-            written.append(first.seq)
+            own.append(ledger.append(uuid.uuid4().hex, subject, mode, "requested", now=now()))
+            request_id = own[0].request_id
+        before = len(own) if interrupted is not None else 0
         if mode == "exclude" and pseudonym is not None:
-            ledger.exclude(pseudonym, requested_at)  # before the unlink: a crash here leaves it excluded
+            ledger.exclude(pseudonym, own[0].at)  # before the unlink: a crash here leaves it excluded
         unlinked = subjects.unlink(user)
-        written.append(ledger.append(request_id, subject, mode, "unlinked", hours=unlinked.hours, now=now()).seq)
+        own.append(ledger.append(request_id, subject, mode, "unlinked", hours=unlinked.hours, now=now()))
         runs: list[str] = []
         if mode == "unlink":
-            written.append(ledger.append(request_id, subject, mode, "done", now=now()).seq)
+            own.append(ledger.append(request_id, subject, mode, "done", now=now()))
         else:
-            runs = trigger(settings, ledger.requests()[request_id])
+            runs = trigger(settings, fold(own)[request_id])
             if runs:
-                entry = ledger.append(request_id, subject, mode, "recompute_started", runs=runs, now=now())
-                written.append(entry.seq)
-        request = ledger.requests()[request_id]
+                own.append(ledger.append(request_id, subject, mode, "recompute_started", runs=runs, now=now()))
+        written = [e.seq for e in own[before:]]
+        request = fold(own)[request_id]
         outcome: Outcome = (
             "resumed" if interrupted is not None else "forgotten" if mode == "unlink" else "pending_recompute"
         )
