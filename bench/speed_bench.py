@@ -58,6 +58,7 @@ from infra.spark import kafka_options
 from views.event import SPARK_JSON_OPTIONS, avro_schema, format_ts, spark_schema
 
 # --smoke: a few thousand events, no warm-up, 3 s of freshness samples, one decode round
+START_WAIT_S = 300.0  # the freshness run's wait for the speed job's first progress row
 SMOKE = {"events": 3000, "warmup_events": 0, "latency_seconds": 3.0, "decode_runs": 1}
 BARE, COUNTED = "bare Kafka -> noop", "bare Kafka -> count -> noop"
 PARSE_ONLY = "Kafka -> decode -> noop"
@@ -351,8 +352,9 @@ def latency(settings: Settings, env: dict[str, str], rate: float, seconds: float
     try:
         with session(settings) as sess:
             progress = sess.prepare(f"SELECT newest_event_ts FROM {table(settings, 'speed_progress')} WHERE query = ?")
-            # wait for the job to be up: its first (empty) batches write progress
-            deadline = time.monotonic() + 90
+            # wait for the job to be up: its first (empty) batches write progress (a JVM's start and a first batch
+            # took over 90 s on 2 cores busy with other Spark smokes)
+            deadline = time.monotonic() + START_WAIT_S
             producer = Producer(
                 {**settings.kafka.client_config(), "enable.idempotence": True, "acks": "all", "linger.ms": 5}
             )
@@ -375,7 +377,7 @@ def latency(settings: Settings, env: dict[str, str], rate: float, seconds: float
                     break
                 time.sleep(1)
             else:
-                raise RuntimeError("the speed job did not start writing within 90 s")
+                raise RuntimeError(f"the speed job did not start writing within {START_WAIT_S:.0f} s")
 
             def poll() -> None:
                 while not stop.is_set():
