@@ -82,6 +82,36 @@ class Scan:
         return f"{self.files} files, {self.bytes / 1e6:.1f} MB: hits {dict(self.hits) or 'none'}"
 
 
+def dump_topics(settings: Settings, topic_names: list[str], out: Path) -> Path:
+    """Write every record of the topics, decompressed (keys, values, headers), into one file for the scan.
+
+    The broker's segment files hold producer batches compressed (lz4): a raw id inside one would not show as text
+    there, so the scan reads the topics' records as a consumer gets them too.
+    """
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {**settings.kafka.client_config(), "group.id": f"bytes-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False}
+    )
+    with out.open("wb") as dump:
+        for topic in topic_names:
+            parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+            for p in parts:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                if high <= low:
+                    continue
+                consumer.assign([TopicPartition(topic, p, low)])
+                seen = low
+                while seen < high:
+                    for m in consumer.consume(1000, 5):
+                        if m.error() is None:
+                            headers = [v if isinstance(v, bytes) else b"" for _k, v in (m.headers() or [])]
+                            dump.write(b"\n".join([m.key() or b"", m.value() or b"", *headers, b""]))
+                        seen = max(seen, (m.offset() or 0) + 1)
+    consumer.close()
+    return out
+
+
 def scan(roots: list[Path], needles: dict[str, bytes]) -> Scan:
     """Read every regular file under the roots and count the files holding each needle in each of its forms."""
     patterns = {f"{name}:{form}": value for name, raw in needles.items() for form, value in forms(raw).items()}
@@ -206,11 +236,13 @@ def test_forget_leaves_no_byte_of_the_subject_or_its_link(stack_up: Settings, tm
             "subject": subject.encode(), "link": link_key, "pseudonym": pseudonym.encode(),
             "control": control_user.encode(),
         }  # fmt: skip
-        before = scan(roots, needles)
+        topics_now = [settings.kafka.events_topic, settings.kafka.dlq_topic]
+        before = scan([*roots, dump_topics(settings, topics_now, tmp_path / "topics-before.bin")], needles)
         print(f"before the forget: {before.line()}")
         assert before.found("subject") == 0, before.where  # never stored raw: pseudonymised at the first hop
         assert before.files_with("link", "pseudonym")  # the subject store's row: key and pseudonym together
         assert before.found("control") > 0  # the scan finds a raw id where one was written
+        assert tmp_path / "topics-before.bin" in {Path(p) for p in before.where["pseudonym:text"]}  # records read
 
         # The forget, in exclusion mode: unlinked at once, the hours recomputed through Airflow, then purged.
         answer = json.loads(run(env, "privacy", "forget", subject, "--exclude", "--json"))
@@ -241,7 +273,7 @@ def test_forget_leaves_no_byte_of_the_subject_or_its_link(stack_up: Settings, tm
         control.down(settings, ["cassandra"])
         control.up(settings, ["cassandra"])
 
-        after = scan(roots, needles)
+        after = scan([*roots, dump_topics(settings, topics_now, tmp_path / "topics-after.bin")], needles)
         print(f"after the forget and the operator's steps: {after.line()}")
         for key, paths in sorted(after.where.items()):
             print(f"  {key}: {sorted(paths)}")
