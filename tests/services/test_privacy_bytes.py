@@ -105,7 +105,7 @@ def dump_topics(settings: Settings, topic_names: list[str], out: Path) -> Path:
                 while seen < high:
                     for m in consumer.consume(1000, 5):
                         if m.error() is None:
-                            headers = [v if isinstance(v, bytes) else b"" for _k, v in (m.headers() or [])]
+                            headers = [h[1] if isinstance(h[1], bytes) else b"" for h in m.headers() or []]
                             dump.write(b"\n".join([m.key() or b"", m.value() or b"", *headers, b""]))
                         seen = max(seen, (m.offset() or 0) + 1)
     consumer.close()
