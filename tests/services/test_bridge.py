@@ -360,9 +360,7 @@ def test_a_registry_outage_stops_or_waits_and_loses_nothing(stack_up: Settings, 
     own = stack_up.model_copy(
         update={
             "data_dir": tmp_path / "stack",
-            "registry": stack_up.registry.model_copy(
-                update={"url": f"http://127.0.0.1:{port}/apis/ccompat/v7", "timeout_s": 2.0}
-            ),
+            "registry": stack_up.registry.model_copy(update={"url": f"http://127.0.0.1:{port}/apis/ccompat/v7"}),
         }
     )
     reg = Registry(own)
