@@ -456,3 +456,50 @@ def test_spark_reads_committed_records_across_aborted_ones_and_markers(
     assert read(0, end) == sorted(committed)
     assert read(0, 8) == committed[:5]  # ends inside the aborted second transaction
     assert read(8, 20) == committed[5:10]  # starts inside it
+
+
+def test_the_bridge_service_runs_supervised_and_comes_back_after_a_kill(
+    registry: Settings, new_topic: Any, tmp_path: Path
+) -> None:
+    """`trends stack up bridge`: the bridge under the supervisor, restarted after a SIGKILL, exact at the end."""
+    import psutil
+
+    from stack.services.pipeline import BridgeService
+
+    source, events, dlq = new_topic(2), new_topic(2), new_topic()
+    own = registry.model_copy(
+        update={
+            "data_dir": tmp_path / "stack",
+            "kafka": registry.kafka.model_copy(update={"events_topic": events, "dlq_topic": dlq}),
+            "bridge": registry.bridge.model_copy(
+                update={"sources": [source], "format": "avro", "mapping": AVRO_MAPPING, "group_id": f"g-{source}"}
+            ),
+            "stack": registry.stack.model_copy(update={"speed_restart_backoff_s": 1.0}),
+        }
+    )
+    make = avro_source(own, source)
+    service = BridgeService(own)
+    service.wait_ready(service.start(""))
+    try:
+
+        def committed_after(expected: int) -> list[str]:
+            deadline = time.monotonic() + 180
+            while True:
+                ids = ids_of(read_committed(own, events))
+                if len(ids) >= expected or time.monotonic() > deadline:
+                    return ids
+                time.sleep(1)
+
+        produce(own, source, make(0, 2000))
+        assert len(committed_after(2000)) == 2000, service.stdout_file.read_text()[-3000:]
+        supervisor = psutil.Process(service.pid())
+        (child,) = supervisor.children()
+        child.kill()
+        produce(own, source, make(2000, 4000))
+        ids = committed_after(4000)
+        assert sorted(ids) == sorted(f"a{i}" for i in range(4000)), service.stdout_file.read_text()[-3000:]
+        state = service.supervisor_state()
+        assert state is not None
+        assert state.restarts >= 1
+    finally:
+        service.stop()
