@@ -9,7 +9,7 @@ BROWSER := $(VENV)/.browser
 PROMTOOL := $(VENV)/.promtool
 GOTOOLS := $(VENV)/.gotools
 
-.PHONY: bench-peers help setup demo wheel test test-unit test-services test-faults test-reliability test-cluster test-alerting test-sources test-backfill test-install test-network test-soak gotools lint docs-check docs format lock stack-down clean
+.PHONY: bench-peers help setup demo wheel test test-unit test-services test-faults test-reliability test-cluster test-alerting test-privacy test-backfill test-install test-network test-soak test-sources gotools lint docs-check docs format lock stack-down clean
 
 help:
 	@echo "make demo        set up, start the stack and run the whole pipeline (stream, Airflow backfill, API, dashboard)"
@@ -23,9 +23,10 @@ help:
 	@echo "make test-install      the built wheel in a fresh venv, no checkout: admin init, ingest, speed, Airflow's recompute, serve; and pip install . without extras"
 	@echo "make test-tls          the pipeline over TLS and SASL_SSL on a private TLS stack (not part of make test)"
 	@echo "make test-network      network faults (latency, black hole, reset, bandwidth, slicer) through Toxiproxy between the components (not part of make test)"
+	@echo "make test-sources      the HTTP collector (trends collect) and the Kafka bridge (Avro in two schema versions, Protobuf, JSON, a real schema registry) against the real Kafka: dead letters, retries counted once, Kafka unreachable, SIGKILLs, a registry outage, Schemathesis (not part of make test)"
 	@echo "make test-soak         the whole stack for SOAK_MINUTES (default 60) at a steady rate, a fault every 10 min, resources bounded (not part of make test)"
 	@echo "make test-alerting     the alert rules (promtool), a real Prometheus firing the watermark-lag alert, the dashboards' panels with data (not part of make test)"
-	@echo "make test-sources      the Kafka bridge: Avro (two schema versions), Protobuf and JSON topics through a real schema registry, SIGKILLs, a registry outage (not part of make test)"
+	@echo "make test-privacy      pseudonymous user ids (no raw id in Kafka) and erasure: forget, export, the ledger and its verification (not part of make test)"
 	@echo "make bench-peers   the speed layer beside Flink and quixstreams on the same events, each checked exact first (.venv-peers; ~35 min)"
 	@echo "make gotools     build promtool, prometheus and toxiproxy from Go modules into ~/.cache/trends/bin (once, ~6 min)"
 	@echo "make lint        ruff check, ruff format --check, mypy, lint-imports (the layering contracts)"
@@ -102,7 +103,8 @@ test-cluster: setup
 	$(BIN)/pytest -m cluster tests/cluster
 
 # `trends batch backfill --wait` over 30 days (exact) and with Cassandra stopped mid-run, on a private Cassandra and
-# Airflow (3-7 min; kept out of make test, which would pass 30 minutes with it).
+# Airflow, and the hourly DAG's runs over empty, missing and stale hours (5-9 min; kept out of make test, which
+# would pass 25 minutes with it).
 test-backfill: setup
 	$(BIN)/pytest -m backfill tests/services/test_batch_backfill_cli.py tests/services/test_batch_dag.py
 
@@ -110,7 +112,7 @@ test-backfill: setup
 # `trends ingest`, the speed job, `trends batch index|run` and `trends serve` against the local stack, and
 # `import airflow` failing there (~3 min with a warm pip cache; not part of make test).
 CORE_VENV ?= .venv-core
-$(CORE_VENV)/.installed: pyproject.toml constraints.txt $(shell find app infra ingestion speed_layer batch_layer views serving -name '*.py' -o -name '*.cql' 2>/dev/null)
+$(CORE_VENV)/.installed: pyproject.toml constraints.txt $(shell find app infra ingestion speed_layer batch_layer views serving privacy -name '*.py' -o -name '*.cql' 2>/dev/null)
 	rm -rf $(CORE_VENV) && $(PY) -m venv $(CORE_VENV)
 	$(CORE_VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt .
 	rm -rf build  # setuptools' build folder of the non-editable install
@@ -139,17 +141,28 @@ test-alerting: setup $(GOTOOLS)
 	$(BIN)/pytest tests/unit/test_alert_rules.py tests/unit/test_dashboards.py
 	$(BIN)/pytest -m alerting tests/services/test_alerting.py tests/services/test_dashboards.py
 
-# Sources beyond files (marked `sources`): the Kafka bridge (`trends ingest kafka`) from Avro topics with two schema
-# versions interleaved, Protobuf and JSON, with a real Apicurio Registry (fetched and started on demand, Java 21+);
-# three SIGKILLs of the bridge mid-stream, then exact counts; the registry stopped for 30 s mid-run (~4 min).
-test-sources: setup
-	$(BIN)/pytest -m sources tests/services/test_bridge.py
+# Pseudonymous user ids from the first hop (marked `privacy`): the subject store against the real Cassandra, and the
+# generator and file replay (two producers racing on the same users) into private topics, then the topic and its
+# segment files read for raw ids; forget, export through the offset index, the erasure ledger (racing writers, an
+# edited row found by --verify) and the API's forget route.
+test-privacy: setup
+	$(BIN)/pytest -m privacy tests/services/test_privacy_*.py
 
 # Network faults between the components: a Toxiproxy server (built into the cache with the Go tools) in front of
 # Cassandra, a private Kafka broker and Airflow; each client pointed at its proxy by settings only. Writes
 # artifacts/network.md (link x fault -> what the component did, recovery time, counts after).
 test-network: setup $(GOTOOLS)
 	$(BIN)/pytest -m network tests/network
+
+# The event sources against the real Kafka (marked `sources`): the HTTP collector run as `trends collect` -- valid,
+# invalid and mixed batches read back from the topics, gzip and the size limit, the same batch twice counted once by
+# the speed and batch layers (Spark), Kafka unreachable mid-request through Toxiproxy in front of a private broker (the shared
+# one untouched), Schemathesis with every check on its OpenAPI document. The Kafka bridge (`trends ingest kafka`) from
+# Avro topics with two schema versions interleaved, Protobuf and JSON, with a real Apicurio Registry (fetched and
+# started on demand, Java 21+); three SIGKILLs of the bridge mid-stream, then exact counts; the registry stopped for
+# 30 s mid-run (~10 min in all).
+test-sources: setup $(GOTOOLS)
+	$(BIN)/pytest -m sources tests/services/test_collector.py tests/services/test_bridge.py
 
 # The peers bench (bench/peers/): Flink and quixstreams in their own venv (never the pipeline's dependencies), their
 # jars fetched with Maven from bench/peers/pom.xml into the jar cache, then the bench against the local stack.

@@ -26,10 +26,12 @@ SUBCOMMANDS = {
     "admin": "infra.admin_cli:admin",
     "demo": "app.demo:demo",
     "ingest": "ingestion.cli:ingest",
+    "collect": "ingestion.cli:collect",
     "speed": "speed_layer.cli:speed",
     "batch": "batch_layer.cli:batch",
     "query": "serving.cli:query",
-    "serve": "serving.cli:serve",
+    "serve": "app.api:serve",
+    "privacy": "privacy.cli:privacy",
 }
 
 

@@ -225,7 +225,7 @@ def demo(settings: Settings, fresh: bool, hours: int, event_rate: float, live_ra
     for r in control.up(settings, ["kafka", "cassandra", "airflow"]):
         how = "already running" if r.already_running else f"started in {r.seconds:.1f} s"
         click.echo(f"{r.name:10} {r.address:22} {how}")
-    for topic, how in topics.ensure_topics(settings.kafka).items():
+    for topic, how in topics.ensure_topics(settings.kafka, privacy=settings.privacy).items():
         click.echo(f"topic      {topic:22} {how}")
     applied = migrations.migrate(settings)
     click.echo(f"schema     {settings.cassandra.keyspace:22} {len(applied)} migration(s) applied now")

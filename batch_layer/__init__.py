@@ -8,7 +8,7 @@ Cassandra), ``store`` (the run sequence over the views' storage), ``report`` (ea
 progress), ``code_version`` (the code a run records).
 
 Around it: ``submit`` (the ``spark-submit`` entry point of the DAGs' recompute), ``tasks`` (what the DAGs' other
-tasks call), ``reconcile`` (an hour of the batch view against the speed view), ``backfill`` (``trends batch
-backfill`` through Airflow's REST API), ``exporter`` (the batch layer's state as Prometheus metrics), ``cli``
-(``trends batch``).
+tasks call), ``erasure`` (the ``trends_erasure`` DAG's recompute and purge of an erased subject's hours),
+``reconcile`` (an hour of the batch view against the speed view), ``backfill`` (``trends batch backfill`` through
+Airflow's REST API), ``exporter`` (the batch layer's state as Prometheus metrics), ``cli`` (``trends batch``).
 """

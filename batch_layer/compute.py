@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any
@@ -48,7 +49,7 @@ class Computed:
     outside: Counter[datetime]
 
 
-def compute(spark: SparkSession, settings: Settings, plan: Plan) -> Computed:
+def compute(spark: SparkSession, settings: Settings, plan: Plan, excluded: Collection[str] = ()) -> Computed:
     """Run the Spark side of a pass (one read of the records) and bring its small results to the driver.
 
     Minutes and hours are cached while their coarser rollups are computed from them, and come to the driver as
@@ -61,7 +62,7 @@ def compute(spark: SparkSession, settings: Settings, plan: Plan) -> Computed:
 
     hours = [h.hour for h in plan.hours]
     records = extract(spark, settings, plan)
-    minutes, observed = transform(records, settings, hours)
+    minutes, observed = transform(records, settings, hours, excluded)
     minutes = minutes.persist()
     hourly = None
     try:

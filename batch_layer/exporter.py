@@ -31,6 +31,7 @@ from infra.settings import Settings
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
+    from infra.privacy.ledger import Summary
     from views.store.index import Horizon
     from views.store.pointers import Watermark
 
@@ -64,6 +65,12 @@ METRICS = {
     "trends_batch_reconciliation_beyond_bound_events": "The last reconciliation's largest difference beyond the "
     "sketches' bounds, in events (0: the batch and speed views agree within them).",
     "trends_batch_reconciliation_timestamp_seconds": "When the last reconciliation ran.",
+    "trends_privacy_erasure_requests": "Erasure requests in the ledger by state: pending (not done yet: waiting for "
+    "the unlink or a recompute), done, failed.",
+    "trends_privacy_erasure_oldest_pending_age_seconds": "How long the oldest pending erasure request has waited "
+    "(absent when none is pending).",
+    "trends_privacy_erasure_deadline_seconds": "privacy.erasure_deadline_days in seconds: a request pending longer is "
+    "overdue.",
     "trends_airflow_up": "1 if the last scrape read Airflow's REST API within the timeout, else 0.",
     "trends_airflow_dag_last_success_timestamp_seconds": "End of the DAG's newest successful run.",
     "trends_airflow_failed_task_instances": "Task instances of the DAG in state failed that ended within "
@@ -93,6 +100,9 @@ class BatchState:
     reconciliation_at: datetime | None = None
     lost: dict[int, int] = field(default_factory=dict)
     old_definition_hours: int | None = None
+    # The erasure ledger's requests (infra.privacy.ledger.Summary); None when the ledger could not be read.
+    erasures: Summary | None = None
+    erasure_deadline_s: float | None = None
 
 
 @dataclass
@@ -173,6 +183,28 @@ def batch_families(state: BatchState) -> Iterator[Metric]:
     yield from gauge("trends_batch_incomplete_hours", state.incomplete_hours)
     yield from gauge("trends_batch_reconciliation_beyond_bound_events", state.reconciliation_beyond_bound)
     yield from gauge("trends_batch_reconciliation_timestamp_seconds", _ts(state.reconciliation_at))
+    yield from erasure_families(state)
+
+
+def erasure_families(state: BatchState) -> Iterator[Metric]:
+    """Yield the erasure ledger's families: requests by state, the oldest pending one's age, the deadline."""
+    from prometheus_client.core import GaugeMetricFamily  # noqa: PLC0415
+
+    summary = state.erasures
+    if summary is None:
+        return
+    name = "trends_privacy_erasure_requests"
+    requests = GaugeMetricFamily(name, METRICS[name], labels=["state"])
+    for label, count in (("pending", summary.pending), ("done", summary.done), ("failed", summary.failed)):
+        requests.add_metric([label], count)
+    yield requests
+    age = summary.oldest_pending_age_s(state.now)
+    if age is not None:
+        name = "trends_privacy_erasure_oldest_pending_age_seconds"
+        yield GaugeMetricFamily(name, METRICS[name], value=age)
+    if state.erasure_deadline_s is not None:
+        name = "trends_privacy_erasure_deadline_seconds"
+        yield GaugeMetricFamily(name, METRICS[name], value=state.erasure_deadline_s)
 
 
 def airflow_families(state: AirflowState) -> Iterator[Metric]:
@@ -258,6 +290,7 @@ class BatchReader:
             scan_start = wm.low or floor(scan_end - cfg.metrics.batch_scan_days * DAY, HOUR)
             incomplete = len(losses.incomplete(topic, scan_start, scan_end))
             last = checks.last()
+            erasures = self._erasures(pointers.sess)
             return BatchState(
                 now=now,
                 watermark=wm,
@@ -272,10 +305,22 @@ class BatchReader:
                 reconciliation_at=None if last is None else last.checked_at,
                 lost={p: s.lost for p, s in states.items()},
                 old_definition_hours=old,
+                erasures=erasures,
+                erasure_deadline_s=cfg.privacy.erasure_deadline_days * 86400.0,
             )
         except Exception:
             self.close()
             raise
+
+    def _erasures(self, sess: Any) -> Summary | None:
+        """Read the erasure ledger's summary; a failure (no ledger table yet) leaves the batch state readable."""
+        from infra.privacy.ledger import read_summary  # noqa: PLC0415
+
+        try:
+            return read_summary(self.settings, sess)
+        except Exception as exc:  # noqa: BLE001 - the erasure samples are absent, the batch ones still exported
+            logger.warning("the erasure ledger could not be read: %s", exc)
+            return None
 
 
 class AirflowReader:

@@ -28,6 +28,7 @@ from batch_layer.hours import chunks, hours_of, taper
 from batch_layer.report import RunProgress, RunResult
 from batch_layer.store import BatchStore
 from infra.cassandra import session
+from infra.privacy.exclusions import excluded_users
 from infra.settings import Settings
 from views.buckets import HOUR
 from views.definition import with_definition
@@ -76,6 +77,8 @@ def run(
         settings = with_definition(settings, definition)
         definition_fp = definitions.register(definition, "batch")
         idx, store = IndexStore(settings, sess), BatchStore(settings, sess)
+        # Erased subjects (exclusion mode) are read at every run, so no recompute, backfill or reprocess counts them.
+        excluded = excluded_users(settings, sess)
         if index_first:
             run_index(settings, store=idx)
         if not force:
@@ -84,7 +87,10 @@ def run(
         totals = idx.hour_totals(topic, {h.date() for h in hours})
         records = {h: totals.get(h, (0, 0))[0] for h in hours}
         passes = taper(chunks(hours, records, settings.batch.chunk_events, settings.batch.chunk_hours))
-        runner = _Passes(settings, idx, store, force=force, spark=spark, accepted=incomplete, definition=definition_fp)
+        runner = _Passes(
+            settings, idx, store, force=force, spark=spark, accepted=incomplete, definition=definition_fp,
+            excluded=excluded,
+        )  # fmt: skip
         # Pass i's Cassandra writes run while Spark computes pass i + 1 (the driver and the JVM take turns).
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-load") as loader:
             pending: Future[list[RunResult]] | None = None
@@ -134,8 +140,10 @@ class _Passes:
         spark: SparkSession | None,
         accepted: dict[datetime, list[Loss]] | None = None,
         definition: str | None = None,
+        excluded: frozenset[str] = frozenset(),
     ) -> None:
         self.definition = definition
+        self.excluded = excluded
         self.accepted = accepted or {}
         self.settings = settings
         self.idx = idx
@@ -156,7 +164,7 @@ class _Passes:
                 from infra.spark import get_spark  # noqa: PLC0415
 
                 self.spark, self.own = get_spark(self.settings, "batch"), True
-            done = compute.compute(self.spark, self.settings, plan)
+            done = compute.compute(self.spark, self.settings, plan, self.excluded)
         logger.info(
             "pass of %s hours from %s: %s records in %s ranges, Spark %.1f s",
             len(chunk), chunk[0].isoformat(), plan.records, len(plan.ranges), time.monotonic() - c0,

@@ -6,7 +6,7 @@ and aggregated with the views' one definition (:func:`views.aggregation.aggregat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +31,9 @@ def dedupe(events: DataFrame, by: Sequence[str] = ("id",)) -> DataFrame:
     return events.withColumn("_nth", F.row_number().over(first)).where(F.col("_nth") == 1).drop("_nth")
 
 
-def transform(records: DataFrame, settings: Settings, hours: Sequence[datetime]) -> tuple[DataFrame, Observation]:
+def transform(
+    records: DataFrame, settings: Settings, hours: Sequence[datetime], excluded: Collection[str] = ()
+) -> tuple[DataFrame, Observation]:
     """Return the minute view of the hours' events, deduplicated by id per hour, and the observation of the read.
 
     A record belongs to the hour its Kafka timestamp names (the index's hour; ingestion sets it to the event time),
@@ -39,12 +41,15 @@ def transform(records: DataFrame, settings: Settings, hours: Sequence[datetime])
     time lies in another hour is *outside* (counted in the lineage of its record's hour, not aggregated); one that
     does not parse is *unparseable*. Both are observed as the list of their hours (they are rare), during the one
     action that computes the minutes, so Kafka is read, parsed and deduplicated once.
+
+    :arg excluded: the erased subjects' pseudonyms (:mod:`infra.privacy.exclusions`): their events are read and
+        observed like the others (the read still matches the index) but never aggregated.
     """
     from pyspark.sql import Observation  # noqa: PLC0415
     from pyspark.sql import functions as F  # noqa: PLC0415
 
     from views.aggregation import aggregate  # noqa: PLC0415
-    from views.events import EVENT_COLUMNS, parse_events  # noqa: PLC0415
+    from views.events import EVENT_COLUMNS, parse_events, without_users  # noqa: PLC0415
 
     rec_hour = F.date_trunc("hour", F.col("timestamp"))
     wanted = records.select("value", "partition", "offset", rec_hour.alias("rec_hour")).where(
@@ -60,7 +65,8 @@ def transform(records: DataFrame, settings: Settings, hours: Sequence[datetime])
         F.collect_list(F.when(~F.col("parsed_ok"), epoch)).alias("unparseable"),
         F.collect_list(F.when(F.col("parsed_ok") & ~in_hour, epoch)).alias("outside"),
     )
-    kept = dedupe(parsed.where(in_hour).select(*EVENT_COLUMNS, "partition", "offset", "rec_hour"), ("rec_hour", "id"))
+    in_view = without_users(parsed.where(in_hour).select(*EVENT_COLUMNS, "partition", "offset", "rec_hour"), excluded)
+    kept = dedupe(in_view, ("rec_hour", "id"))
     minutes = aggregate(kept.select(*EVENT_COLUMNS), settings.views.slice_dims, settings.views.top_k_items)
     return minutes, observed
 

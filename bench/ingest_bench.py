@@ -10,20 +10,26 @@ baselines send exactly those bytes, so every ratio compares the same payloads:
 2. A bare confluent-kafka producer (idempotent, the same settings) sending the same lines **keyed by their item**
    with their event time as record timestamp: what ``trends ingest`` sends, with no parsing or validation. This is
    the baseline of the ratios below.
-3. ``trends ingest generate --fast -n N`` (the same generator, events built in memory) into another topic;
-4. ``trends ingest file`` of the file (read, parse, validate, serialize every line; ``--workers`` as given).
-
-5. The Kafka bridge (``trends ingest kafka``'s :class:`ingestion.bridge.Bridge`, in this process) reading the same
+3. ``trends ingest generate --fast -n N`` (the same generator, events built in memory) into another topic, with
+   its users pseudonymised (``privacy.pseudonymise``, the default) on a cold subject store (every user new: one
+   LWT each), again on the warm store (users known, the new process's cache empty: one read each), and with
+   pseudonymisation off;
+4. ``trends ingest file`` of the file (read, parse, validate, serialize every line; ``--workers`` as given),
+   pseudonymised (warm store) and not.
+5. ``trends collect``, the HTTP collector, in its own process: ``--clients`` threads post the file's lines as JSON
+   lines, ``--batch`` per request (1000 by default), each request answered once Kafka acknowledged all of them.
+6. The Kafka bridge (``trends ingest kafka``'s :class:`ingestion.bridge.Bridge`, in this process) reading the same
    events from a source topic -- as JSON lines, and as Confluent-framed Avro with the schema in the registry
    (``--bridge-formats``; Avro needs the registry: ``trends stack up registry``) -- beside a bare consume-produce
    loop of the same records (read_committed consumer, idempotent producer, the values forwarded as they are, no
    decoding, no validation, no transactions). Both are timed from their first record to their last acknowledgement.
 
-Prints the rates and the ratios of (3) and (4) to (2) and to (1), and of (5) to its bare loop (goal >= 0.5).
-Timing is not asserted (it is not a test), but
-every measurement must have sent every record: a run that sent fewer (or none) exits 1. ``--smoke`` runs every step
-on a few thousand records (CI: a bench that measures nothing fails). All topics are created for the run and deleted
-afterwards.
+Prints the rates and the ratios of (3), (4) and (5) to (2) and to (1), pseudonymised to not, and of (6) to its bare
+loop (goal >= 0.5). The subject store runs on a keyspace and a subject key of the bench's own (dropped afterwards),
+and its costs are measured alone too: creating pseudonyms, reading them, the cache, and writing subject hours.
+Timing is not asserted (it is not a test), but every measurement must have sent every record: a run that sent
+fewer (or none) exits 1. ``--smoke`` runs every step on a few thousand records (CI: a bench that measures nothing
+fails). All topics are created for the run and deleted afterwards.
 """
 
 from __future__ import annotations
@@ -32,14 +38,18 @@ import argparse
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
-from infra import jars, topics
+from infra import jars, migrations, topics
+from infra.cassandra import session
 from infra.settings import Settings
 from stack.services.base import find_java
 
@@ -166,6 +176,84 @@ def validate_alone(path: Path) -> float:
         for batch in files._batches(files.read_lines(stream), None):
             records += len(files._validate_batch(*files._columns(batch), None, ctx, "item"))
     return records / (time.perf_counter() - t0)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def collector(path: Path, env: dict[str, str], topic: str, dlq: str, clients: int, batch: int) -> tuple[int, float]:
+    """Post the file's lines to ``trends collect`` from ``clients`` threads, ``batch`` lines per request.
+
+    Returns (events accepted, seconds from the first request to the last answer); exits unless every request got
+    a 200 accepting all its lines.
+    """
+    import httpx
+
+    lines = [line for line in path.read_bytes().splitlines() if line]
+    bodies = [b"\n".join(lines[i : i + batch]) for i in range(0, len(lines), batch)]
+    port = free_port()
+    run_env = {
+        **env,
+        "TRENDS_KAFKA__EVENTS_TOPIC": topic,
+        "TRENDS_KAFKA__DLQ_TOPIC": dlq,
+        "TRENDS_COLLECTOR__PORT": str(port),
+        "TRENDS_COLLECTOR__MAX_RECORDS": str(max(batch, 10_000)),
+        "TRENDS_COLLECTOR__DELIVERY_TIMEOUT_S": "120",
+    }
+    url = f"http://127.0.0.1:{port}"
+    log = path.with_name("collect.log")
+    with log.open("wb") as out:
+        proc = subprocess.Popen([str(TRENDS), "collect"], env=run_env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                sys.exit(f"trends collect ended ({proc.returncode}):\n{log.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                sys.exit("trends collect did not answer within 60 s")
+            time.sleep(0.2)
+        todo = list(reversed(bodies))
+        lock = threading.Lock()
+        accepted = [0]
+        problems: list[str] = []
+
+        def client() -> None:
+            with httpx.Client(timeout=180, headers={"Content-Type": "application/x-ndjson"}) as http:
+                while True:
+                    with lock:
+                        if not todo or problems:
+                            return
+                        body = todo.pop()
+                    r = http.post(f"{url}/api/v1/events", content=body)
+                    with lock:
+                        if r.status_code != 200 or r.json()["rejected"]:
+                            problems.append(f"{r.status_code} {r.text[:300]}")
+                        else:
+                            accepted[0] += r.json()["accepted"]
+
+        threads = [threading.Thread(target=client) for _ in range(clients)]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seconds = time.monotonic() - t0
+        if problems:
+            sys.exit(f"trends collect refused requests: {problems[:3]}")
+        if accepted[0] != len(lines):
+            sys.exit(f"trends collect accepted {accepted[0]:,} events, not {len(lines):,}")
+        return accepted[0], seconds
+    finally:
+        proc.terminate()
+        proc.wait(60)
 
 
 AVRO_EVENT = {
@@ -314,10 +402,63 @@ def bridge_lanes(settings: Settings, path: Path, formats: list[str], run: str, n
         print(f"  ratio to the bare consume-produce loop {rate / bare:.2f} (goal >= 0.5)")
 
 
+def generate(label: str, n: int, names: dict[str, str], env: dict[str, str], bare: float, perf: float) -> float:
+    """Run ``trends ingest generate --fast -n N`` into the bench's topic; print and return its events/s."""
+    out, wall = trends(
+        ["ingest", "generate", "--fast", "-n", str(n), "--topic", names["gen"], "--dlq-topic", names["dlq"]], env
+    )
+    sent, seconds, rate = summary_rate(out, n)
+    print(
+        f"trends ingest generate{label}: {sent:,} events -> {rate:,.0f} events/s "
+        f"(producer {seconds:.1f} s; {sent / wall:,.0f}/s over the whole command, {wall:.1f} s with start-up)"
+    )
+    counts = re.search(r"pseudonyms .*", out)
+    if counts:
+        print(f"  {counts[0]}")
+    print(
+        f"  ratio to the bare keyed producer {rate / bare:.2f} (goal >= 0.5); to ProducerPerformance {rate / perf:.2f}"
+    )
+    return rate
+
+
+def store_costs(settings: Settings, n: int) -> None:
+    """Measure the subject store alone: create n pseudonyms (LWTs), read them, hit the cache, write subject hours."""
+    import secrets
+    from datetime import UTC, datetime, timedelta
+
+    from infra.privacy.subjects import SubjectStore
+
+    key = secrets.token_bytes(32)
+    users = [f"bench-user-{i}" for i in range(n)]
+
+    def timed(what: Callable[[], object]) -> float:
+        t0 = time.perf_counter()
+        what()
+        return n / (time.perf_counter() - t0)
+
+    with SubjectStore(settings, key=key) as cold:
+        created = timed(lambda: cold.pseudonyms(users))
+        cached = timed(lambda: cold.pseudonyms(users))
+        hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+        pairs = [(u, hour - timedelta(hours=i % 3)) for i, u in enumerate(users)]
+        written = timed(lambda: (cold.note_hours(pairs), cold.flush()))
+        deduped = timed(lambda: (cold.note_hours(pairs), cold.flush()))
+    with SubjectStore(settings, key=key) as warm:
+        read = timed(lambda: warm.pseudonyms(users))
+    concurrency = settings.privacy.lookup_concurrency
+    print(
+        f"subject store alone ({n:,} users, {concurrency} requests in flight): create (LWT) {created:,.0f}/s, "
+        f"read {read:,.0f}/s, cached {cached:,.0f}/s; subject hours: written {written:,.0f}/s (async), "
+        f"already written by this process {deduped:,.0f}/s"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000, help="records per measurement")
     parser.add_argument("--workers", type=int, default=0, help="trends ingest file --workers (0: one per CPU)")
+    parser.add_argument("--clients", type=int, default=4, help="concurrent HTTP clients of the collector")
+    parser.add_argument("--batch", type=int, default=1000, help="events per collector request")
     parser.add_argument("--smoke", action="store_true", help=f"tiny sizes, every check kept (CI): --records {SMOKE}")
     parser.add_argument(
         "--bridge-formats",
@@ -340,28 +481,39 @@ def main() -> None:
         "gen": f"bench.gen.{run}",
         "file": f"bench.file.{run}",
         "dlq": f"bench.dlq.{run}",
+        "coll": f"bench.coll.{run}",
     }
     specs = [
         topics.TopicSpec(names["perf"], parts, rf, {}),
         topics.TopicSpec(names["bare"], parts, rf, events_spec.config),
         topics.TopicSpec(names["gen"], parts, rf, events_spec.config),
         topics.TopicSpec(names["file"], parts, rf, events_spec.config),
+        topics.TopicSpec(names["coll"], parts, rf, events_spec.config),
         topics.TopicSpec(names["dlq"], parts, rf, dlq_spec.config),
     ]
     topics.ensure_topics(settings.kafka, specs)
+    # the subject store on a keyspace and key of the run's own: the first pseudonymised run meets only new users
+    keyspace = f"bench_ingest_{run}"
+    private = settings.model_copy(update={"cassandra": settings.cassandra.model_copy(update={"keyspace": keyspace})})
+    migrations.migrate(private)
     env = {
         **os.environ,
         "TRENDS_INGEST__COMPRESSION_TYPE": PRODUCER_PROPS["compression.type"],
         "TRENDS_INGEST__LINGER_MS": PRODUCER_PROPS["linger.ms"],
         "TRENDS_INGEST__BATCH_SIZE": PRODUCER_PROPS["batch.size"],
         "TRENDS_LOG_LEVEL": "WARNING",
+        "TRENDS_CASSANDRA__KEYSPACE": keyspace,
     }
+    off_env = {**env, "TRENDS_PRIVACY__PSEUDONYMISE": "false"}
     print(
         f"broker {settings.kafka.bootstrap_servers}, {parts} partitions, {n:,} records, acks=all, lz4, linger 5 ms"
         f"{' (smoke: tiny sizes, figures not comparable)' * args.smoke}"
     )
     try:
         with tempfile.TemporaryDirectory(prefix="ingest-bench-") as tmp:
+            key_file = Path(tmp) / "subject.key"
+            key_file.write_text(os.urandom(32).hex())
+            env["TRENDS_PRIVACY__SUBJECT_KEY_FILE"] = str(key_file)
             path = Path(tmp) / "events.jsonl"
             _, gen_wall = trends(["ingest", "generate", "--fast", "-n", str(n), "-o", str(path)], env)
             size_mb = path.stat().st_size / 1e6
@@ -369,41 +521,41 @@ def main() -> None:
             perf = producer_performance(settings, names["perf"], n, path)
             bare = bare_keyed(settings, names["bare"], path)
 
-            out, wall = trends(
-                ["ingest", "generate", "--fast", "-n", str(n), "--topic", names["gen"], "--dlq-topic", names["dlq"]],
-                env,
-            )
-            sent, seconds, rate = summary_rate(out, n)
-            print(
-                f"trends ingest generate: {sent:,} events -> {rate:,.0f} events/s "
-                f"(producer {seconds:.1f} s; {sent / wall:,.0f}/s over the whole command, {wall:.1f} s with start-up)"
-            )
-            print(f"  ratio to the bare keyed producer {rate / bare:.2f}; to ProducerPerformance {rate / perf:.2f}")
+            cold = generate(", pseudonymised, cold store (every user new)", n, names, env, bare, perf)
+            warm = generate(", pseudonymised, warm store (users known)", n, names, env, bare, perf)
+            off = generate(", not pseudonymised", n, names, off_env, bare, perf)
+            print(f"  pseudonymised / not: cold store {cold / off:.2f}, warm store {warm / off:.2f}")
 
-            out, wall = trends(
-                [
-                    "ingest",
-                    "file",
-                    str(path),
-                    "--no-progress",
-                    "--workers",
-                    str(args.workers),
-                    "--topic",
-                    names["file"],
-                    "--dlq-topic",
-                    names["dlq"],
-                ],
-                env,
-            )
-            sent, seconds, rate = summary_rate(out, n)
-            print(
-                f"trends ingest file (--workers {args.workers or os.cpu_count()}): {sent:,} events -> "
-                f"{rate:,.0f} events/s (read+validate+produce {seconds:.1f} s; {wall:.1f} s with start-up)"
-            )
-            print(
-                f"  ratio to the bare keyed producer {rate / bare:.2f} (goal >= 0.5); "
-                f"to ProducerPerformance {rate / perf:.2f}"
-            )
+            file_rates = {}
+            for label, file_env in ((", pseudonymised", env), (", not pseudonymised", off_env)):
+                out, wall = trends(
+                    [
+                        "ingest",
+                        "file",
+                        str(path),
+                        "--no-progress",
+                        "--workers",
+                        str(args.workers),
+                        "--topic",
+                        names["file"],
+                        "--dlq-topic",
+                        names["dlq"],
+                    ],
+                    file_env,
+                )
+                sent, seconds, rate = summary_rate(out, n)
+                file_rates[label] = rate
+                print(
+                    f"trends ingest file (--workers {args.workers or os.cpu_count()}){label}: {sent:,} events -> "
+                    f"{rate:,.0f} events/s (read+validate+produce {seconds:.1f} s; {wall:.1f} s with start-up)"
+                )
+                print(
+                    f"  ratio to the bare keyed producer {rate / bare:.2f} (goal >= 0.5); "
+                    f"to ProducerPerformance {rate / perf:.2f}"
+                )
+            on_file, off_file = file_rates.values()
+            print(f"  pseudonymised / not: {on_file / off_file:.2f}")
+            store_costs(private, max(n // 50, 2000))
             alone = validate_alone(path)
             workers = args.workers or os.cpu_count() or 1
             print(
@@ -412,9 +564,26 @@ def main() -> None:
                 f"{rate / (alone * workers):.2f} of {workers} x that, on {os.cpu_count()} cores shared with the "
                 f"producer and the broker"
             )
+            sent, seconds = collector(path, env, names["coll"], names["dlq"], args.clients, args.batch)
+            rate = sent / seconds
+            print(
+                f"trends collect (HTTP, {args.batch} events per request as JSON lines, {args.clients} clients): "
+                f"{sent:,} events -> {rate:,.0f} events/s (every request answered after Kafka's acks)"
+            )
+            print(
+                f"  ratio to the bare keyed producer {rate / bare:.2f} (goal >= 0.5); "
+                f"to ProducerPerformance {rate / perf:.2f}"
+            )
+            print(
+                f"  bound: the collector parses and validates in its one process: it reached {rate / alone:.2f} of "
+                f"read + parse + validate + encode alone ({alone:,.0f} records/s, above)"
+            )
+
             bridge_lanes(settings, path, bridge_formats, run, names)
     finally:
         topics.delete_topics(settings.kafka, list(names.values()))
+        with session(settings) as sess:
+            sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}")
 
 
 if __name__ == "__main__":

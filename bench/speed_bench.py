@@ -18,8 +18,17 @@ Run: ``.venv/bin/python bench/speed_bench.py [--events 1000000]`` with the stack
    (a p99 that falls on a lost sample is printed as such). Goal p50 <= 2 s, p99 <= 5 s. A run in which no sample
    became visible measured nothing and exits 1.
 
-``--smoke`` runs both parts on a few thousand events without the warm-up runs, with 3 s of freshness samples
-(CI: a bench that measures nothing fails).
+3. The events' format: the topic's records, read once in a batch and cached, are decoded in Spark three ways to the
+   same event columns and aggregated the same way (a sum over every field, so every field is decoded): ``from_json``
+   with ``views.event.spark_schema()`` and ``SPARK_JSON_OPTIONS``, the layers' own decode
+   (``views.events.parse_events``), and ``from_avro`` (spark-avro, its own bundle of the jar cache) of the same
+   events encoded as plain Avro binary of ``views.event.avro_schema()``. A bare scan summing the JSON's bytes is the
+   baseline. All in one session, warm (one untimed run of each first), ``--decode-runs`` rounds taking each in turn;
+   prints best and median rates and the ratios, and fails if the three decodes' sums differ. Runs first, its cache
+   dropped before 1.
+
+``--smoke`` runs every part on a few thousand events without the warm-up runs, with 3 s of freshness samples and one
+decode round (CI: a bench that measures nothing fails). ``--decode-only`` runs 3 alone.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import os
 import random
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -41,14 +51,14 @@ from typing import Any, cast
 
 from confluent_kafka import Producer
 
-from infra import migrations, topics
+from infra import jars, migrations, topics
 from infra.cassandra import session, table
 from infra.settings import Settings
 from infra.spark import kafka_options
-from views.event import format_ts
+from views.event import SPARK_JSON_OPTIONS, avro_schema, format_ts, spark_schema
 
-# --smoke: a few thousand events, no warm-up, 3 s of freshness samples
-SMOKE = {"events": 3000, "warmup_events": 0, "latency_seconds": 3.0}
+# --smoke: a few thousand events, no warm-up, 3 s of freshness samples, one decode round
+SMOKE = {"events": 3000, "warmup_events": 0, "latency_seconds": 3.0, "decode_runs": 1}
 BARE, COUNTED = "bare Kafka -> noop", "bare Kafka -> count -> noop"
 PARSE_ONLY = "Kafka -> decode -> noop"
 DEDUPE_ONLY = "... -> exact dedupe -> noop"
@@ -214,6 +224,117 @@ def throughput(
     return rates
 
 
+SCAN, FROM_JSON, LAYERS_DECODE, FROM_AVRO = (
+    "bare scan (sum of JSON bytes)",
+    "from_json, spark_schema",
+    "the layers' decode (parse_events)",
+    "from_avro, avro_schema",
+)
+
+
+def decode_formats(spark: Any, settings: Settings, count: int, runs: int, warm: bool) -> dict[str, Any]:
+    """Time the decode of the topic's events from JSON (two ways) and from Avro, cached, in this session.
+
+    :arg runs: timed rounds; each round runs every decode once, in turn (a busy moment hits them alike).
+    :arg warm: run each decode once, untimed, first.
+    :returns: ``seconds`` (name -> the rounds' times), ``bytes`` (format -> mean bytes per event).
+    :raises AssertionError: when a decode's sums differ from the others' (they decoded different events).
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import from_avro, to_avro
+
+    from views.events import EVENT_COLUMNS, parse_events
+
+    schema = avro_schema()
+    avsc = json.dumps(schema)
+    raw = (
+        spark.read.format("kafka")
+        .options(**kafka_options(settings.kafka))
+        .option("subscribe", settings.kafka.events_topic)
+        .option("startingOffsets", "earliest")
+        .option("endingOffsets", "latest")
+        .load()
+        .select("value")
+    )
+    js = raw.cache()
+    parsed = js.select(F.from_json(F.col("value").cast("string"), spark_schema(), SPARK_JSON_OPTIONS).alias("e"))
+    # The same events as plain Avro binary, encoded by Spark: the JSON leaves out empty dims, Avro requires the map.
+    fields = [
+        F.coalesce(F.col("e.dims"), F.create_map().cast("map<string,string>")).alias(f["name"])
+        if f["name"] == "dims"
+        else F.col(f"e.{f['name']}")
+        for f in schema["fields"]
+    ]
+    avro = parsed.select(to_avro(F.struct(*fields), avsc).alias("value")).cache()
+    sizes = {
+        "JSON": js.agg(F.count("*"), F.avg(F.length("value"))).first(),
+        "Avro": avro.agg(F.count("*"), F.avg(F.length("value"))).first(),
+    }
+    assert all(n == count for n, _ in sizes.values()), (sizes, count)
+
+    def summed(events: Any) -> Any:
+        """Sum every event column (a forced full decode) and count the events with an id, a time and an item."""
+        return events.agg(
+            F.count("*"),
+            F.count_if(F.col("id").isNotNull() & F.col("ts").isNotNull() & F.col("item").isNotNull()),
+            F.sum(F.length("id")),
+            F.sum(F.unix_millis("ts")),
+            F.sum(F.length("item")),
+            F.sum(F.length("user")),
+            F.sum("value"),
+            F.sum(F.aggregate(F.map_values("dims"), F.lit(0), lambda acc, x: acc + F.length(x))),
+        ).first()
+
+    decodes = {
+        SCAN: lambda: js.agg(F.count("*"), F.sum(F.length("value"))).first(),
+        FROM_JSON: lambda: summed(parsed.select(*(F.col(f"e.{c}") for c in EVENT_COLUMNS))),
+        LAYERS_DECODE: lambda: summed(parse_events(js, keep=())),
+        FROM_AVRO: lambda: summed(
+            avro.select(from_avro("value", avsc, {"mode": "PERMISSIVE"}).alias("e")).select(
+                *(F.col(f"e.{c}") for c in EVENT_COLUMNS)
+            )
+        ),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in decodes}
+    sums: dict[str, Any] = {}
+    try:
+        for round_ in range(runs + (1 if warm else 0)):
+            for name, decode in decodes.items():
+                t0 = time.monotonic()
+                sums[name] = decode()
+                if round_ or not warm:
+                    seconds[name].append(time.monotonic() - t0)
+    finally:
+        js.unpersist()
+        avro.unpersist()
+    decoded = {name: tuple(sums[name]) for name in (FROM_JSON, LAYERS_DECODE, FROM_AVRO)}
+    assert len(set(decoded.values())) == 1, decoded
+    assert decoded[FROM_AVRO][:2] == (count, count), decoded  # every event decoded, and valid
+    return {"seconds": seconds, "bytes": {fmt: mean for fmt, (_, mean) in sizes.items()}}
+
+
+def print_decode_formats(result: dict[str, Any], count: int, warm: bool) -> None:
+    """Print each decode's best and median rate beside the bare scan's, and the Avro/JSON ratios."""
+    seconds = result["seconds"]
+    runs = len(seconds[SCAN])
+    best = {name: min(times) for name, times in seconds.items()}
+    median = {name: statistics.median(times) for name, times in seconds.items()}
+    how = "warm (after an untimed run of each)" if warm else "cold"
+    print(f"\ndecode of the same {count:,} events, cached, {how}, best / median of {runs} rounds, one session:")
+    for name in seconds:
+        print(
+            f"  {name:36} {best[name]:6.2f} / {median[name]:6.2f} s  {count / best[name]:>12,.0f} / "
+            f"{count / median[name]:>10,.0f} rows/s  ({best[SCAN] / best[name]:.2f} of the bare scan's best)"
+        )
+    size = result["bytes"]
+    print(f"  bytes per event: JSON {size['JSON']:.1f}, Avro {size['Avro']:.1f} ({size['Avro'] / size['JSON']:.2f})")
+    for base in (FROM_JSON, LAYERS_DECODE):
+        print(
+            f"  ratio from_avro / {base}: {best[base] / best[FROM_AVRO]:.2f}x faster (best), "
+            f"{median[base] / median[FROM_AVRO]:.2f}x (median)"
+        )
+
+
 def latency(settings: Settings, env: dict[str, str], rate: float, seconds: float) -> tuple[list[float], int, float]:
     """Return the visible samples' latencies, the number of lost samples, and the producer's achieved rate."""
     trends = str(Path(sys.executable).parent / "trends")
@@ -329,6 +450,8 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--latency-seconds", type=float, default=60)
     parser.add_argument("--warmup-events", type=int, default=50_000, help="events of the warm-up topic (0: none)")
+    parser.add_argument("--decode-runs", type=int, default=5, help="timed rounds of the JSON/Avro decode")
+    parser.add_argument("--decode-only", action="store_true", help="measure the JSON/Avro decode alone")
     parser.add_argument("--smoke", action="store_true", help=f"tiny sizes, every check kept (CI): {SMOKE}")
     args = parser.parse_args()
     if args.smoke:
@@ -346,13 +469,27 @@ def main() -> None:
             "speed": base.speed.model_copy(update={"query_name": f"bench_{run}"}),
             "metrics": base.metrics.model_copy(update={"speed_port": 0}),
             "views": base.views.model_copy(update={"slice_dims": ["origin"]}),
-            "spark": base.spark.model_copy(update={"checkpoint_root": str(base.data_dir / "bench-checkpoints" / run)}),
+            "spark": base.spark.model_copy(
+                update={
+                    "checkpoint_root": str(base.data_dir / "bench-checkpoints" / run),
+                    "extra_jars": [*base.spark.extra_jars, *map(str, jars.bundle_jars(base, jars.SPARK_AVRO))],
+                }
+            ),
         }
     )
     topics.ensure_topics(settings.kafka, [topics.TopicSpec(topic, base.kafka.partitions, 1, {"retention.ms": "-1"})])
     migrations.migrate(settings)
     try:
         fill_topic(settings, topic, args.events)
+        from infra.spark import get_spark
+
+        # The session throughput() takes up (get_spark returns the running one) and stops.
+        spark = get_spark(settings, "bench")
+        formats = decode_formats(spark, settings, args.events, args.decode_runs, warm=not args.smoke)
+        print_decode_formats(formats, args.events, warm=not args.smoke)
+        if args.decode_only:
+            spark.stop()
+            return
         warmup = None
         if args.warmup_events:
             warm_topic = f"bench.warm.{run}"
@@ -430,7 +567,8 @@ def main() -> None:
         if not lat:
             raise SystemExit(f"speed bench: none of {total} freshness samples became visible: nothing was measured")
     finally:
-        for name in (topic, *([f"bench.warm.{run}"] if args.warmup_events else []), f"bench.latency.{run}"):
+        made = [topic] if args.decode_only else [topic, f"bench.latency.{run}"]
+        for name in (*made, *([f"bench.warm.{run}"] if args.warmup_events and not args.decode_only else [])):
             try:
                 topics.delete_topics(settings.kafka, [name])
             except Exception as exc:  # noqa: BLE001 - clean-up of a topic that may not exist

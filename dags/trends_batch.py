@@ -15,6 +15,9 @@ backfills replace instead of adding.
   at a time, then advance the watermark. Trigger it from the UI's form, with ``airflow dags trigger
   trends_backfill --conf '{"start": "...", "end": "..."}'`` or ``POST /api/v2/dags/trends_backfill/dagRuns``;
   ``"accept_loss": true`` accepts records lost before indexing for the range's incomplete hours.
+* ``trends_erasure`` (triggered by ``trends privacy forget --exclude`` with a request id and its hours, one run at a
+  time): wait until the last hour is closed, recompute the hours in chunks (every batch run leaves out the erased
+  subjects), then purge the hours' superseded versions and speed rows and advance the watermark.
 """
 
 from __future__ import annotations
@@ -36,12 +39,16 @@ from infra.dag_contract import (
     BATCH_DAG,
     CHUNKS_TASK,
     END_PARAM,
+    ERASURE_DAG,
     FORCE_ARG,
     HOURS_ARG,
+    HOURS_PARAM,
     NO_INDEX_ARG,
     ONLY_MISSING_PARAM,
     PLAN_TASK,
+    PURGE_TASK,
     RECOMPUTE_TASK,
+    REQUEST_PARAM,
     START_PARAM,
     VERIFY_TASK,
     WAIT_TASK,
@@ -263,3 +270,75 @@ def trends_backfill() -> None:
 
 
 backfill_dag = trends_backfill()
+
+
+@dag(
+    dag_id=ERASURE_DAG,
+    schedule=None,
+    start_date=datetime(2025, 1, 1, tzinfo=UTC),
+    catchup=False,
+    max_active_runs=1,  # a second request waits for the first's recompute (their hours may overlap)
+    default_args=DEFAULT_ARGS,
+    tags=["trends", "batch-layer", "privacy"],
+    user_defined_macros={"connector_jars": connector_jars},
+    params={
+        REQUEST_PARAM: Param("", type="string", description="The request's id in the erasure ledger (a hash)."),
+        HOURS_PARAM: Param(
+            [], type="array", items={"type": "string"}, description="The hours holding the subject, ISO-8601 UTC."
+        ),
+    },
+    doc_md=__doc__,
+)
+def trends_erasure() -> None:
+    """Recompute the hours holding an erased subject without it, then purge what still holds it."""
+
+    @task.sensor(task_id=WAIT_TASK, poke_interval=60, timeout=6 * 3600, mode="reschedule")
+    def wait_until_closed(params: dict[str, Any] | None = None) -> PokeReturnValue:
+        """Index new records, then poke until the last of the hours is closed."""
+        from batch_layer.erasure import hours_closed, parse_hours
+        from infra.settings import Settings
+
+        assert params is not None
+        return PokeReturnValue(is_done=hours_closed(Settings(), parse_hours(params[HOURS_PARAM])))
+
+    @task(task_id=CHUNKS_TASK)
+    def chunks(params: dict[str, Any] | None = None) -> list[list[str]]:
+        """Return the spark-submit arguments of each chunk of the hours (refused when an hour is incomplete)."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from batch_layer.erasure import erasure_chunks, parse_hours
+        from batch_layer.offsets import LossNotAcceptedError
+        from infra.settings import Settings
+
+        assert params is not None
+        try:
+            planned = erasure_chunks(Settings(), parse_hours(params[HOURS_PARAM]))
+        except LossNotAcceptedError as exc:
+            raise AirflowFailException(str(exc)) from exc
+        return [[HOURS_ARG, chunk, FORCE_ARG, NO_INDEX_ARG] for chunk in planned]
+
+    planned = chunks()
+    recompute = SparkSubmitOperator.partial(
+        **_submit(
+            RECOMPUTE_TASK,
+            name="trends-erasure-{{ run_id | replace(':', '') | replace('+', '') }}",
+            max_active_tis_per_dag=BACKFILL_PARALLELISM,
+        )
+    ).expand(application_args=planned)
+
+    @task(task_id=PURGE_TASK)  # only after every chunk succeeded: until then the old versions are the current ones
+    def purge(params: dict[str, Any] | None = None, dag_run: Any = None) -> str:
+        """Delete the hours' superseded versions and speed rows, advance the watermark, record it in the ledger."""
+        from batch_layer.erasure import finish, parse_hours
+        from infra.settings import Settings
+
+        assert params is not None
+        return finish(
+            Settings(), params[REQUEST_PARAM], parse_hours(params[HOURS_PARAM]), getattr(dag_run, "run_id", "")
+        )
+
+    wait_until_closed() >> planned
+    recompute >> purge()
+
+
+erasure_dag = trends_erasure()

@@ -6,9 +6,11 @@ Settings: ``settings`` (the one typed tree), ``service_settings`` (Kafka, Cassan
 CLI turns into a message and an exit status). Clients and resources: ``cassandra`` (driver sessions), ``spark`` (the
 one SparkSession factory), ``topics`` (the Kafka topics), ``migrations`` (the CQL migrations of ``infra/cql``),
 ``jars`` (Maven fetches into the jar cache), ``dlq`` (the dead-letter topic's headers and a count by reason),
-``checkpoints`` (where the speed query's checkpoint lives), ``dag_contract`` (the DAGs' ids, params and folder),
+``checkpoints`` (where the speed query's checkpoint lives), ``privacy`` (personal data's contracts: the subject
+store of pseudonyms), ``dag_contract`` (the DAGs' ids, params and folder),
 ``params`` (the command line's parameter types), ``dashboards`` (the Grafana dashboards of ``infra/grafana``,
 declared in code; ``dashboard_model`` renders them). Commands:
 ``admin_cli`` (``trends admin``: topics and schema, connector jars, DAG folder on real clusters) and ``config_cli``
-(``trends config``). ``airflow`` holds the REST API's client.
+(``trends config``). ``airflow`` holds the REST API's client; ``privacy`` the subject store (pseudonyms), the
+erasure ledger and the erased subjects, contracts every layer may import.
 """

@@ -19,7 +19,7 @@ DAG_FILE = "trends_dags.py"
 DAG_FILE_TEXT = (
     '"""The trends batch DAGs (airflow) of the installed package, written by `trends admin dags --install`."""\n'
     "\n"
-    f"from {DAG_MODULE} import backfill_dag, batch_dag  # noqa: F401\n"
+    f"from {DAG_MODULE} import backfill_dag, batch_dag, erasure_dag  # noqa: F401\n"
 )
 
 
@@ -32,7 +32,7 @@ def init_clusters(
     if kafka:
         changes: list[topics.ConfigChange] = []
         for topic, state in topics.ensure_topics(
-            settings.kafka, apply_config=apply_topic_config, changes=changes
+            settings.kafka, apply_config=apply_topic_config, changes=changes, privacy=settings.privacy
         ).items():
             click.echo(f"topic      {topic:22} {state}")
         for change in changes:

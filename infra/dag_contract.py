@@ -24,12 +24,18 @@ END_PARAM: Final = "end"  # end (exclusive), a whole hour
 ONLY_MISSING_PARAM: Final = "only_missing"  # skip hours that already have a current run
 ACCEPT_LOSS_PARAM: Final = "accept_loss"  # compute hours that records lost before indexing may belong to
 
+# -- an erasure's recompute of the hours holding an erased subject (privacy: `trends privacy forget --exclude`) -----
+ERASURE_DAG: Final = "trends_erasure"
+REQUEST_PARAM: Final = "request"  # the request's id in the erasure ledger (a hash: no personal data)
+HOURS_PARAM: Final = "hours"  # the hours holding the subject's events (JSON list of ISO-8601 hours)
+PURGE_TASK: Final = "purge"  # deletes the hours' superseded versions and speed rows; its XCom: the summary line
+
 # -- tasks of both -----------------------------------------------------------------------------------------------
 RECOMPUTE_TASK: Final = "recompute"  # the spark-submit of batch_layer/submit.py (mapped: one instance per chunk)
 VERIFY_TASK: Final = "verify"  # the hourly DAG's reconciliation with the speed view
 ADVANCE_TASK: Final = "advance_watermark"  # its XCom: the batch watermark line
 
-DAG_IDS: Final = (BATCH_DAG, BACKFILL_DAG)
+DAG_IDS: Final = (BATCH_DAG, BACKFILL_DAG, ERASURE_DAG)
 
 
 def is_chunk(task_id: str | None, map_index: int | None) -> bool:

@@ -259,6 +259,28 @@ BATCH = Dashboard(
             ),
         ),
         Row(
+            "Erasure requests",
+            (
+                Panel(
+                    "Oldest pending erasure request",
+                    "How long the oldest erasure (forget) request not done yet has waited: it waits for its unlink "
+                    "or for the recompute of its hours. Past privacy.erasure_deadline_days (the red line is the "
+                    "default, 30 days) the request is overdue.",
+                    (Target("max(trends_privacy_erasure_oldest_pending_age_seconds)", "oldest pending"),),
+                    "trendserasureoverdue",
+                    unit="s",
+                    red_from=30 * 86400,
+                ),
+                Panel(
+                    "Erasure requests by state",
+                    "Requests in the erasure ledger: pending, done, failed (trends privacy status lists them).",
+                    (Target("max by (state) (trends_privacy_erasure_requests)", "{{state}}"),),
+                    "erasure",
+                    page="metrics",
+                ),
+            ),
+        ),
+        Row(
             "Runs (Airflow)",
             (
                 Panel(

@@ -1,4 +1,4 @@
-"""Fetch the Java servers and the Spark Kafka connector with Maven into the jar cache.
+"""Fetch the Java servers, the Spark Kafka connector and Spark's Avro functions with Maven into the jar cache.
 
 Each bundle is a small pom under ``infra/maven/<bundle>/``; its runtime dependencies are copied into
 ``<cache_dir>/jars/<bundle>/`` — one folder per bundle because Kafka's and Cassandra's jars conflict. A bundle is
@@ -59,7 +59,13 @@ SPARK_KAFKA = Bundle(
     skip_jars_shipped_by_pyspark=True,
 )
 REGISTRY = Bundle("registry", "Apicurio Registry 3.3.3 (Quarkus app, Confluent-compatible API; Java 21+)", unpack=True)
-BUNDLES = {b.name: b for b in (KAFKA, CASSANDRA, SPARK_KAFKA)}
+# Only the speed bench's JSON-against-Avro decode uses it (bench/speed_bench.py --decode); no job puts it on spark.jars.
+SPARK_AVRO = Bundle(
+    "spark-avro",
+    "Spark 4.2.0 Avro functions (spark-avro_2.13)",
+    skip_jars_shipped_by_pyspark=True,
+)
+BUNDLES = {b.name: b for b in (KAFKA, CASSANDRA, SPARK_KAFKA, SPARK_AVRO)}
 # Fetched when first needed (`trends stack up registry`) or asked for (`trends stack fetch --with-registry`):
 # 160 MB that only the Kafka bridge's Avro and Protobuf sources use.
 ON_DEMAND = {REGISTRY.name: REGISTRY}

@@ -149,6 +149,52 @@ class IngestSettings(BaseModel):
     )
 
 
+class CollectorSettings(BaseModel):
+    """The HTTP collector of ``trends collect``: where it listens and the limits that keep one client from the rest.
+
+    Requests need the API token of ``serving.api_token`` when it is set (one token for the HTTP endpoints).
+    """
+
+    host: str = Field(
+        "127.0.0.1",
+        description="Address the collector binds to (loopback by default; off loopback it needs "
+        "`serving.api_token`, at least 16 characters).",
+    )
+    port: int = Field(8010, ge=0, le=65535, description="Port of the collector (`POST /api/v1/events`).")
+    max_body_bytes: int = Field(
+        10 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body, in bytes, counted both as sent and after gzip decompression (a 413 "
+        "past it): `Content-Length` is checked first, then the bytes as they are read and inflated.",
+    )
+    max_records: int = Field(
+        10_000, ge=1, le=1_000_000, description="Most records (events) one request may carry (a 413 past it)."
+    )
+    rate_limit_events_s: float = Field(
+        0.0,
+        ge=0,
+        description="Events per second the collector accepts (a token bucket over all clients; 0: no limit). A "
+        "request that would overdraw it is refused whole with a 429 and `Retry-After`.",
+    )
+    rate_limit_burst: int = Field(
+        20_000,
+        ge=1,
+        description="Events the token bucket holds when full: a burst after a quiet spell. A request of more "
+        "records than this is refused while a rate limit is set (keep it at least `max_records`).",
+    )
+    delivery_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="How long a request waits for Kafka to acknowledge all its records (acks=all) before it is "
+        "answered 503 with `Retry-After`. It is also the producer's message.timeout.ms, so a refused request "
+        "leaves nothing queued behind it.",
+    )
+    retry_after_s: int = Field(
+        5, ge=1, le=3600, description="`Retry-After` (seconds) of a 503 while Kafka does not acknowledge in time."
+    )
+
+
 class BridgeSettings(BaseModel):
     """The Kafka bridge (`trends ingest kafka`): a consumer group on other topics, transactions into `events`."""
 
@@ -517,4 +563,69 @@ class MetricsSettings(BaseModel):
     )
     evaluation_interval_s: float = Field(
         15.0, gt=0, description="How often the local Prometheus evaluates the alert rules, seconds."
+    )
+
+
+class PrivacySettings(BaseModel):
+    """Personal data: user ids pseudonymised from the first hop, the subject key, and erasure's deadline."""
+
+    pseudonymise: bool = Field(
+        True,
+        description="Ingestion replaces every event's `user` by a random pseudonym (one per user, kept in "
+        "Cassandra's `subjects` table under a keyed hash of the id) before it is encoded, so record keys, the JSON "
+        "and content-derived event ids on the events topic hold no raw id. Off only where the ids are pseudonymous "
+        "already (or for a replay of events that were pseudonymised before).",
+    )
+    subject_key_file: Path | None = Field(
+        None,
+        description="File holding the secret that keys the hash of user ids (at least 32 bytes; the local stack "
+        "creates one, mode 0600, at `stack up`/`stack init`). Anyone with this key and a candidate id can find its "
+        "row in `subjects`: keep it like a password, and the same on every producer. Never printed. Default: "
+        "<data_dir>/privacy/subject.key.",
+    )
+    erasure_deadline_days: int = Field(
+        30,
+        ge=2,
+        le=3650,
+        description="Days within which an erasure request must be done (GDPR Art. 12(3): one month): a request "
+        "still pending after them fires the alert TrendsErasureOverdue. The dead-letter "
+        "topic, which keeps raw records, is created with a retention (and segment roll) that deletes a record "
+        "before this deadline, whatever kafka.dlq_retention_ms says.",
+    )
+    pseudonym_cache_size: int = Field(
+        200_000,
+        ge=0,
+        description="Pseudonyms a producing process keeps in memory (least recently used go first; ~200 bytes "
+        "each); 0 asks Cassandra for every batch of events.",
+    )
+    pseudonym_cache_ttl_s: float = Field(
+        300.0,
+        gt=0,
+        description="How long a producing process trusts a pseudonym it has read or created. A forgotten user's "
+        "events keep their old pseudonym in running producers for at most this long, then get a new, unlinked one.",
+    )
+    hours_dedupe_size: int = Field(
+        1_000_000,
+        ge=0,
+        description="(subject, hour) pairs a producing process remembers having written to `subject_hours`, so "
+        "each is written about once per process (least recently used go first).",
+    )
+    lookup_concurrency: int = Field(
+        64,
+        ge=1,
+        le=1024,
+        description="Cassandra requests a producing process keeps in flight to read or create pseudonyms and to "
+        "record subjects' hours.",
+    )
+    exclude_on_forget: bool = Field(
+        False,
+        description="`trends privacy forget` (and the API's forget) also exclude the subject's events from the "
+        "views, as `--exclude` does: the pseudonym goes to `erased_pseudonyms` and the request stays pending until "
+        "the hours holding the subject are recomputed. Off: erasure unlinks the pseudonym only (crypto-shredding).",
+    )
+    export_max_hours: int = Field(
+        24 * 366,
+        ge=1,
+        description="`trends privacy export` refuses a subject with more hours of history than this (a usage "
+        "error naming the count): each hour is read from Kafka through the offset index.",
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import secrets
 import socket
 from functools import lru_cache
 from typing import Any, Final
@@ -145,3 +146,17 @@ def too_short(var: str, secret: str) -> str | None:
     if len(secret) < MIN_SECRET_CHARS:
         return f"{var} has {len(secret)} characters, off loopback it needs at least {MIN_SECRET_CHARS}."
     return None
+
+
+def bearer_refusal(authorization: str | None, token: str | None) -> int | None:
+    """Return the HTTP status that refuses a request's ``Authorization`` header, or None when it may pass.
+
+    No token configured: every request passes. Otherwise a request without ``Bearer <token>`` gets 401 and one
+    with a different token 403; the comparison takes the same time whatever the token sent.
+    """
+    if token is None:
+        return None
+    scheme, _, value = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not value:
+        return 401
+    return None if secrets.compare_digest(value.encode(), token.encode()) else 403

@@ -42,7 +42,11 @@ class KafkaSettings(BaseModel):
         -1, ge=-1, description="retention.bytes per partition of the events topic (-1: no size bound)."
     )
     dlq_retention_ms: int = Field(
-        30 * 24 * 3600 * 1000, ge=-1, description="retention.ms of the dead-letter topic (default 30 days)."
+        30 * 24 * 3600 * 1000,
+        ge=-1,
+        description="retention.ms of the dead-letter topic (-1: as long as allowed). Dead letters keep raw records, "
+        "user ids included: the topic is created with at most the erasure deadline (privacy.erasure_deadline_days) "
+        "minus two days, and daily segments, so a record is gone before the deadline (28 days by default).",
     )
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         "PLAINTEXT", description="security.protocol of every client (SSL and SASL_SSL encrypt with TLS)."

@@ -28,9 +28,11 @@ from pydantic_settings import (
 from infra.pipeline_settings import (
     BatchSettings,
     BridgeSettings,
+    CollectorSettings,
     DedupeBy,
     IngestSettings,
     MetricsSettings,
+    PrivacySettings,
     ServingSettings,
     SpeedSettings,
     StackSettings,
@@ -52,9 +54,11 @@ __all__ = [
     "SECRETS_DIR_ENV",
     "BatchSettings",
     "BridgeSettings",
+    "CollectorSettings",
     "DedupeBy",
     "IngestSettings",
     "MetricsSettings",
+    "PrivacySettings",
     "ServingSettings",
     "Settings",
     "SpeedSettings",
@@ -136,6 +140,7 @@ class Settings(BaseSettings):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     stack: StackSettings = Field(default_factory=StackSettings)
     ingest: IngestSettings = Field(default_factory=IngestSettings)
+    collector: CollectorSettings = Field(default_factory=CollectorSettings)
     bridge: BridgeSettings = Field(default_factory=BridgeSettings)
     registry: SchemaRegistrySettings = Field(default_factory=SchemaRegistrySettings)
     views: ViewSettings = Field(default_factory=ViewSettings)
@@ -144,6 +149,7 @@ class Settings(BaseSettings):
     airflow: AirflowSettings = Field(default_factory=AirflowSettings)
     serving: ServingSettings = Field(default_factory=ServingSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    privacy: PrivacySettings = Field(default_factory=PrivacySettings)
 
     @model_validator(mode="before")
     @classmethod
@@ -195,6 +201,11 @@ class Settings(BaseSettings):
     def jars_dir(self) -> Path:
         """Return the folder of fetched jars, one subfolder per bundle."""
         return self.cache_dir / "jars"
+
+    @property
+    def subject_key_path(self) -> Path:
+        """Return the file of the secret that keys the hash of user ids (``privacy.subject_key_file``)."""
+        return self.privacy.subject_key_file or self.data_dir / "privacy" / "subject.key"
 
     @property
     def checkpoint_root(self) -> str:

@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.errors import SetupError
+from infra.pipeline_settings import PrivacySettings
 from infra.service_settings import KafkaSettings
 
 logger = logging.getLogger(__name__)
 
 TIMEOUT_S = 30.0
+DAY_MS = 86_400_000
 
 
 @dataclass(frozen=True)
@@ -31,8 +33,28 @@ class TopicSpec:
     config: dict[str, str]
 
 
-def topic_specs(kafka: KafkaSettings) -> list[TopicSpec]:
-    """Return the events and dead-letter topics as configured."""
+def dlq_retention(kafka: KafkaSettings, privacy: PrivacySettings) -> dict[str, str]:
+    """Return the dead-letter topic's retention configs: deleted well before the erasure deadline.
+
+    Dead letters keep the raw record, user id included, and nothing pseudonymises them; an erasure cannot reach
+    into them, so they must be gone before its deadline. Kafka deletes a segment once its newest record is older
+    than ``retention.ms`` (checked every 5 minutes, files removed a minute later), so a record lives at most
+    ``retention.ms`` plus the time its segment stays open: segments roll daily (``segment.ms``) and the
+    retention is the deadline minus that day and one more day of margin (or the configured one, if shorter).
+    """
+    deadline = privacy.erasure_deadline_days * DAY_MS
+    segment = min(DAY_MS, deadline // 4)
+    bound = deadline - segment - min(DAY_MS, deadline // 4)
+    configured = kafka.dlq_retention_ms
+    retention = bound if configured < 0 else min(configured, bound)
+    return {"retention.ms": str(retention), "segment.ms": str(segment)}
+
+
+def topic_specs(kafka: KafkaSettings, privacy: PrivacySettings | None = None) -> list[TopicSpec]:
+    """Return the events and dead-letter topics as configured (the dead letters' retention per :func:`dlq_retention`).
+
+    :arg privacy: the erasure deadline that bounds the dead letters' retention (default: the default deadline).
+    """
     common = {"min.insync.replicas": str(kafka.min_insync_replicas)}
     return [
         TopicSpec(
@@ -52,7 +74,7 @@ def topic_specs(kafka: KafkaSettings) -> list[TopicSpec]:
             kafka.dlq_topic,
             kafka.partitions,
             kafka.replication_factor,
-            {**common, "retention.ms": str(kafka.dlq_retention_ms)},
+            {**common, **dlq_retention(kafka, privacy or PrivacySettings())},
         ),
     ]
 
@@ -77,6 +99,7 @@ def ensure_topics(
     *,
     apply_config: bool = False,
     changes: list[ConfigChange] | None = None,
+    privacy: PrivacySettings | None = None,
 ) -> dict[str, str]:
     """Create missing topics with the configured settings; return name -> "created"/"exists".
 
@@ -86,7 +109,7 @@ def ensure_topics(
     from confluent_kafka import KafkaException  # noqa: PLC0415
     from confluent_kafka.admin import AdminClient, NewTopic  # noqa: PLC0415
 
-    specs = specs if specs is not None else topic_specs(kafka)
+    specs = specs if specs is not None else topic_specs(kafka, privacy)
     admin = AdminClient({**kafka.client_config(), "log_level": 3})
     try:
         existing = admin.list_topics(timeout=TIMEOUT_S).topics

@@ -1,8 +1,10 @@
 """Ingestion: raw records in, valid events to the events topic and rejects with a reason to the dead-letter topic.
 
 ``validate`` (records to events or rejects, never an exception), ``mapping`` (other shapes' columns onto the event),
-``producer`` (the one idempotent Kafka producer), ``generator`` (a seeded synthetic stream with planted bursts),
-``files`` (replay JSONL or CSV files), ``dlq`` (the dead-letter record format, read back), ``metrics`` (Prometheus
-metrics of a long-running ingest), ``progress`` (progress lines and a graceful stop), ``cli`` (``trends ingest``).
+``pseudonyms`` (users replaced by their pseudonyms before anything is encoded), ``producer`` (the one idempotent
+Kafka producer), ``generator`` (a seeded synthetic stream with planted bursts), ``files`` (replay JSONL or CSV
+files), ``collector`` (the HTTP collector of ``trends collect``, answering once Kafka acknowledged a batch),
+``dlq`` (the dead-letter record format, read back), ``metrics`` (Prometheus metrics of a long-running
+ingest), ``progress`` (progress lines and a graceful stop), ``cli`` (``trends ingest``).
 The event model itself is the views' (:mod:`views.event`).
 """

@@ -27,12 +27,13 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from infra.errors import TrendsError
 from infra.settings import Settings
 from ingestion.mapping import DEFAULT_MAPPING, ColumnMapping
 from ingestion.producer import IngestSummary, producer_config
+from ingestion.pseudonyms import Pseudonymiser
 from ingestion.validate import Context, Encoded, Reason, Reject, encode_fields, encode_json
 from ingestion.wire import Decoder, Format, RegistryUnavailable, Undecodable, decoder
 
@@ -145,6 +146,7 @@ class Bridge:
         self.transactional_id = self.cfg.transactional_id or f"{self.cfg.group_id}.bridge"
         self.stats = BridgeStats()
         self._decode: Decoder = decoder(fmt, settings.registry)
+        self._pseudonymiser = Pseudonymiser.from_settings(settings)  # None with privacy.pseudonymise off
         self._skew = timedelta(seconds=settings.ingest.max_future_skew_s)
         self._consumer = Consumer(
             {
@@ -325,6 +327,19 @@ class Bridge:
     def _where(message: Message) -> str:
         return f"{message.topic()} partition {message.partition()} offset {message.offset()}"
 
+    def _pseudonymised(self, outcomes: list[Outcome]) -> list[Outcome]:
+        """Replace the events' users by their pseudonyms (their hours recorded first), as every path into Kafka does."""
+        if self._pseudonymiser is None:
+            return outcomes
+        at = [i for i, (_m, done) in enumerate(outcomes) if not isinstance(done, Reject)]
+        if not at:
+            return outcomes
+        events = self._pseudonymiser.encoded([cast("Encoded", outcomes[i][1]) for i in at], self.key_field)
+        out = list(outcomes)
+        for i, event in zip(at, events, strict=True):
+            out[i] = (out[i][0], event)
+        return out
+
     def _transact(self, outcomes: list[Outcome]) -> bool:
         """Produce a batch's outcomes and commit its offsets in one transaction; False when it was aborted."""
         from confluent_kafka import KafkaException, TopicPartition  # noqa: PLC0415
@@ -335,6 +350,7 @@ class Bridge:
         events = 0
         rejects: Counter[str] = Counter()
         ends: dict[tuple[str, int], int] = {}
+        outcomes = self._pseudonymised(outcomes)
         try:
             producer.begin_transaction()
             for message, done in outcomes:
@@ -414,4 +430,6 @@ class Bridge:
             self._consumer.close()
         finally:
             self._producer.flush(TIMEOUT_S)
+            if self._pseudonymiser is not None:
+                self._pseudonymiser.close()
         self.stats.summary.elapsed_s = time.monotonic() - self._started

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -16,6 +17,8 @@ import click
 
 from infra.params import TIME_HELP, UTC_TIME
 from infra.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 
 def scoped(
@@ -50,6 +53,13 @@ def _print_summary(lines: list[str], *, err: bool) -> None:
 
     for line in lines:
         click.echo(escape_text(line), err=err)
+
+
+def _with_pseudonyms(lines: list[str], producer: Any) -> list[str]:
+    """Add the pseudonym counts of a run (no ids: counts only) when it pseudonymised."""
+    if producer.pseudonymiser is None:
+        return lines
+    return [*lines, producer.pseudonymiser.stats.line()]
 
 
 @click.group()
@@ -229,11 +239,12 @@ def _generate_to_kafka(settings: Settings, config: Any, wall_duration: float | N
     from ingestion.producer import DeliveryError, EventProducer
     from ingestion.progress import Progress, graceful_stop
 
-    stream = gen.SyntheticStream(config)
     progress = Progress(settings.ingest.progress_interval_s)
     total = config.total()
     producer = EventProducer(settings)
     producer.check_topics()
+    # Users are pseudonymised as each chunk is made (privacy.pseudonymise); a file (-o) keeps the generated ids.
+    stream = gen.SyntheticStream(config, pseudonymiser=producer.pseudonymiser)
     try:
         with graceful_stop() as stopper, metrics.serving(settings, lambda: producer.summary, "generate"):
             stats = gen.run(
@@ -258,7 +269,7 @@ def _generate_to_kafka(settings: Settings, config: Any, wall_duration: float | N
     finally:
         if truth is not None:
             gen.write_truth(stream, truth)
-    _print_summary(summary.lines(), err=False)
+    _print_summary(_with_pseudonyms(summary.lines(), producer), err=False)
     if truth is not None:
         click.echo(f"ground truth: {truth}")
     return stats.stopped
@@ -377,9 +388,86 @@ def file_(
     except DeliveryError as exc:
         _print_summary(exc.summary.lines(), err=False)
         raise
-    _print_summary([f"read      {stats.records:>12,} records from {path}", *summary.lines()], err=False)
+    lines = [f"read      {stats.records:>12,} records from {path}", *summary.lines()]
+    _print_summary(_with_pseudonyms(lines, producer), err=False)
     if stats.stopped:
         sys.exit(130)
+
+
+COLLECT_EXAMPLES = """\b
+Examples:
+  trends collect
+  curl -s -H 'Content-Type: application/json' -d '[{"ts": "2026-11-27T10:00:00Z", "item": "#a", "user": "u1"}]' \\
+      http://127.0.0.1:8010/api/v1/events
+  gzip -c events.jsonl | curl -s -H 'Content-Type: application/x-ndjson' -H 'Content-Encoding: gzip' \\
+      --data-binary @- http://127.0.0.1:8010/api/v1/events
+"""
+
+
+@click.command(epilog=COLLECT_EXAMPLES)
+@click.option("--host", help="Bind address (default: collector.host, loopback).")
+@click.option("--port", type=click.IntRange(0, 65535), help="Port (default: collector.port).")
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="Bind a non-loopback address without an API token (or with a short one); logs a warning.",
+)
+@_topic_options
+@click.pass_obj
+def collect(
+    settings: Settings,
+    *,
+    host: str | None,
+    port: int | None,
+    insecure: bool,
+    topic: str | None,
+    dlq_topic: str | None,
+    key_field: str | None,
+) -> None:
+    """Serve the HTTP collector: POST /api/v1/events puts a batch of events into Kafka.
+
+    The body is a JSON array of events (application/json) or JSON lines (application/x-ndjson), gzip allowed;
+    each record is validated as `trends ingest file` does. The answer comes once Kafka acknowledged every record:
+    200 with the accepted and rejected counts (rejects go to the dead-letter topic with their reason), or 503 with
+    Retry-After. Requests need TRENDS_SERVING__API_TOKEN when it is set; off loopback it must be set.
+    `trends collect` and `trends ingest collect` are the same command.
+    """
+    from infra.errors import TrendsError
+    from infra.security import exposure_problem
+    from ingestion.producer import EventProducer
+
+    settings = scoped(settings, topic, dlq_topic, key_field)
+    host = host if host is not None else settings.collector.host
+    port = port if port is not None else settings.collector.port
+    token = settings.serving.api_token.get_secret_value() if settings.serving.api_token is not None else None
+    problem = exposure_problem(
+        "the collector", host, token, guard_var="TRENDS_SERVING__API_TOKEN", host_var="--host/TRENDS_COLLECTOR__HOST"
+    )
+    if problem and not insecure:
+        msg = f"{problem} (--insecure serves it anyway)"
+        raise click.UsageError(msg)
+    if problem:
+        logger.warning("--insecure: anyone who reaches %s can write events", host)
+    # Missing topics are a set-up error, found now; an unreachable broker is not: requests get 503 until it is back.
+    probe = EventProducer(settings)
+    try:
+        probe.check_topics(timeout_s=settings.collector.delivery_timeout_s)
+    except TrendsError as exc:
+        if "do not exist" in str(exc):
+            raise
+        logger.warning("starting without Kafka (%s): requests get 503 until it answers", exc)
+    finally:
+        probe.close(5, raise_on_failure=False)
+
+    import uvicorn
+
+    from ingestion.collector import EVENTS_PATH, create_app
+
+    click.echo(f"collector http://{host}:{port}{EVENTS_PATH}  metrics http://{host}:{port}/metrics", err=True)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower(), access_log=False)
+
+
+ingest.add_command(collect)
 
 
 KAFKA_EXAMPLES = """\b
@@ -568,8 +656,6 @@ def dlq(
         click.echo(f"\n{escape_text(code)}:")
         for letter in kept:
             where = f"{letter.source}:{letter.line}" if letter.line is not None else letter.source
-            if letter.source_partition >= 0:
-                where = f"{letter.source} partition {letter.source_partition} offset {letter.source_offset}"
             raw = letter.raw[:160].decode("utf-8", "backslashreplace")
             more = f" … ({letter.raw_size:,} bytes)" if letter.raw_size > 160 else ""
             click.echo(f"  {escape_text(where)}  {escape_text(letter.detail[:160])}\n    {escape_text(raw)}{more}")
@@ -591,6 +677,4 @@ def _letter_dict(letter: Any) -> dict[str, Any]:
         "truncated": letter.truncated,
         "partition": letter.partition,
         "offset": letter.offset,
-        "source_partition": letter.source_partition,
-        "source_offset": letter.source_offset,
     }

@@ -19,7 +19,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, BinaryIO, Final, Literal, cast
@@ -28,6 +28,7 @@ from infra.errors import TrendsError
 from infra.settings import Settings
 from ingestion.mapping import DEFAULT_MAPPING, ColumnMapping
 from ingestion.producer import EventProducer
+from ingestion.pseudonyms import Pseudonymiser
 from ingestion.validate import (
     MAX_RECORD_BYTES,
     Context,
@@ -283,17 +284,25 @@ class Validated:
     keys: list[bytes | None] = field(default_factory=list)
     stamps: list[int] = field(default_factory=list)  # record timestamps (event time, epoch ms)
     rejects: list[Reject] = field(default_factory=list)
+    subject_stats: dict[str, int] = field(default_factory=dict)  # a worker's pseudonym counts for this batch
 
     def __len__(self) -> int:
         return len(self.values) + len(self.rejects)
 
 
 def _validate_batch(
-    raws: list[bytes], lines: list[int], sizes: dict[int, int], header: list[str] | None, ctx: Context, key_field: str
+    raws: list[bytes],
+    lines: list[int],
+    sizes: dict[int, int],
+    header: list[str] | None,
+    ctx: Context,
+    key_field: str,
+    pseudonymiser: Pseudonymiser | None = None,
 ) -> Validated:
     """Validate and encode a batch of records (in a worker process); keep their order.
 
     :arg sizes: the full size of each overlong record, by its index in the batch.
+    :arg pseudonymiser: replaces the users of the batch's events by pseudonyms (all at once, after validation).
     """
     ctx = replace(ctx, now=datetime.now(UTC))
     out = Validated()
@@ -311,6 +320,32 @@ def _validate_batch(
             add_stamp(stamp)
         else:
             out.rejects.append(cast("Reject", done))
+    if pseudonymiser is not None and out.values:
+        pseudonymised = pseudonymiser.encoded(list(zip(out.values, out.keys, out.stamps, strict=True)), key_field)
+        out.values = [v for v, _k, _t in pseudonymised]
+        out.keys = [k for _v, k, _t in pseudonymised]
+    return out
+
+
+# A validation worker's own pseudonymiser (its own Cassandra session), made by the pool's initializer.
+_WORKER_PSEUDONYMISER: Pseudonymiser | None = None
+
+
+def _init_worker(settings: Settings | None) -> None:
+    global _WORKER_PSEUDONYMISER  # noqa: PLW0603 - one per worker process, for the life of the pool
+    _WORKER_PSEUDONYMISER = Pseudonymiser.from_settings(settings) if settings is not None else None
+
+
+def _validate_in_worker(
+    raws: list[bytes], lines: list[int], sizes: dict[int, int], header: list[str] | None, ctx: Context, key_field: str
+) -> Validated:
+    pseudonymiser = _WORKER_PSEUDONYMISER
+    if pseudonymiser is None:
+        return _validate_batch(raws, lines, sizes, header, ctx, key_field)
+    before = asdict(pseudonymiser.stats)
+    out = _validate_batch(raws, lines, sizes, header, ctx, key_field, pseudonymiser)
+    after = asdict(pseudonymiser.stats)
+    out.subject_stats = {k: after[k] - before[k] for k in after if after[k] != before[k]}
     return out
 
 
@@ -327,6 +362,7 @@ def _batches(records: Iterator[RawRecord], limit: int | None) -> Iterator[list[R
 
 
 def _replay_parallel(
+    settings: Settings,
     producer: EventProducer,
     source: OpenSource,
     fmt: Format,
@@ -341,7 +377,9 @@ def _replay_parallel(
 
     The parent reads and produces; the workers parse, validate and serialize. Outcomes come back batch by batch
     in the order the batches were read, so every record is produced in file order (the order per key holds) and
-    every reject reaches the dead-letter topic as in a sequential replay.
+    every reject reaches the dead-letter topic as in a sequential replay. With the producer pseudonymising,
+    each worker pseudonymises its batches itself (its own subject store; the store's transactions make every
+    process agree on a user's pseudonym).
     """
     if fmt == "csv":
         header_list, records = read_csv(source.stream)
@@ -351,11 +389,12 @@ def _replay_parallel(
     batches = _batches(records, limit)
     first = next(batches, [])
     if len(first) < BATCH_RECORDS:  # a small source: starting processes would cost more than it saves
-        done = _validate_batch(*_columns(first), header, ctx, producer.key_field)
+        done = _validate_batch(*_columns(first), header, ctx, producer.key_field, producer.pseudonymiser)
         _produce_batch(done, producer, stats, source, on_progress)
         return
     # spawn: the parent's producer runs librdkafka threads, which a fork would copy in an unknown state
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+    worker_settings = settings if producer.pseudonymiser is not None else None
+    with multiprocessing.get_context("spawn").Pool(workers, _init_worker, (worker_settings,)) as pool:
         pending: deque[Any] = deque()
         batches = itertools.chain([first], batches)
         exhausted = False
@@ -366,7 +405,7 @@ def _replay_parallel(
                     exhausted = True
                     break
                 job = (*_columns(batch), header, ctx, producer.key_field)
-                pending.append(pool.apply_async(_validate_batch, job))
+                pending.append(pool.apply_async(_validate_in_worker, job))
             if not pending:
                 return
             _produce_batch(pending.popleft().get(), producer, stats, source, on_progress)
@@ -384,6 +423,8 @@ def _produce_batch(
     on_progress: Callable[[ReplayStats, OpenSource], None] | None,
 ) -> None:
     """Produce a validated batch: its events in the file's order, then its rejects (another topic) in theirs."""
+    if done.subject_stats and producer.pseudonymiser is not None:
+        producer.pseudonymiser.add_stats(done.subject_stats)
     if done.values:
         producer.produce_many(done.values, done.keys, done.stamps)
         if stats.first_event_time is None:
@@ -433,7 +474,16 @@ def replay(
     with open_source(path) as source:
         if workers > 1 and pacer is None:
             _replay_parallel(
-                producer, source, resolved, replace(ctx, source=path), workers, stats, should_stop, on_progress, limit
+                settings,
+                producer,
+                source,
+                resolved,
+                replace(ctx, source=path),
+                workers,
+                stats,
+                should_stop,
+                on_progress,
+                limit,
             )
             if on_progress is not None:
                 on_progress(stats, source)

@@ -28,11 +28,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, BinaryIO, Final
+from typing import TYPE_CHECKING, Any, BinaryIO, Final
 
 import numpy as np
 
 from views.event import EVENT_SCHEMA_VERSION, format_ts, ts_millis
+
+if TYPE_CHECKING:
+    from ingestion.pseudonyms import Pseudonymiser
 
 logger = logging.getLogger(__name__)
 
@@ -303,10 +306,21 @@ def _zipf_cdf(n: int, s: float) -> np.ndarray[Any, np.dtype[np.float64]]:
 
 
 class SyntheticStream:
-    """The generator: iterate :meth:`chunks`, then read :attr:`truth`."""
+    """The generator: iterate :meth:`chunks`, then read :attr:`truth`.
 
-    def __init__(self, config: GeneratorConfig, *, clock: Callable[[], float] = time.time) -> None:
+    :arg pseudonymiser: replaces the users (``u1`` …) by their pseudonyms in the JSON and the keys, and records
+        each chunk's subject hours, before the chunk is handed out (the stream then goes to the events topic).
+    """
+
+    def __init__(
+        self,
+        config: GeneratorConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+        pseudonymiser: Pseudonymiser | None = None,
+    ) -> None:
         self.config = config
+        self._pseudonymiser = pseudonymiser
         self._clock = clock
         self._rng = np.random.default_rng(config.seed)
         # A second stream for the bursts, so planting a burst leaves every other draw of the stream unchanged.
@@ -407,7 +421,10 @@ class SyntheticStream:
         users = drawn["user"][offset : offset + n]
         values = drawn["value"][offset : offset + n]
         dims = drawn["dims"][offset : offset + n]
-        item_json, user_names, dims_json, prefix = self._item_json, self._user_names, self._dims_json, self._id_prefix
+        item_json, dims_json, prefix = self._item_json, self._dims_json, self._id_prefix
+        user_names: list[str] | dict[int, str] = self._user_names
+        if self._pseudonymiser is not None:
+            user_names = self._pseudonymised(self._pseudonymiser, users, ts_list)
         out: list[bytes] = []
         last_sec = -1
         head = ""
@@ -437,6 +454,13 @@ class SyntheticStream:
         if ts_list:
             self._last_ts = ts_list[-1]
         return Chunk(out, keys, ts_list)
+
+    def _pseudonymised(self, pseudonymiser: Pseudonymiser, users: list[int], ts_list: list[int]) -> dict[int, str]:
+        """Return user index -> pseudonym for a chunk's users, after recording their hours."""
+        names = self._user_names
+        distinct = list(set(users))
+        table = pseudonymiser.table([names[u] for u in distinct], zip([names[u] for u in users], ts_list, strict=True))
+        return {u: table[names[u]] for u in distinct}
 
     def truth(self) -> GroundTruth:
         """Return the ground truth of what has been generated so far."""

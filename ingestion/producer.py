@@ -4,7 +4,8 @@
 events topic and rejects to the dead-letter topic. Delivery reports are counted per topic; a record the broker
 refuses for its content (too large, bad timestamp…) is re-routed to the dead-letter topic with reason
 ``broker_rejected`` instead of vanishing. Other delivery errors are gathered and raised by :meth:`close` after
-the last flush (Airflow's produce operator does the same), so a caller sees every failure, once.
+the last flush (Airflow's produce operator does the same), so a caller sees every failure, once. A caller that
+answers for each record (the HTTP collector) passes an ``ack`` callback, told where each record ended up.
 """
 
 from __future__ import annotations
@@ -12,15 +13,17 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
 from infra.errors import TrendsError
 from infra.settings import Settings
 from ingestion.dlq import encode_reject
+from ingestion.pseudonyms import Pseudonymiser
 from ingestion.validate import Reason, Reject
 from views.event import Event
 
@@ -41,6 +44,24 @@ _CONTENT_ERRORS: Final = (
     "RECORD_LIST_TOO_LARGE",
     "POLICY_VIOLATION",
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """Where one record ended up, as its ``ack`` callback is told (from inside :meth:`EventProducer.poll`).
+
+    :arg topic: the topic it was acknowledged on (or failed on).
+    :arg error: None when the broker acknowledged it (acks=all), else the delivery error.
+    :arg rerouted: set when the broker refused the event for its content and its dead-letter copy was
+        acknowledged instead: the refusal's text.
+    """
+
+    topic: str
+    error: str | None = None
+    rerouted: str | None = None
+
+
+Ack = Callable[[Delivery], None]
 
 
 class DeliveryError(TrendsError):
@@ -125,18 +146,24 @@ class EventProducer:
 
     :arg settings: the settings (Kafka connection, topics, ``ingest`` producer tuning and key field).
     :arg config: extra librdkafka properties, applied last (tests, benchmarks).
+    :arg pseudonymise: replace users by pseudonyms in :meth:`produce` (default: ``privacy.pseudonymise``); the
+        :attr:`pseudonymiser` is there for the callers that encode events themselves (:meth:`produce_many`).
     """
 
-    def __init__(self, settings: Settings, *, config: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, settings: Settings, *, config: dict[str, Any] | None = None, pseudonymise: bool | None = None
+    ) -> None:
         from confluent_kafka import KafkaError, Producer  # noqa: PLC0415
 
+        on = settings.privacy.pseudonymise if pseudonymise is None else pseudonymise
+        self.pseudonymiser = Pseudonymiser.from_settings(settings) if on else None
         self.events_topic = settings.kafka.events_topic
         self.dlq_topic = settings.kafka.dlq_topic
         self.key_field = settings.ingest.key_field
         self.summary = IngestSummary()
         self._content_errors = {getattr(KafkaError, name) for name in _CONTENT_ERRORS if hasattr(KafkaError, name)}
         self._flush_timeout_s = settings.ingest.message_timeout_ms / 1000 + 30
-        self._reroute: list[tuple[bytes, str]] = []
+        self._reroute: list[tuple[bytes, str, Ack | None]] = []
         self._fatal: str | None = None
         self._last_error_log = 0.0
         self._since_poll = 0
@@ -171,24 +198,29 @@ class EventProducer:
             raise TrendsError(msg)
 
     # -- callbacks (run inside poll/flush, on the calling thread) ---------------------------------------------
-    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+    def _on_delivery(self, err: KafkaError | None, msg: Message, ack: Ack | None = None) -> None:
         summary = self.summary
+        topic = msg.topic() or ""
         if err is None:
-            if msg.topic() == self.events_topic:
+            if topic == self.events_topic:
                 summary.sent += 1
             else:
                 summary.dlq_sent += 1
+            if ack is not None:
+                ack(Delivery(topic))
             return
-        if msg.topic() == self.events_topic:
+        if topic == self.events_topic:
             if err.code() in self._content_errors:
-                self._reroute.append((msg.value() or b"", f"the broker refused the event: {err.str()}"))
+                self._reroute.append((msg.value() or b"", f"the broker refused the event: {err.str()}", ack))
                 summary.refused += 1
                 return
             summary.failed += 1
         else:
             summary.dlq_failed += 1
         if len(summary.errors) < MAX_ERROR_SAMPLES:
-            summary.errors.append(f"{msg.topic()}: {err.str()}")
+            summary.errors.append(f"{topic}: {err.str()}")
+        if ack is not None:
+            ack(Delivery(topic, err.str()))
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():
@@ -201,19 +233,23 @@ class EventProducer:
             logger.warning("producer: %s (retrying)", err.str())
 
     # -- producing ---------------------------------------------------------------------------------------------
-    def _send(self, topic: str, value: bytes, key: bytes | None, ts_ms: int, headers: Any = None) -> None:
+    def _send(
+        self, topic: str, value: bytes, key: bytes | None, ts_ms: int, headers: Any = None, ack: Ack | None = None
+    ) -> None:
         from confluent_kafka import KafkaException  # noqa: PLC0415
 
+        # A record with an ack gets its own delivery callback (which still counts it in the summary).
+        extra: dict[str, Any] = {} if ack is None else {"on_delivery": partial(self._on_delivery, ack=ack)}
         while True:
             try:
-                self._producer.produce(topic, value, key, timestamp=ts_ms, headers=headers)
+                self._producer.produce(topic, value, key, timestamp=ts_ms, headers=headers, **extra)
                 break
             except BufferError:
                 self._wait_for_room()
             except KafkaException as exc:
                 self._raise_on_fatal()
                 if topic == self.events_topic and exc.args[0].code() in self._content_errors:
-                    self._reroute.append((value, f"the client refused the event: {exc.args[0].str()}"))
+                    self._reroute.append((value, f"the client refused the event: {exc.args[0].str()}", ack))
                     self.summary.refused += 1
                     break
                 raise
@@ -233,17 +269,25 @@ class EventProducer:
             raise DeliveryError(msg, self.summary)
 
     def produce(self, event: Event) -> None:
-        """Queue an event for the events topic (key per settings, record timestamp = event time)."""
+        """Queue an event for the events topic (key per settings, record timestamp = event time).
+
+        With a :attr:`pseudonymiser` the user is replaced by its pseudonym first (and its hour recorded).
+        """
+        if self.pseudonymiser is not None:
+            event = self.pseudonymiser.event(event)
         self.summary.produced += 1
         self._send(self.events_topic, event.to_json(), event.key(self.key_field), event.ts_ms)
 
-    def produce_encoded(self, value: bytes, key: bytes | None, ts_ms: int) -> None:
-        """Queue an already normalized event (the generator's fast path: it builds the JSON itself)."""
+    def produce_encoded(self, value: bytes, key: bytes | None, ts_ms: int, *, ack: Ack | None = None) -> None:
+        """Queue an already normalized (and, where on, pseudonymised) event: the caller built the JSON itself.
+
+        :arg ack: called once with where the record ended up (acknowledged, failed, or re-routed).
+        """
         self.summary.produced += 1
-        self._send(self.events_topic, value, key, ts_ms)
+        self._send(self.events_topic, value, key, ts_ms, ack=ack)
 
     def produce_many(self, values: Sequence[bytes], keys: Sequence[bytes | None], ts_ms: Sequence[int]) -> None:
-        """Queue many already normalized events; the tight loop of fast generation."""
+        """Queue many already normalized (and, where on, pseudonymised) events; the tight loop of fast generation."""
         from confluent_kafka import KafkaException  # noqa: PLC0415
 
         produce = self._producer.produce
@@ -266,11 +310,43 @@ class EventProducer:
             self._since_poll = since_poll
             self.summary.produced += queued
 
-    def produce_reject(self, reject: Reject) -> None:
-        """Queue a rejected record for the dead-letter topic and count it by reason."""
+    def produce_acked(self, records: Sequence[tuple[bytes, bytes | None, int, Ack]]) -> None:
+        """Queue already normalized events (value, key, timestamp, ack), each with its ack (the HTTP collector).
+
+        The tight loop of :meth:`produce_many`, with a delivery callback per record; the slow path of
+        :meth:`produce_encoded` for a full queue, a refused record or a fatal error.
+        """
+        from confluent_kafka import KafkaException  # noqa: PLC0415
+
+        produce = self._producer.produce
+        topic = self.events_topic
+        on_delivery = self._on_delivery
+        since_poll = self._since_poll
+        queued = 0
+        try:
+            for value, key, ts, ack in records:
+                try:
+                    produce(topic, value, key, timestamp=ts, on_delivery=partial(on_delivery, ack=ack))
+                except (BufferError, KafkaException):
+                    self._send(topic, value, key, ts, ack=ack)
+                queued += 1
+                since_poll += 1
+                if since_poll >= POLL_EVERY:
+                    self._since_poll = 0
+                    self.poll(0)
+                    since_poll = 0
+        finally:
+            self._since_poll = since_poll
+            self.summary.produced += queued
+
+    def produce_reject(self, reject: Reject, *, ack: Ack | None = None) -> None:
+        """Queue a rejected record for the dead-letter topic and count it by reason.
+
+        :arg ack: called once with where the record ended up (acknowledged or failed).
+        """
         value, headers, ts_ms = encode_reject(reject)
         self.summary.invalid[str(reject.reason)] += 1
-        self._send(self.dlq_topic, value, None, ts_ms, headers)
+        self._send(self.dlq_topic, value, None, ts_ms, headers, ack=ack)
 
     def produce_outcome(self, outcome: Event | Reject) -> None:
         """Queue a validation outcome where it belongs."""
@@ -287,9 +363,11 @@ class EventProducer:
 
     def _drain_reroutes(self) -> None:
         while self._reroute:
-            raw, detail = self._reroute.pop()
+            raw, detail, ack = self._reroute.pop()
             now = datetime.now(UTC)
-            self.produce_reject(Reject(raw, Reason.BROKER_REJECTED, detail, "producer", None, now))
+            # The event's ack now follows its dead-letter copy, told why it went there.
+            rerouted = None if ack is None else _rerouted(ack, detail)
+            self.produce_reject(Reject(raw, Reason.BROKER_REJECTED, detail, "producer", None, now), ack=rerouted)
 
     def __len__(self) -> int:
         """Return the records queued locally or in flight."""
@@ -304,6 +382,8 @@ class EventProducer:
         """
         if not self._closed:
             self._closed = True
+            if self.pseudonymiser is not None:
+                self.pseudonymiser.close()
             deadline = time.monotonic() + (timeout_s if timeout_s is not None else self._flush_timeout_s)
             while True:
                 self._drain_reroutes()
@@ -338,3 +418,8 @@ class EventProducer:
     ) -> None:
         # Flush in every case; do not let a delivery error hide the exception already in flight.
         self.close(raise_on_failure=exc_type is None)
+
+
+def _rerouted(ack: Ack, detail: str) -> Ack:
+    """Return an ack that tells ``ack`` its record was re-routed to the dead-letter topic, and why."""
+    return lambda delivery: ack(replace(delivery, rerouted=detail))

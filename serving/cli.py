@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -117,55 +118,73 @@ def query() -> None:
     """Ask the merged views: summary, trending, series."""
 
 
-@click.command()
-@click.option("--host", help="Bind address (default: serving.host, loopback).")
-@click.option("--port", type=click.IntRange(0, 65535), help="Port (default: serving.port).")
-@click.option(
-    "--insecure",
-    is_flag=True,
-    help="Bind a non-loopback address without an API token (or with a short one); logs a warning.",
-)
-@click.option(
-    "--workers",
-    type=click.IntRange(1, 64),
-    help="Worker processes on the port (default: serving.workers); they share nothing but Cassandra.",
-)
-@click.pass_obj
-def serve(settings: Settings, host: str | None, port: int | None, insecure: bool, workers: int | None) -> None:
-    """Serve the HTTP API (/api/v1, /docs, /health, /ready, /metrics) and the dashboard (/).
+def serve_command(app_module: str = "serving.api") -> click.Command:
+    """Return the ``serve`` command over the app of ``app_module`` (its ``create_app`` and ``app_from_env``).
 
-    Off loopback the API needs TRENDS_SERVING__API_TOKEN (16 characters or more) unless --insecure is given.
-    With several workers, /metrics adds up all of them (Prometheus multiprocess mode, a fresh directory per start).
+    The command root serves the composed app (``app.api``: the API and the routes of the layers above serving);
+    serving itself cannot import them, so the module is named, not imported, here.
     """
-    from infra.security import exposure_problem
 
-    host, port = host if host is not None else settings.serving.host, settings.serving.port if port is None else port
-    token = settings.serving.api_token.get_secret_value() if settings.serving.api_token is not None else None
-    problem = exposure_problem(
-        "the API", host, token, guard_var="TRENDS_SERVING__API_TOKEN", host_var="--host/TRENDS_SERVING__HOST"
+    @click.command()
+    @click.option("--host", help="Bind address (default: serving.host, loopback).")
+    @click.option("--port", type=click.IntRange(0, 65535), help="Port (default: serving.port).")
+    @click.option(
+        "--insecure",
+        is_flag=True,
+        help="Bind a non-loopback address without an API token (or with a short one); logs a warning.",
     )
-    if problem and not insecure:
-        msg = f"{problem} (--insecure serves it anyway)"
-        raise click.UsageError(msg)
-    if problem:
-        logger.warning(
-            "--insecure: serving the API on %s without proper authentication: anyone who reaches it can query it", host
+    @click.option(
+        "--workers",
+        type=click.IntRange(1, 64),
+        help="Worker processes on the port (default: serving.workers); they share nothing but Cassandra.",
+    )
+    @click.pass_obj
+    def serve(settings: Settings, host: str | None, port: int | None, insecure: bool, workers: int | None) -> None:
+        """Serve the HTTP API (/api/v1, /docs, /health, /ready, /metrics) and the dashboard (/).
+
+        Off loopback the API needs TRENDS_SERVING__API_TOKEN (16 characters or more) unless --insecure is given.
+        With several workers, /metrics adds up all of them (Prometheus multiprocess mode, a fresh directory per start).
+        """
+        from infra.security import exposure_problem
+
+        host, port = (
+            host if host is not None else settings.serving.host,
+            settings.serving.port if port is None else port,
         )
+        token = settings.serving.api_token.get_secret_value() if settings.serving.api_token is not None else None
+        problem = exposure_problem(
+            "the API", host, token, guard_var="TRENDS_SERVING__API_TOKEN", host_var="--host/TRENDS_SERVING__HOST"
+        )
+        if problem and not insecure:
+            msg = f"{problem} (--insecure serves it anyway)"
+            raise click.UsageError(msg)
+        if problem:
+            logger.warning(
+                "--insecure: serving the API on %s without proper authentication: anyone who reaches it can query it",
+                host,
+            )
 
-    import uvicorn
+        import uvicorn
 
-    from serving.api import create_app
+        create_app = importlib.import_module(app_module).create_app
 
-    workers = workers if workers is not None else settings.serving.workers
-    click.echo(f"dashboard http://{host}:{port}/  API docs http://{host}:{port}/docs  ({workers} worker(s))")
-    if workers == 1:
-        uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.log_level.lower(), access_log=False)
-        return
-    _serve_workers(settings, host, port, workers)
+        workers = workers if workers is not None else settings.serving.workers
+        click.echo(f"dashboard http://{host}:{port}/  API docs http://{host}:{port}/docs  ({workers} worker(s))")
+        if workers == 1:
+            uvicorn.run(
+                create_app(settings), host=host, port=port, log_level=settings.log_level.lower(), access_log=False
+            )
+            return
+        _serve_workers(settings, host, port, workers, app_module)
+
+    return serve
 
 
-def _serve_workers(settings: Settings, host: str, port: int, workers: int) -> None:
-    """Run uvicorn's workers over :func:`serving.api.app_from_env`, with a fresh metrics directory for this start.
+serve = serve_command()
+
+
+def _serve_workers(settings: Settings, host: str, port: int, workers: int, app_module: str) -> None:
+    """Run uvicorn's workers over the app module's ``app_from_env``, with a fresh metrics directory for this start.
 
     The workers are new interpreters: they read these settings from ``TRENDS_*`` variables and write their metrics
     to files in ``PROMETHEUS_MULTIPROC_DIR``, which must exist before prometheus_client is imported there and must not
@@ -184,7 +203,7 @@ def _serve_workers(settings: Settings, host: str, port: int, workers: int) -> No
     os.environ[MULTIPROC_ENV] = metrics_dir
     try:
         uvicorn.run(
-            "serving.api:app_from_env",
+            f"{app_module}:app_from_env",
             factory=True,
             host=host,
             port=port,

@@ -332,6 +332,7 @@ def build(reader: ViewReader, start: datetime, end: datetime, now: datetime | No
         "answer": {"events": window.merged.events, "gaps": len(window.provenance.gaps)},
         "hours": strips,
         "losses": index_losses(reader),
+        "erasures": console_sources.read_erasures(settings, reader.sess, now),
         **slow.collect(),
     }
 

@@ -1,9 +1,9 @@
-"""What the operator console reads beyond the views: Airflow's backfill runs and the dead-letter topic's reasons.
+"""What the operator console reads beyond the views: Airflow's backfills, the dead letters, the erasure requests.
 
-Both are slow next to Cassandra and may be down: each is read on a worker thread, at most every
+Airflow and Kafka are slow next to Cassandra and may be down: each is read on a worker thread, at most every
 :data:`SLOW_SOURCE_TTL_S` per process (the last answer is kept meanwhile), and a request waits for it at most
 :data:`SLOW_SOURCE_WAIT_S`; a source that did not answer is shown in its section ("Airflow unreachable"), never as an
-error of the page.
+error of the page. The erasure ledger is a Cassandra read like the views' and is read with them.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Final
 
 from infra.dag_contract import BACKFILL_DAG, CHUNKS_TASK, END_PARAM, ONLY_MISSING_PARAM, START_PARAM, is_chunk
@@ -129,6 +130,33 @@ def read_dead_letters(settings: Settings) -> dict[str, Any]:
         "by_reason": dict(got.by_reason.most_common()),
         "oldest": got.oldest,
         "newest": got.newest,
+    }
+
+
+ERASURE_REQUESTS: Final = 20  # newest erasure requests shown (pending first)
+
+
+def read_erasures(settings: Settings, sess: Any, now: datetime) -> dict[str, Any]:
+    """Return the erasure ledger's requests (hashes only; pending first, oldest first), or why it could not be read."""
+    from infra.privacy.ledger import Ledger, ordered, overdue, summarize  # noqa: PLC0415
+
+    try:
+        requests = list(Ledger(settings, sess).requests().values())
+    except Exception as exc:  # noqa: BLE001 - shown in the section, never an error of the page
+        logger.info("the erasure ledger was not read for the console: %s", exc)
+        return {"readable": False, "error": "the erasure ledger could not be read (is migration 0011 applied?)"}
+    summary = summarize(requests)
+    requests = ordered(requests)
+    deadline = settings.privacy.erasure_deadline_days
+    return {
+        "readable": True,
+        "pending": summary.pending,
+        "done": summary.done,
+        "failed": summary.failed,
+        "oldest_pending_age_s": summary.oldest_pending_age_s(now),
+        "deadline_days": deadline,
+        "overdue": overdue(summary, now, deadline),
+        "requests": [r.to_json() for r in requests[:ERASURE_REQUESTS]],
     }
 
 

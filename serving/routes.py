@@ -7,7 +7,6 @@ answers carry the provenance, the gaps and the error bounds. The app around them
 
 # No `from __future__ import annotations`: FastAPI reads the endpoints' annotations at runtime, some of them local.
 import logging
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -19,6 +18,7 @@ from fastapi.responses import HTMLResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from infra.security import bearer_refusal
 from infra.settings import Settings
 from serving import console, params, queries, window
 from serving.backend import Backend
@@ -104,10 +104,8 @@ def _context(request: Request) -> ApiContext:
 
 def _authorize(request: Request) -> None:
     token = request.app.state.context.settings.serving.api_token
-    if token is None:
-        return
-    scheme, _, value = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not secrets.compare_digest(value.encode(), token.get_secret_value().encode()):
+    secret = token.get_secret_value() if token is not None else None
+    if bearer_refusal(request.headers.get("authorization"), secret) is not None:  # a wrong token too: 401 here
         raise HTTPException(401, "this API needs `Authorization: Bearer <token>`", {"WWW-Authenticate": "Bearer"})
 
 

@@ -13,6 +13,7 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,9 +23,11 @@ from typing import TYPE_CHECKING, Any
 from infra.cassandra import session
 from infra.checkpoints import speed_checkpoint
 from infra.errors import CheckpointLostError
+from infra.privacy.exclusions import excluded_users
 from infra.settings import DedupeBy, Settings
 from infra.spark import get_spark, kafka_options
 from speed_layer.checkpoint import DEDUPE_ID, check_view_definition, dedupe_of
+from speed_layer.exclusions import ExclusionWatch
 from speed_layer.guard import CheckpointGuard
 from speed_layer.metrics import PARSE_METRICS, BatchMetrics, MetricsRegistry, serve_metrics
 from speed_layer.promote import ServingWatch, replaced
@@ -62,18 +65,23 @@ def extract(spark: SparkSession, settings: Settings, start: StreamStart | None =
 
 
 def transform(
-    records: DataFrame, settings: Settings, since: datetime | None = None, dedupe_by: DedupeBy | None = None
+    records: DataFrame,
+    settings: Settings,
+    since: datetime | None = None,
+    dedupe_by: DedupeBy | None = None,
+    excluded: Collection[str] = (),
 ) -> DataFrame:
     """Parse, count unparseable and future rows, watermark, dedupe events within the watermark, aggregate.
 
     :arg since: skip events before it (a start from the batch watermark: the batch view holds them), before they
         reach the watermark, the dedupe state or the aggregation.
     :arg dedupe_by: the checkpoint's dedupe (:func:`dedupe`).
+    :arg excluded: the erased subjects' pseudonyms (:mod:`infra.privacy.exclusions`), left out before the dedupe.
     """
     from pyspark.sql import functions as F  # noqa: PLC0415
 
     from views.aggregation import aggregate  # noqa: PLC0415
-    from views.events import parse_events, valid_events  # noqa: PLC0415
+    from views.events import parse_events, valid_events, without_users  # noqa: PLC0415
 
     # The event-time guard: an event beyond now + the ingest skew (written around ingestion, or by a broken clock)
     # would move the watermark into the future and drop every real event as late. It is counted, not aggregated.
@@ -89,7 +97,7 @@ def transform(
         F.sum(F.when(future, 1).otherwise(0)).alias("future"),
         F.sum(F.when(below, 1).otherwise(0)).alias("below_watermark"),
     )
-    events = valid_events(parsed.where(~future))
+    events = without_users(valid_events(parsed.where(~future)), excluded)
     if since is not None:
         events = events.where(F.col("ts") >= F.lit(since))
     return aggregate(dedupe(events, settings, dedupe_by), settings.views.slice_dims, settings.views.top_k_items)
@@ -255,13 +263,15 @@ def start(
     available_now: bool = False,
     begin: StreamStart | None = None,
     dedupe_by: DedupeBy | None = None,
+    excluded: Collection[str] = (),
 ) -> StreamingQuery:
     """Start the streaming query (processing-time trigger, or ``availableNow`` to drain what is there and stop).
 
     :arg begin: the checkpoint's start from the batch watermark (:mod:`speed_layer.start`), if it has one.
     :arg dedupe_by: the checkpoint's dedupe (:func:`speed_layer.checkpoint.dedupe_of`).
+    :arg excluded: the erased subjects' pseudonyms, left out of every micro-batch.
     """
-    view = transform(extract(spark, settings, begin), settings, begin.since if begin else None, dedupe_by)
+    view = transform(extract(spark, settings, begin), settings, begin.since if begin else None, dedupe_by, excluded)
     writer = (
         view.writeStream.queryName(settings.speed.query_name)
         .outputMode("update")
@@ -315,6 +325,8 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
         definition = _register_version(spark, settings, watch)
         begin = resolve_start(spark, settings, checkpoint_location(settings))
         dedupe_by = dedupe_of(spark, settings, checkpoint_location(settings))
+        with session(settings) as sess:
+            exclusions = ExclusionWatch(settings, settings.speed.serving_check_s, excluded_users(settings, sess))
     except Exception:
         spark.stop()
         raise
@@ -338,22 +350,32 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
     port = settings.metrics.speed_port
     server = serve_metrics(registry, settings.metrics.host, port) if port else None
     started = time.monotonic()
-    query = start(spark, settings, sink, available_now=available_now, begin=begin, dedupe_by=dedupe_by)
-    logger.info("speed query started (id %s, run %s)", query.id, query.runId)
-    guard.watch(query.id)
-    sink.epoch_id = sink.epoch_id or str(query.id)  # the epoch is the checkpoint's query id (Spark's queryId)
     demoted: str | None = None
     try:
         deadline = None if max_seconds is None else started + max_seconds
-        demoted = _drive(
-            query,
-            _ProgressPoller(query, adapter, settings.speed.trigger_seconds),
-            stop,
-            deadline,
-            (watch, guard),
-            sink,
-            settings,
-        )
+        while True:  # once, unless new exclusions restart the query (from its checkpoint)
+            query = start(
+                spark, settings, sink, available_now=available_now, begin=begin, dedupe_by=dedupe_by,
+                excluded=exclusions.current,
+            )  # fmt: skip
+            logger.info(
+                "speed query started (id %s, run %s, %d erased subjects left out)",
+                query.id, query.runId, len(exclusions.current),
+            )  # fmt: skip
+            guard.watch(query.id)
+            sink.epoch_id = sink.epoch_id or str(query.id)  # the epoch is the checkpoint's query id (Spark's queryId)
+            ended = _drive(
+                query,
+                _ProgressPoller(query, adapter, settings.speed.trigger_seconds),
+                stop,
+                deadline,
+                (watch, guard, exclusions),
+                sink,
+                settings,
+            )
+            demoted = ended.demoted_by
+            if not ended.restart:
+                break
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -380,16 +402,16 @@ def _drive(
     poller: _ProgressPoller,
     stop: threading.Event,
     deadline: float | None,
-    watchers: tuple[ServingWatch, CheckpointGuard],
+    watchers: tuple[ServingWatch, CheckpointGuard, ExclusionWatch],
     sink: SpeedViewSink,
     settings: Settings,
-) -> str | None:
-    """Read the query's progress until it ends, is stopped (signal, deadline) or demoted; return who demoted it.
+) -> _Ended:
+    """Read the query's progress until it ends, is stopped (signal, deadline), demoted or must restart (exclusions).
 
     :raises pyspark.errors.StreamingQueryException: when the query failed.
     :raises infra.errors.CheckpointLostError: when its checkpoint vanished under it (:mod:`speed_layer.guard`).
     """
-    watch, guard = watchers
+    watch, guard, exclusions = watchers
     try:
         while query.isActive:
             if guard.check() is not None:  # the checkpoint vanished under the query: stop, fail loudly
@@ -401,7 +423,10 @@ def _drive(
             demoted = _demoted_by(watch, sink)
             if demoted is not None:  # its rows serve nobody now: an unfinished micro-batch need not finish
                 stop_gracefully(query, ABANDON_STOP_S)
-                return demoted
+                return _Ended(demoted_by=demoted)
+            if exclusions.changed(sink.session()) is not None:  # the running micro-batch commits, then a restart
+                stop_gracefully(query, settings.speed.stop_timeout_s)
+                return _Ended(restart=True)
             # raises the query's error when it failed; floats are taken (ms), the stub says int
             query.awaitTermination(POLL_S)  # type: ignore[arg-type]
             poller.poll()
@@ -419,7 +444,15 @@ def _drive(
     finally:
         with contextlib.suppress(Exception):  # the batches completed before the end, for the log and summary
             poller.poll(final=True)
-    return None
+    return _Ended()
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """How a query's drive ended: demoted by another query, or to restart with new exclusions, or neither."""
+
+    demoted_by: str | None = None
+    restart: bool = False
 
 
 def _register_version(spark: SparkSession, settings: Settings, watch: ServingWatch) -> str:

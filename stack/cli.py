@@ -84,6 +84,11 @@ def up(settings: Settings, services: tuple[str, ...], with_airflow: bool, no_ini
 
 
 def _init(settings: Settings, names: list[str] | None, *, apply_topic_config: bool = False) -> None:
+    from infra.privacy.subjects import ensure_key_file
+
+    # The local stack's producers key the hash of user ids with this secret; a deployment brings its own.
+    if settings.privacy.pseudonymise and ensure_key_file(settings.subject_key_path):
+        click.echo(f"privacy    created the subject key {settings.subject_key_path} (mode 0600)")
     init_clusters(
         settings,
         kafka=names is None or "kafka" in names,
@@ -102,6 +107,17 @@ def _init(settings: Settings, names: list[str] | None, *, apply_topic_config: bo
 def init(settings: Settings, apply_topic_config: bool) -> None:
     """Create the topics and apply the CQL migrations on the local stack (re-runnable): `trends admin init`."""
     _init(settings, None, apply_topic_config=apply_topic_config)
+
+
+@stack.command(context_settings={"ignore_unknown_options": True})
+@click.option("--node", default=0, show_default=True, help="Which Cassandra node (0 is the seed).")
+@click.argument("args", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_obj
+def nodetool(settings: Settings, node: int, args: tuple[str, ...]) -> None:
+    """Run Cassandra's nodetool against a local node (e.g. `flush`, `garbagecollect KEYSPACE TABLE`, `drain`)."""
+    from stack.services.cassandra import Cassandra
+
+    click.echo(Cassandra(settings, node).nodetool(*args), nl=False)
 
 
 @stack.command()

@@ -7,6 +7,7 @@ the :class:`~stack.services.base.StackService` contract, so these functions trea
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -16,6 +17,7 @@ from functools import partial
 from pathlib import Path
 
 from infra.errors import StackError
+from infra.privacy.subjects import ensure_key_file
 from infra.settings import Settings
 from stack.airflow.service import Airflow
 from stack.services.base import Service, ServiceStatus, StackService, find_java
@@ -25,6 +27,8 @@ from stack.services.pipeline import ApiService, BridgeService, SpeedService
 from stack.services.prometheus import BatchExporterService, PrometheusService
 from stack.services.registry import Registry
 from stack.services.spark import SparkMaster, SparkWorker
+
+logger = logging.getLogger(__name__)
 
 # What `up` starts when no server is named; tests and `make demo` rely on it being just these two.
 # The servers `up` starts by default: one node or a local cluster each, by the number of addresses configured.
@@ -87,8 +91,11 @@ class UpResult:
 def up(settings: Settings, names: Sequence[str] | None = None) -> list[UpResult]:
     """Start the servers that are not running (all launched first, then awaited) and wait until each is ready.
 
-    A second call while they run is a no-op. Data survives ``down``/``up``.
+    A second call while they run is a no-op. Data survives ``down``/``up``. The stack's subject key (the secret
+    its producers key the hash of user ids with) is created with the stack's data, as every stack's producers need it.
     """
+    if settings.privacy.pseudonymise and ensure_key_file(settings.subject_key_path):
+        logger.info("created the subject key %s (mode 0600)", settings.subject_key_path)
     chosen = services(settings, names)
     for svc in chosen:  # refuse an unsafe configuration before anything is launched
         if svc.pid() is None:

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 
 from infra import migrations, topics
+from infra.privacy.subjects import ensure_key_file
 from infra.settings import Settings
 from stack import control
 from tests.helpers import drop_keyspace
@@ -38,7 +39,8 @@ def settings() -> Settings:
 def stack_up(settings: Settings) -> Iterator[Settings]:
     """Start (or reuse) Kafka and Cassandra, with topics and schema; stop them afterwards if we started them."""
     results = control.up(settings)
-    topics.ensure_topics(settings.kafka)
+    ensure_key_file(settings.subject_key_path)  # as `trends stack up` does
+    topics.ensure_topics(settings.kafka, privacy=settings.privacy)
     migrations.migrate(settings)
     yield settings
     started_here = [r.name for r in results if not r.already_running]
@@ -94,9 +96,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def spark(settings: Settings) -> Iterator[object]:
-    """Return one local SparkSession for the whole run (starting a JVM costs seconds)."""
+    """Return one local SparkSession for the whole run (starting a JVM costs seconds), with spark-avro on its jars."""
+    from infra import jars
     from infra.spark import get_spark
 
-    session = get_spark(settings, "tests")
+    avro = [str(p) for p in jars.bundle_jars(settings, jars.SPARK_AVRO)]
+    spark_settings = settings.spark.model_copy(update={"extra_jars": [*settings.spark.extra_jars, *avro]})
+    session = get_spark(settings.model_copy(update={"spark": spark_settings}), "tests")
     yield session
     session.stop()

@@ -289,6 +289,7 @@ def doc_anchors(path: Path) -> set[str]:
 def exported_metric_names() -> set[str]:
     """Return the sample names the pipeline's processes export (counters with ``_total``, histograms' series)."""
     from batch_layer.exporter import METRICS as BATCH
+    from ingestion.collector import METRICS as COLLECTOR
     from ingestion.metrics import COUNTERS as INGEST
     from serving.metrics import Metrics
     from speed_layer.metrics import COUNTERS as SPEED_COUNTERS
@@ -296,7 +297,10 @@ def exported_metric_names() -> set[str]:
 
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     api = {f.name + s for f in Metrics.create().registry.collect() for s in suffixes[f.type]}
-    return {*BATCH, *INGEST, *SPEED_COUNTERS, *SPEED_GAUGES, *api}
+    collector = {n for n in COLLECTOR if not n.endswith("_seconds")} | {
+        n + sfx for n in COLLECTOR if n.endswith("_seconds") for sfx in suffixes["histogram"]
+    }
+    return {*BATCH, *INGEST, *SPEED_COUNTERS, *SPEED_GAUGES, *api, *collector}
 
 
 def metric_names(expr: str) -> set[str]:

@@ -3,8 +3,9 @@
 Every record on the events topic is an :class:`Event` serialized by :meth:`Event.to_json`: compact JSON with the
 schema version ``v``, the event time ``ts`` as ISO-8601 UTC with milliseconds (:func:`format_ts`), and only the
 optional fields that are present. Both Spark layers parse it with :func:`spark_schema`, which walks this model, so a
-field added here reaches them without a second schema to keep in step. The model's own validation (the time forms
-it accepts, text normalisation, bounded sizes) is part of the contract; turning source records into events and
+field added here reaches them without a second schema to keep in step (:func:`avro_schema` derives the same
+fields' Avro schema, the binary form the speed bench decodes beside the JSON). The model's own validation (the time
+forms it accepts, text normalisation, bounded sizes) is part of the contract; turning source records into events and
 rejects (column mappings, dead letters) is ingestion's.
 """
 
@@ -401,3 +402,52 @@ def spark_schema() -> StructType:
 
 
 SPARK_JSON_OPTIONS: Final = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss[.SSS]XXX", "mode": "PERMISSIVE"}
+
+
+def _avro_type(annotation: Any) -> tuple[Any, bool]:
+    """Map a model field's annotation to an Avro type; return it and whether the field may be None."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _avro_type(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) != 1:
+            msg = f"cannot map union {annotation!r} to an Avro type"
+            raise TypeError(msg)
+        return _avro_type(args[0])[0], True
+    if origin is dict:
+        key, val = typing.get_args(annotation)
+        if _avro_type(key)[0] != "string":
+            msg = f"Avro map keys are strings, not {key!r}"
+            raise TypeError(msg)
+        return {"type": "map", "values": _avro_type(val)[0]}, False
+    simple: dict[Any, Any] = {
+        str: "string",
+        int: "int",
+        float: "double",
+        bool: "boolean",
+        datetime: {"type": "long", "logicalType": "timestamp-millis"},  # the contract's millisecond precision
+    }
+    if annotation in simple:
+        return simple[annotation], False
+    msg = f"cannot map {annotation!r} to an Avro type"
+    raise TypeError(msg)
+
+
+def avro_schema() -> dict[str, Any]:
+    """Return the Avro schema of an event (plain binary, no framing), derived field by field from :class:`Event`.
+
+    The events topic carries JSON; this is the binary form it could take, which the speed bench decodes beside
+    the JSON with Spark's ``from_avro`` (docs/benchmarks.md). A field the model always fills (``v``, ``id``,
+    ``ts``, ``item``, ``dims``, empty or not) is required; one that may be None is a union with null, null first,
+    default null. ``ts`` is ``timestamp-millis``, which Spark reads as a ``TimestampType``.
+    """
+    fields = []
+    for name, info in Event.model_fields.items():
+        avro_type, optional = _avro_type(info.annotation)
+        fields.append(
+            {"name": name, "type": ["null", avro_type], "default": None}
+            if optional
+            else {"name": name, "type": avro_type}
+        )
+    return {"type": "record", "name": "Event", "namespace": "trends.events", "fields": fields}

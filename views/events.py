@@ -6,6 +6,9 @@ parse — or lacks an id, time or item — is kept and flagged rather than dropp
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from typing import Final
+
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
@@ -13,6 +16,9 @@ from pyspark.sql.types import StringType, StructField, StructType
 from views.event import spark_schema
 
 EVENT_COLUMNS = ("id", "ts", "item", "user", "value", "dims")
+# Up to this many excluded users are a literal set in the plan; more are a broadcast anti-join (a plan holding
+# thousands of literals is slow to build and to compile on every micro-batch).
+EXCLUDE_LITERALS: Final = 256
 
 
 def _wire_schema() -> StructType:
@@ -50,3 +56,18 @@ def parse_events(records: DataFrame, keep: tuple[str, ...] = ("partition", "offs
 def valid_events(parsed: DataFrame) -> DataFrame:
     """Keep the events that parsed, with only the event columns."""
     return parsed.where(F.col("parsed_ok")).select(*EVENT_COLUMNS)
+
+
+def without_users(events: DataFrame, users: Collection[str]) -> DataFrame:
+    """Leave out the events of the given users (erased subjects' pseudonyms) before anything counts them.
+
+    Both layers call it on their event frame, streaming or batch, so an erased subject is left out of every view
+    the same way. Events without a user are kept.
+    """
+    if not users:
+        return events
+    wanted = sorted(users)
+    if len(wanted) <= EXCLUDE_LITERALS:
+        return events.where(F.col("user").isNull() | ~F.col("user").isin(wanted))
+    erased = events.sparkSession.createDataFrame([(u,) for u in wanted], "user string")
+    return events.join(F.broadcast(erased), "user", "left_anti").select(*events.columns)

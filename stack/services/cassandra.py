@@ -6,6 +6,7 @@ import logging
 import re
 import secrets
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -18,9 +19,18 @@ from infra.security import MIN_SECRET_CHARS, is_loopback, too_short
 from infra.settings import Settings
 from stack.certificates import ensure_stack_tls
 from stack.process import port_is_open, process_alive, tail
-from stack.services.base import CONF_DIR, Service, render
+from stack.services.base import CONF_DIR, Service, find_java, render
 
 logger = logging.getLogger(__name__)
+
+
+def jvm_options() -> list[str]:
+    """Return the JVM options of ``jvm17-server.options`` as arguments ("--add-opens x" lines are two)."""
+    opts: list[str] = []
+    for line in (CONF_DIR / "cassandra" / "jvm17-server.options").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            opts.extend(line.strip().split(" ", 1))
+    return opts
 
 
 class Cassandra(Service):
@@ -193,14 +203,7 @@ class Cassandra(Service):
         if jamm is None:
             msg = f"jamm agent jar missing from {folder}; run `trends stack fetch --force`"
             raise StackError(msg)
-        options = [
-            line.strip()
-            for line in (CONF_DIR / "cassandra" / "jvm17-server.options").read_text().splitlines()
-            if line.strip() and not line.startswith("#")
-        ]
-        opts: list[str] = []
-        for option in options:  # "--add-opens x" lines are two arguments
-            opts.extend(option.split(" ", 1))
+        opts = jvm_options()
         heap = self.settings.stack.cassandra_heap
         return [
             java,
@@ -222,6 +225,35 @@ class Cassandra(Service):
             f"{self.conf_dir}:{folder}/*",
             "org.apache.cassandra.service.CassandraDaemon",
         ]
+
+    def nodetool(self, *args: str, timeout_s: float = 600) -> str:
+        """Run ``nodetool`` against this node over its local JMX port (the jars the stack fetched); return its output.
+
+        The operator's steps of an erasure (flush, garbagecollect, drain) and any other maintenance on the local
+        stack; a real cluster uses its own ``nodetool``.
+
+        :raises StackError: when nodetool fails (its output says why).
+        """
+        folder = jars.bundle_dir(self.settings, jars.CASSANDRA)
+        cmd = [
+            find_java(self.settings),
+            *(o for o in jvm_options() if o.startswith("--add-") or not o.startswith("-")),  # module access only
+            "-cp",
+            f"{self.conf_dir}:{folder}/*",
+            f"-Dlogback.configurationFile={self.conf_dir / 'logback.xml'}",
+            "org.apache.cassandra.tools.NodeTool",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(self.jmx_port),
+            *args,
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)  # noqa: S603 - ours
+        if proc.returncode != 0:
+            output = proc.stderr[-2000:] or proc.stdout[-2000:]
+            msg = f"nodetool {' '.join(args)} on {self.name} failed ({proc.returncode}): {output}"
+            raise StackError(msg)
+        return proc.stdout
 
     def prepare(self, java: str, config: Path) -> None:
         """Clear the node's compaction log; hold a joining node back until the seed accepts clients."""

@@ -17,6 +17,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -118,10 +119,11 @@ def short_rules(tmp_path: Path) -> Path:
     return target
 
 
-@pytest.fixture
-def running(monitored: Settings, short_rules: Path) -> Iterator[tuple[PrometheusService, list[Path]]]:
-    exporter = BatchExporterService(monitored)
-    prom = PrometheusService(monitored, rules_file=short_rules)
+@contextmanager
+def monitoring(settings: Settings, rules: Path) -> Iterator[tuple[PrometheusService, list[Path]]]:
+    """Run the stack's batch exporter and Prometheus (the given rules) for these settings."""
+    exporter = BatchExporterService(settings)
+    prom = PrometheusService(settings, rules_file=rules)
     started: list[Any] = []
     try:
         for svc in (exporter, prom):
@@ -132,6 +134,12 @@ def running(monitored: Settings, short_rules: Path) -> Iterator[tuple[Prometheus
     finally:
         for svc in reversed(started):
             svc.stop()
+
+
+@pytest.fixture
+def running(monitored: Settings, short_rules: Path) -> Iterator[tuple[PrometheusService, list[Path]]]:
+    with monitoring(monitored, short_rules) as got:
+        yield got
 
 
 def test_the_watermark_lag_alert_fires_on_a_real_prometheus(
@@ -177,6 +185,60 @@ def test_the_watermark_lag_alert_fires_on_a_real_prometheus(
     # three days is past batch.heal_max_hours (48 h): the critical one fires too
     critical = _until("the critical lag alert", lambda: firing("TrendsBatchWatermarkLagCritical"), 30, logs)
     assert critical[0]["labels"]["severity"] == "critical"
+
+
+def test_an_erasure_pending_past_its_deadline_fires_on_a_real_prometheus(
+    monitored: Settings, short_rules: Path, tmp_path: Path
+) -> None:
+    """A forget in exclusion mode waits for its recompute; once older than the deadline, the alert fires.
+
+    The deadline is the smallest the setting takes (2 days); the requests are made with their times set back
+    (``forget(now=...)``), as an operator would meet them after days without the recompute.
+    """
+    from infra.privacy.subjects import SubjectStore, ensure_key_file
+    from privacy.erasure import forget, record_recompute
+
+    key = tmp_path / "subject.key"
+    ensure_key_file(key)
+    settings = monitored.model_copy(
+        update={"privacy": monitored.privacy.model_copy(update={"erasure_deadline_days": 2, "subject_key_file": key})}
+    )
+    now = datetime.now(UTC)
+    with SubjectStore(settings) as store:
+        store.pseudonyms(["olga", "pete"])
+        young = forget(settings, "olga", exclude=True, store=store, now=lambda: now - timedelta(days=1))
+    assert young.outcome == "pending_recompute" and young.request is not None
+    with monitoring(settings, short_rules) as (prom, logs):
+
+        def age() -> float | None:
+            return _value(prom, "trends_privacy_erasure_oldest_pending_age_seconds")
+
+        _until("one pending erasure scraped", lambda: (age() or 0) > 86400, 60, logs)
+        assert _value(prom, 'trends_privacy_erasure_requests{state="pending"}') == 1
+        assert _value(prom, "trends_privacy_erasure_deadline_seconds") == 2 * 86400
+        time.sleep(4)  # evaluations with a day-old request: a 2 s `for:` would have fired by now
+        assert _alerts(prom, "TrendsErasureOverdue") == []
+
+        with SubjectStore(settings) as store:  # a request left three days without its recompute
+            old = forget(settings, "pete", exclude=True, store=store, now=lambda: now - timedelta(days=3))
+        assert old.request is not None
+        fired = _until(
+            "TrendsErasureOverdue firing",
+            lambda: [a for a in _alerts(prom, "TrendsErasureOverdue") if a["state"] == "firing"],
+            60,
+            logs,
+        )
+        (alert,) = fired
+        assert alert["labels"]["severity"] == "critical" and alert["labels"]["job"] == "trends-batch"
+        assert alert["annotations"]["summary"].startswith("An erasure request has been pending for 3d 0h")
+        assert "olga" not in json.dumps(alert) and "pete" not in json.dumps(alert)
+        assert _value(prom, 'trends_privacy_erasure_requests{state="pending"}') == 2
+
+        for req in (young.request, old.request):  # both recomputed: nothing pending, the alert resolves
+            for state in ("recompute_started", "recomputed", "done"):
+                record_recompute(settings, req.request_id, state)  # type: ignore[arg-type]
+        _until("the alert resolved", lambda: _alerts(prom, "TrendsErasureOverdue") == [], 60, logs)
+        assert age() is None and _value(prom, 'trends_privacy_erasure_requests{state="done"}') == 2
 
 
 def test_the_exporter_reads_missing_pending_and_stale_hours_and_the_horizon(monitored: Settings) -> None:

@@ -179,6 +179,7 @@ def test_scheduler_driven_backfill_and_reprocess(dag_env: tuple[Settings, Airflo
     assert sum(truth.count.values()) > 1000 and sum(1 for d in days if not truth.day_count(d)) >= 5
 
 
+@pytest.mark.backfill  # seven hourly runs in process (~100 s): make test-backfill keeps make test under 25 minutes
 def test_hourly_runs_compute_empty_missing_and_stale_hours(
     stack_up: Settings, new_topic: Callable[..., str], tmp_path: Path
 ) -> None:

@@ -43,12 +43,17 @@ FIGURES: dict[str, tuple[str, ...]] = {
     ),
     "ingest_bench.py": (
         r"ProducerPerformance .*: 3,000 records -> [\d,]+/s",
-        r"trends ingest generate: 3,000 events -> [\d,]+ events/s",
-        r"trends ingest file .*: 3,000 events -> [\d,]+ events/s",
+        r"trends ingest generate, pseudonymised, cold store .*: 3,000 events -> [\d,]+ events/s",
+        r"trends ingest generate, pseudonymised, warm store .*: 3,000 events -> [\d,]+ events/s",
+        r"trends ingest generate, not pseudonymised: 3,000 events -> [\d,]+ events/s",
+        r"pseudonymised / not: cold store [\d.]+, warm store [\d.]+",
+        r"trends ingest file .*, pseudonymised: 3,000 events -> [\d,]+ events/s",
         r"ratio to the bare keyed producer \d+\.\d\d",
+        r"trends collect \(HTTP, 1000 events per request as JSON lines, 4 clients\): 3,000 events -> [\d,]+ events/s",
         r"bare consume-produce loop \(json .*\): 3,000 records -> [\d,]+/s",
         r"trends ingest kafka --format json .*: 3,000 events -> [\d,]+ events/s",
         r"ratio to the bare consume-produce loop \d+\.\d\d",
+        r"subject store alone .*: create \(LWT\) [\d,]+/s, read [\d,]+/s, .*subject hours: written [\d,]+/s",
     ),
     "serving_bench.py": (
         r"trending  1h uncached \(every cache off\): p50 +[\d.]+ ms +p99 +[\d.]+ ms +\| reads alone \(state \+ rows\) "
@@ -69,11 +74,18 @@ FIGURES: dict[str, tuple[str, ...]] = {
         r"speed layer +[1-9][\d,]* rows/s",
         r"ratio speed layer / bare Kafka -> noop: [\d.]+",
         r"[1-9]\d* samples, \d+ lost .*: p50 [\d.]+ s",
+        r"from_avro, avro_schema +[\d.]+ / +[\d.]+ s +[1-9][\d,]* / +[1-9][\d,]* rows/s",
+        r"bytes per event: JSON [1-9][\d.]*, Avro [1-9][\d.]*",
+        r"ratio from_avro / the layers' decode \(parse_events\): [\d.]+x faster",
     ),
     "backfill_bench.py": (
         r"indexer: [\d,]+ records in [\d.]+ s; bare Spark read \+ count [\d,]+ in [\d.]+ s: ratio [\d.]+",
         r"\(a\) trends batch run, 2 days: [\d.]+ s .* ratio bare read / it = [\d.]+",
         r"48 of 48 hours with a current run; daily counts EXACT",
+    ),
+    "privacy_export_bench.py": (
+        r"sparse +2 +2 +\d+ +\d+ +[\d.]+ +[\d.]+ +[\d.]+ ",
+        r"dense +48 +48 +\d+ +\d+ +[\d.]+ +[\d.]+ +[\d.]+ ",
     ),
     "peers/peers_bench.py": (
         r"bare Kafka -> noop +[1-9][\d,]* rows/s +\(baseline\)",

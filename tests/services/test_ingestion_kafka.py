@@ -237,11 +237,13 @@ def test_records_are_keyed_and_stamped_with_event_time(ingest_settings: Settings
     assert producer.summary.sent == 10 and producer.summary.ok
     got = read_topic(ingest_settings, ingest_settings.kafka.events_topic)
     by_id = {json.loads(r.value)["id"]: r for r in got}
+    pseudonym = json.loads(got[0].value)["user"]  # privacy.pseudonymise: one user, one pseudonym
+    assert pseudonym.startswith("p_")
     for event in events:
         record = by_id[event.id]
         assert record.timestamp == event.ts_ms
         assert record.key == event.item.encode()
-        assert record.value == event.to_json()
+        assert record.value == event.model_copy(update={"user": pseudonym}).to_json()
     partitions = {by_id[e.id].partition for e in events if e.item == "#k0"}
     assert len(partitions) == 1  # one item, one partition
 
@@ -471,7 +473,8 @@ def test_ctrl_c_stops_reading_flushes_and_summarizes(ingest_settings: Settings) 
     trends = Path(sys.executable).parent / "trends"
     env = {**os.environ, "TRENDS_KAFKA__EVENTS_TOPIC": kafka.events_topic, "TRENDS_KAFKA__DLQ_TOPIC": kafka.dlq_topic}
     proc = subprocess.Popen(
-        [str(trends), "ingest", "generate", "--rate", "3000"],  # unbounded: only Ctrl-C ends it
+        # unbounded: only Ctrl-C ends it; few users, so that creating their pseudonyms (LWTs) is done quickly
+        [str(trends), "ingest", "generate", "--rate", "3000", "--users", "1000"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=env,

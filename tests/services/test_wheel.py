@@ -111,6 +111,8 @@ def env(stack_up: Settings, venv: Path, tmp_path_factory: pytest.TempPathFactory
         **to_env(stack_up),
         "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}",
         "TRENDS_DATA_DIR": str(work / "data"),
+        # A deployment brings its own subject key (docs/privacy.md): here the stack's, as a setting.
+        "TRENDS_PRIVACY__SUBJECT_KEY_FILE": str(stack_up.subject_key_path),
         "TRENDS_KAFKA__EVENTS_TOPIC": topic,
         "TRENDS_KAFKA__DLQ_TOPIC": f"{topic}.dlq",
         "TRENDS_KAFKA__PARTITIONS": "2",

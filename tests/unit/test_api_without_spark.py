@@ -13,7 +13,15 @@ import sys
 import pytest
 
 # The modules `trends serve` (the app factory and its CLI) and `trends batch exporter` load.
-API_MODULES = ["app.cli", "serving.cli", "serving.api", "serving.routes", "batch_layer.exporter"]
+API_MODULES = [
+    "app.cli",
+    "app.api",
+    "serving.cli",
+    "serving.api",
+    "serving.routes",
+    "privacy.api",
+    "batch_layer.exporter",
+]
 
 
 @pytest.mark.parametrize("module", API_MODULES)
@@ -29,7 +37,7 @@ def test_module_does_not_import_pyspark(module: str) -> None:
 def test_the_app_factory_builds_without_pyspark() -> None:
     """Build the API's app (routes, OpenAPI document) as `trends serve` does, still without pyspark."""
     code = (
-        "import sys; from infra.settings import Settings; from serving.api import create_app; "
+        "import sys; from infra.settings import Settings; from app.api import create_app; "
         "app = create_app(Settings()); app.openapi(); "
         "print('pyspark' in sys.modules)"
     )

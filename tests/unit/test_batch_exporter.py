@@ -75,6 +75,24 @@ def test_losses_and_the_last_reconciliation_are_exported() -> None:
     assert got[("trends_batch_index_lost_records_total", (("partition", "1"),))] == 20
 
 
+def test_erasures_are_exported_by_state_with_the_oldest_pending_age() -> None:
+    from infra.privacy.ledger import Summary
+
+    pending = Summary(pending=2, done=5, failed=1, oldest_pending_at=NOW - timedelta(days=3), entries=20)
+    state = _state(erasures=pending, erasure_deadline_s=30 * 86400.0)
+    got = _scrape(BatchCollector(_settings(airflow_enabled=False), batch=lambda: state))
+    by_state = {dict(k[1])["state"]: v for k, v in got.items() if k[0] == "trends_privacy_erasure_requests"}
+    assert by_state == {"pending": 2, "done": 5, "failed": 1}
+    assert got[("trends_privacy_erasure_oldest_pending_age_seconds", ())] == 3 * 86400
+    assert got[("trends_privacy_erasure_deadline_seconds", ())] == 30 * 86400
+    none_pending = _state(erasures=Summary(0, 5, 0, None, 10), erasure_deadline_s=30 * 86400.0)
+    got = _scrape(BatchCollector(_settings(airflow_enabled=False), batch=lambda: none_pending))
+    assert ("trends_privacy_erasure_oldest_pending_age_seconds", ()) not in got  # no pending: no age, no alert
+    assert got[("trends_privacy_erasure_requests", (("state", "pending"),))] == 0
+    unread = _scrape(BatchCollector(_settings(airflow_enabled=False), batch=_state))  # ledger unreadable
+    assert not any(name.startswith("trends_privacy_") for name, _ in unread)
+
+
 def test_no_watermark_yet_means_no_lag_sample_and_a_watermark_ahead_is_no_lag() -> None:
     got = _scrape(BatchCollector(_settings(airflow_enabled=False), batch=lambda: _state(watermark=Watermark())))
     assert ("trends_batch_watermark_lag_seconds", ()) not in got and got[("trends_batch_up", ())] == 1

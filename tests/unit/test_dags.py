@@ -33,6 +33,15 @@ if backfill is not None:
         backfill_parallel=backfill.get_task("recompute").max_active_tis_per_dag,
         timeouts=sorted({str(t.execution_timeout) for d in bag.dags.values() for t in d.tasks}),
     )
+erasure = bag.dags.get("trends_erasure")
+if erasure is not None:
+    out.update(
+        erasure_tasks={t.task_id: sorted(t.downstream_task_ids) for t in erasure.tasks},
+        erasure_params=sorted(erasure.params.keys()),
+        erasure_schedule=type(erasure.timetable).__name__,
+        erasure_runs=erasure.max_active_runs,
+        erasure_sensor=erasure.get_task("wait_until_closed").mode,
+    )
 if dag is not None:
     tt = dag.timetable
     out.update(
@@ -57,7 +66,7 @@ def test_dag_folder_parses_with_the_expected_dag(tmp_path: Path) -> None:
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     out = json.loads(line.removeprefix("RESULT "))
     assert out["errors"] == {}
-    assert out["dags"] == ["trends_backfill", "trends_batch"]
+    assert out["dags"] == ["trends_backfill", "trends_batch", "trends_erasure"]
     assert out["tasks"] == {
         "wait_until_closed": ["plan"],
         "plan": ["recompute"],
@@ -78,6 +87,14 @@ def test_dag_folder_parses_with_the_expected_dag(tmp_path: Path) -> None:
     assert out["backfill_params"] == ["accept_loss", "end", "only_missing", "start"]
     assert out["backfill_schedule"] == "NullTimetable"  # triggered with a range, never scheduled
     assert out["backfill_mapped"] == "MappedOperator" and out["backfill_parallel"] == 2
+    assert out["erasure_tasks"] == {
+        "wait_until_closed": ["chunks"],
+        "chunks": ["recompute"],
+        "recompute": ["purge"],
+        "purge": [],
+    }
+    assert out["erasure_params"] == ["hours", "request"]
+    assert (out["erasure_schedule"], out["erasure_runs"], out["erasure_sensor"]) == ("NullTimetable", 1, "reschedule")
     settings = Settings()
     assert out["timeouts"] == [str(timedelta(seconds=settings.batch.task_timeout_s))]  # every task, the setting's
 
@@ -121,7 +138,7 @@ def test_a_one_line_dag_file_elsewhere_runs_the_installed_package(tmp_path: Path
     out = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT ")).removeprefix("RESULT "))
     one_line = str(folder / "trends_dags.py")
     assert out["errors"] == {}
-    assert out["dags"] == {"trends_backfill": one_line, "trends_batch": one_line}
+    assert out["dags"] == {"trends_backfill": one_line, "trends_batch": one_line, "trends_erasure": one_line}
     # spark-submit runs the package's entry point with this interpreter; no PYTHONPATH into a checkout
     assert out["application"] == str(submit_script()) and Path(out["application"]).is_file()
     assert out["env"]["PYSPARK_PYTHON"] == sys.executable and "PYTHONPATH" not in out["env"]

@@ -32,6 +32,8 @@ def test_bundles_pin_the_verified_versions() -> None:
     assert "kafka-tools" in jars.KAFKA.pom.read_text()
     assert "<version>5.0.8</version>" in jars.CASSANDRA.pom.read_text()
     assert "spark-sql-kafka-0-10_2.13</artifactId><version>4.2.0" in jars.SPARK_KAFKA.pom.read_text()
+    assert "spark-avro_2.13</artifactId><version>4.2.0" in jars.SPARK_AVRO.pom.read_text()
+    assert jars.SPARK_AVRO.skip_jars_shipped_by_pyspark  # avro itself comes with pyspark: a second copy would clash
 
 
 def test_shipped_migrations_are_well_formed() -> None:

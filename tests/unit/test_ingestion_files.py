@@ -166,6 +166,7 @@ class _Recorder:
     """Records what a replay hands the producer, in order (no Kafka: this checks the replay's own output)."""
 
     key_field = "item"
+    pseudonymiser = None  # the replay's own output, raw users (tests/unit/test_privacy.py pseudonymises)
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes, bytes | None, int | str, int | None]] = []

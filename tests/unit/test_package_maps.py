@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TOP = ["app", "batch_layer", "dags", "infra", "ingestion", "serving", "speed_layer", "stack", "views"]
+TOP = ["app", "batch_layer", "dags", "infra", "ingestion", "privacy", "serving", "speed_layer", "stack", "views"]
 PACKAGES = sorted(
     init.parent.relative_to(ROOT)
     for top in TOP

@@ -1,4 +1,4 @@
-"""The event contract: time parsing, limits, normalized JSON, content ids, the derived Spark schema."""
+"""The event contract: time parsing, limits, normalized JSON, content ids, the derived Spark and Avro schemas."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from views.event import (
     MAX_DIMS,
     MAX_ITEM_CHARS,
     Event,
+    avro_schema,
     encode_fast,
     format_ts,
     parse_time,
@@ -147,6 +148,21 @@ def test_spark_schema_is_derived_from_every_model_field() -> None:
     assert by_name["dims"].dataType == T.MapType(T.StringType(), T.StringType(), valueContainsNull=False)
     assert by_name["item"].nullable is False
     assert by_name["user"].nullable is True
+
+
+def test_avro_schema_is_derived_from_every_model_field() -> None:
+    schema = avro_schema()
+    assert [f["name"] for f in schema["fields"]] == list(Event.model_fields)
+    types = {f["name"]: f["type"] for f in schema["fields"]}
+    assert types["v"] == "int"
+    assert types["id"] == "string"  # always filled (from the content when the source has none)
+    assert types["ts"] == {"type": "long", "logicalType": "timestamp-millis"}
+    assert types["item"] == "string"
+    assert types["dims"] == {"type": "map", "values": "string"}  # always a map, empty when there are none
+    optional = {f["name"]: f.get("default", "required") for f in schema["fields"] if isinstance(f["type"], list)}
+    assert optional == {"user": None, "value": None}  # null first in the union, so the default may be null
+    assert types["user"] == ["null", "string"]
+    assert types["value"] == ["null", "double"]
 
 
 # Values as sources send them: the normalized form, near misses of every limit, and the coercions pydantic makes.

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from views.event import Event
-from views.events import EVENT_COLUMNS, parse_events, valid_events
+from views.event import Event, avro_schema, ts_millis
+from views.events import EVENT_COLUMNS, EXCLUDE_LITERALS, parse_events, valid_events, without_users
 
 pytestmark = pytest.mark.spark
 
@@ -184,3 +184,67 @@ def test_a_time_that_is_not_a_time_is_unparseable_not_a_failed_query(spark: Any)
     )
     rows = parse_events(frame).collect()
     assert [(r.id, r.ts, r.parsed_ok) for r in rows] == [("a", None, False)]
+
+
+@pytest.mark.parametrize("erased_extra", [0, EXCLUDE_LITERALS + 1], ids=["literal set", "broadcast anti-join"])
+def test_erased_users_are_left_out_and_every_other_event_kept(spark: Any, erased_extra: int) -> None:
+    events = [
+        Event(id=f"e{i}", ts=1777629600 + i, item="#a", user=u) for i, u in enumerate(["p_x", "p_y", None, "p_x"])
+    ]
+    frame = spark.createDataFrame(
+        [(e.to_json(), 0, i) for i, e in enumerate(events)], "value binary, partition int, offset long"
+    )
+    parsed = valid_events(parse_events(frame))
+    erased = {"p_x", *(f"p_other{i}" for i in range(erased_extra))}
+    kept = without_users(parsed, erased)
+    assert tuple(kept.columns) == EVENT_COLUMNS
+    assert sorted(r.id for r in kept.collect()) == ["e1", "e2"]  # p_y and the event without a user
+    assert without_users(parsed, set()) is parsed
+
+
+def _avro_long(n: int) -> bytes:
+    """Encode an Avro int/long: zigzag, then base-128 varint (the Avro specification's binary encoding)."""
+    z, out = (n << 1) ^ (n >> 63), bytearray()
+    while z > 0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    return bytes([*out, z])
+
+
+def test_avro_of_the_contract_decodes_to_the_events_the_json_gives(spark: Any) -> None:
+    """Events encoded as plain Avro of avro_schema() decode with from_avro to what parse_events reads from their JSON.
+
+    Optional fields absent, no dims, the extreme times, text beyond ASCII; and one record's bytes spelled out, so
+    the wire form (field order, unions, ``ts`` in milliseconds, no framing) is pinned apart from Spark.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import from_avro, to_avro
+
+    events = [
+        Event(id="e1", ts="2026-05-01T10:00:01.250Z", item="#a"),
+        Event(ts="1970-01-01T00:00:00Z", item="#b", user="u", value=2.5, dims={"origin": "JFK"}),
+        Event(ts="9999-12-31T23:59:59.999Z", item="ünï €", user="😀", value=-1e300, dims={"a": "x", "b.c": "ÿ"}),
+    ]
+    avsc = json.dumps(avro_schema())
+    names = [f["name"] for f in avro_schema()["fields"]]
+    rows = [tuple(getattr(e, n) for n in names) for e in events]
+    typed = "v int, id string, ts timestamp, item string, user string, value double, dims map<string,string>"
+    encoded = spark.createDataFrame(rows, typed).select(to_avro(F.struct(*names), avsc).alias("value"))
+    first = encoded.first().value
+    assert bytes(first) == b"\x02\x04e1" + _avro_long(ts_millis(events[0].ts)) + b"\x04#a\x00\x00\x00"
+
+    from_binary = encoded.select(from_avro("value", avsc, {"mode": "PERMISSIVE"}).alias("e")).select("e.*")
+    json_frame = spark.createDataFrame(
+        [(e.to_json(), 0, i) for i, e in enumerate(events)], "value binary, partition int, offset long"
+    )
+    from_text = valid_events(parse_events(json_frame))
+
+    def seen(frame: Any) -> list[tuple[Any, ...]]:
+        # JSON leaves empty dims out (null); Avro always has the map: both mean "no dims"
+        return sorted(
+            (r.id, r.ts, r.item, r.user, r.value, sorted((r.dims or {}).items()))
+            for r in frame.select(*EVENT_COLUMNS).collect()
+        )
+
+    assert seen(from_binary) == seen(from_text)
+    assert len(seen(from_binary)) == len(events)

@@ -98,6 +98,12 @@ INSERT_SPEED_HOUR = (
     "INSERT INTO {speed_hours} (query, day, hour, epoch, first_written_at, ttl_s) VALUES (?, ?, ?, ?, ?, ?) USING TTL ?"
 )
 SELECT_EPOCH_HOUR = "SELECT first_written_at FROM {speed_hours} WHERE query = ? AND day = ? AND hour = ? AND epoch = ?"
+# An erasure's purge of an hour from the speed view (its minutes and what they counted; the batch view serves it).
+SELECT_SPEED_QUERIES = "SELECT DISTINCT query FROM {speed_epochs}"
+DELETE_SPEED_MINUTES = (
+    "DELETE FROM {speed_minutes} WHERE query = ? AND slice = ? AND day = ? AND bucket_start >= ? AND bucket_start < ?"
+)
+DELETE_SPEED_COVERAGE = "DELETE FROM {speed_coverage} WHERE query = ? AND slice = ? AND day = ? AND hour = ?"
 SELECT_SPEED_HOURS = (
     "SELECT hour, epoch, first_written_at, ttl_s FROM {speed_hours} WHERE query = ? AND day = ? AND hour >= ? "
     "AND hour < ?"

@@ -294,6 +294,23 @@ class SpeedRows:
             execution_profile=WRITE_PROFILE,
         )
 
+    def queries(self) -> list[str]:
+        """Return every speed query that ever started an epoch (whose rows may still be kept)."""
+        return [
+            r.query for r in self.sess.execute(self._stmt(cql.SELECT_SPEED_QUERIES), execution_profile=READ_PROFILE)
+        ]
+
+    def delete_hour(self, query: str, slices: Iterable[str], hour: datetime) -> int:
+        """Delete a query's minutes of the hour in the slices, and its counts of them; return the slices done.
+
+        An erasure's purge: the hour is served by the batch view, which was recomputed without the subject.
+        """
+        day = day_key(hour)
+        todo = sorted(set(slices))
+        self._write_many(cql.DELETE_SPEED_MINUTES, [(query, sl, day, hour, hour + HOUR) for sl in todo])
+        self._write_many(cql.DELETE_SPEED_COVERAGE, [(query, sl, day, hour) for sl in todo])
+        return len(todo)
+
     def hours_requests(self, query: str, start: datetime, end: datetime) -> list[Request]:
         """Return the reads of the hours processed in ``[start, end)`` (one per UTC day; :func:`decode_hours`)."""
         return [(self._stmt(cql.SELECT_SPEED_HOURS), (query, d, start, end)) for d in days_between(start, end)]

@@ -1,0 +1,680 @@
+"""The HTTP collector: ``POST /api/v1/events`` puts a batch of events into Kafka and answers once it is durable.
+
+A request's body is a JSON array of event objects (``application/json``) or JSON lines (``application/x-ndjson``),
+optionally gzip-compressed (``Content-Encoding: gzip``). Each record goes the way a line of ``trends ingest file``
+goes: :func:`ingestion.validate.encode_json` on its original bytes, then the one :class:`~ingestion.producer.
+EventProducer` (idempotent, acks=all), valid events to the events topic and rejects with their reason to the
+dead-letter topic. The answer (200, with the accepted and rejected counts and each reject's reason) is sent only
+after Kafka acknowledged every record of the request; a delivery that fails or does not finish within
+``collector.delivery_timeout_s`` is a 503 with ``Retry-After``. Events carry ids (derived from the content when
+absent), so a retried request is dropped downstream by the layers' dedupe instead of counted twice.
+
+The producer is driven by one thread (:class:`ProducerLoop`): requests hand it their records and wait for their
+acks, so the producer's callbacks and counters stay on one thread, as in a replay. Limits: the body size (checked
+on ``Content-Length``, then counted as read and as inflated, so a gzip bomb is bounded too), the records per
+request, a token bucket of events per second, and the producer's local queue (a 429 when it is full).
+
+This app is its own process (``trends collect``), apart from the query API: serving never imports ingestion.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the endpoints' annotations at runtime.
+import asyncio
+import contextlib
+import io
+import json
+import logging
+import math
+import queue
+import threading
+import time
+import zlib
+from collections.abc import AsyncIterator
+from concurrent.futures import Future, InvalidStateError
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import Any, Final, Literal
+
+import msgspec
+from fastapi import FastAPI, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from pydantic import BaseModel, Field
+
+from infra.security import bearer_refusal
+from infra.settings import Settings
+from ingestion.files import read_lines
+from ingestion.producer import Ack, Delivery, EventProducer
+from ingestion.validate import Context, Encoded, Reason, Reject, encode_json
+
+logger = logging.getLogger(__name__)
+
+EVENTS_PATH: Final = "/api/v1/events"
+SOURCE: Final = "collector"  # the dead-letter records' source; their line is the record's 1-based position
+JSON_TYPES: Final = frozenset({"application/json"})
+NDJSON_TYPES: Final = frozenset({"application/x-ndjson", "application/jsonl", "application/json-lines"})
+QUEUE_FULL_RETRY_AFTER_S: Final = 1
+POLL_S: Final = 0.005  # the longest a new batch waits for the producer thread to take it
+
+# name -> help of every metric the collector exports (docs/metrics.md lists them).
+METRICS: Final = {
+    "trends_collector_requests_total": "Requests to POST /api/v1/events, by the status they were answered with.",
+    "trends_collector_events_total": "Records of answered requests: accepted (events acknowledged on the events "
+    "topic) or rejected (acknowledged on the dead-letter topic).",
+    "trends_collector_request_seconds": "Time from a request's arrival to its answer, Kafka's acknowledgements "
+    "included.",
+}
+
+
+class Refusal(Exception):  # noqa: N818 - an answer, not a failure of the server
+    """A request refused as a whole: its status, the message, and the headers of the answer."""
+
+    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.headers = headers or {}
+
+
+# -- the body: bounded reading, decompression, records ----------------------------------------------------------
+
+
+def content_length_refusal(value: str | None, limit: int) -> Refusal | None:
+    """Return the refusal a ``Content-Length`` header earns before anything is read, or None."""
+    if value is None:
+        return None
+    try:
+        length = int(value)
+    except ValueError:
+        return Refusal(400, f"Content-Length {value[:40]!r} is not a number")
+    if length > limit:
+        return Refusal(413, f"a body of {length} bytes is over collector.max_body_bytes ({limit})")
+    return None
+
+
+def inflate(data: bytes, limit: int) -> bytes:
+    """Return gzip ``data`` decompressed, never holding more than ``limit`` + 1 bytes of output.
+
+    Several gzip members one after the other (``cat a.gz b.gz``) are one stream, as gzip reads them.
+
+    :raises Refusal: 413 when the output passes ``limit``, 400 when the data is not complete gzip.
+    """
+    out = bytearray()
+    rest = data
+    try:
+        while rest:
+            inflater = zlib.decompressobj(wbits=31)
+            out += inflater.decompress(rest, limit + 1 - len(out))
+            if len(out) > limit or inflater.unconsumed_tail:
+                msg = f"the body inflates to more than collector.max_body_bytes ({limit} bytes)"
+                raise Refusal(413, msg)
+            if not inflater.eof:
+                msg = "the gzip body is truncated"
+                raise Refusal(400, msg)
+            rest = inflater.unused_data
+    except zlib.error as exc:
+        msg = f"the body is not gzip: {exc}"
+        raise Refusal(400, msg) from exc
+    return bytes(out)
+
+
+BodyFormat = Literal["json", "ndjson"]
+
+
+def body_format(content_type: str | None) -> BodyFormat:
+    """Return the body format a ``Content-Type`` names.
+
+    :raises Refusal: 415 for any other type, or a charset other than UTF-8.
+    """
+    media, _, params = (content_type or "").partition(";")
+    media = media.strip().lower()
+    for param in params.split(";"):
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in {"utf-8", "utf8"}:
+            msg = f"charset {value.strip()!r}: the collector reads UTF-8 only"
+            raise Refusal(415, msg)
+    if media in JSON_TYPES:
+        return "json"
+    if media in NDJSON_TYPES:
+        return "ndjson"
+    msg = (
+        f"Content-Type {media or '(none)'!r} is not supported: send application/json (an array of events) or "
+        "application/x-ndjson (one event per line)"
+    )
+    raise Refusal(415, msg)
+
+
+_RAW_ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
+_JSON = json.JSONDecoder()
+_WHITESPACE = " \t\n\r"
+
+
+def records(body: bytes, fmt: BodyFormat, max_records: int) -> list[tuple[int, bytes, int | None]]:
+    """Split a body into its records: (0-based position, original bytes, full size when cut) each.
+
+    JSON lines are read as ``trends ingest file`` reads them (blank lines skipped, over-long lines cut); a line
+    that is not JSON is a record like any other (it becomes a reject). A JSON array gives each element's own bytes.
+    Either stops at the first record past ``max_records``: a body of tiny records costs no more than its limit.
+
+    :raises Refusal: 400 when a JSON body is not a JSON array, 413 past ``max_records``.
+    """
+    too_many = Refusal(413, f"more than collector.max_records ({max_records}) records in one request")
+    if fmt == "ndjson":
+        out: list[tuple[int, bytes, int | None]] = []
+        for rec in read_lines(io.BytesIO(body)):
+            if len(out) == max_records:
+                raise too_many
+            out.append((rec.line - 1, rec.raw, rec.size))
+        return out
+    # The array at once with msgspec when it cannot hold too many elements (each is followed by a comma but the
+    # last); else element by element, stopping past the limit.
+    if body.count(b",") < max_records:
+        try:
+            return [(i, bytes(raw), None) for i, raw in enumerate(_RAW_ARRAY.decode(body))]
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            pass  # not JSON, not an array, or what msgspec refuses and json takes (NaN, huge numbers)
+    return [(i, raw, None) for i, raw in enumerate(_array_elements(body, max_records, too_many))]
+
+
+def _array_elements(body: bytes, max_records: int, too_many: Refusal) -> list[bytes]:
+    """Return the elements of a JSON array as their own bytes, read one by one by :mod:`json`."""
+    try:
+        text = body.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        msg = f"the body is not UTF-8 (JSON is): {exc}"
+        raise Refusal(400, msg) from exc
+    n = len(text)
+    pos = _skip(text, 0)
+    if pos == n or text[pos] != "[":
+        kind = "empty" if pos == n else f"a JSON {type(_value(text)).__name__}"
+        msg = f"the body is {kind}, not an array of events"
+        raise Refusal(400, msg)
+    out: list[bytes] = []
+    pos = _skip(text, pos + 1)
+    if pos < n and text[pos] == "]":
+        return _end(text, pos, out)
+    while True:
+        if len(out) == max_records:
+            raise too_many
+        try:
+            _, end = _JSON.raw_decode(text, pos)
+        except (ValueError, RecursionError) as exc:
+            msg = f"the body is not JSON: {exc}"
+            raise Refusal(400, msg) from exc
+        out.append(text[pos:end].encode())
+        pos = _skip(text, end)
+        if pos < n and text[pos] == "]":
+            return _end(text, pos, out)
+        if pos >= n or text[pos] != ",":
+            msg = f"the body is not JSON: expected ',' or ']' at character {pos}"
+            raise Refusal(400, msg)
+        pos = _skip(text, pos + 1)
+
+
+def _skip(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in _WHITESPACE:
+        pos += 1
+    return pos
+
+
+def _end(text: str, pos: int, out: list[bytes]) -> list[bytes]:
+    if _skip(text, pos + 1) != len(text):
+        msg = f"the body is not JSON: extra data after the array at character {pos + 1}"
+        raise Refusal(400, msg)
+    return out
+
+
+def _value(text: str) -> Any:
+    try:
+        return _JSON.decode(text)
+    except (ValueError, RecursionError) as exc:
+        msg = f"the body is not JSON: {exc}"
+        raise Refusal(400, msg) from exc
+
+
+# -- answers -----------------------------------------------------------------------------------------------------
+
+
+class RejectOut(BaseModel):
+    """One rejected record: where it was in the request, why, and the detail (also in its dead-letter record)."""
+
+    index: int = Field(
+        description="0-based position in the request: the array element, or the line (blank lines count)."
+    )
+    reason: str = Field(description="The dead-letter reason code (`ingestion.validate.Reason`).")
+    detail: str = Field(description="What is wrong with it, for a person.")
+
+
+class Answer(BaseModel):
+    """What happened to a request's records, once Kafka acknowledged every one of them."""
+
+    accepted: int = Field(description="Events acknowledged on the events topic.")
+    rejected: int = Field(description="Records acknowledged on the dead-letter topic, with their reason.")
+    rejects: list[RejectOut] = Field(description="Each rejected record, in request order.")
+
+
+class ErrorOut(BaseModel):
+    """The body of every refusal: what went wrong, naming the setting when a limit did."""
+
+    detail: str
+
+
+@dataclass
+class Batch:
+    """A request's validated records on their way to Kafka, and the answer being assembled from their acks."""
+
+    outcomes: list[tuple[int, Encoded | Reject]]
+    answer: Future[Answer] = field(default_factory=Future)
+    pending: int = 0
+    accepted: int = 0
+    rejects: list[RejectOut] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    events: set[int] = field(default_factory=set)  # positions of the records that are events
+
+    def __post_init__(self) -> None:
+        self.pending = len(self.outcomes)
+        for index, outcome in self.outcomes:
+            if isinstance(outcome, Reject):
+                self.rejects.append(RejectOut(index=index, reason=str(outcome.reason), detail=outcome.detail))
+            else:
+                self.events.add(index)
+        if not self.pending:
+            self.settle()
+
+    def ack(self, index: int, delivery: Delivery) -> None:
+        """Take one record's delivery report; settle the answer after the last one (on the producer's thread)."""
+        self.pending -= 1
+        if delivery.error is not None:
+            self.failed.append(delivery.error)
+        elif delivery.rerouted is not None:  # an event the broker refused: its dead-letter copy is acknowledged
+            self.rejects.append(RejectOut(index=index, reason=str(Reason.BROKER_REJECTED), detail=delivery.rerouted))
+        elif index in self.events:
+            self.accepted += 1
+        if self.pending == 0:
+            self.settle(DeliveryFailedError(self.failed) if self.failed else None)
+
+    def settle(self, error: Exception | None = None) -> None:
+        """Give the request its answer (or its error), unless it already has one or stopped waiting."""
+        # The request may time out (cancelling the future) on the event loop's thread at any moment.
+        with contextlib.suppress(InvalidStateError):
+            if error is not None:
+                self.answer.set_exception(error)
+            else:
+                self.answer.set_result(self._answer())
+
+    def _answer(self) -> Answer:
+        rejects = sorted(self.rejects, key=lambda r: r.index)
+        return Answer(accepted=self.accepted, rejected=len(rejects), rejects=rejects)
+
+
+class DeliveryFailedError(Exception):
+    """Some records of a request were not acknowledged (the request is answered 503)."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__(f"{len(errors)} record(s) not acknowledged; first: {errors[0]}")
+        self.errors = errors
+
+
+# -- the producer's thread ---------------------------------------------------------------------------------------
+
+
+class ProducerLoop:
+    """Run the one :class:`EventProducer` on its own thread: produce the batches handed to it, serve the acks."""
+
+    def __init__(self, settings: Settings, config: dict[str, Any] | None = None) -> None:
+        timeout_ms = int(settings.collector.delivery_timeout_s * 1000)
+        # A record not acknowledged by the time its request gives up fails in the producer too: nothing is left
+        # queued behind a 503 to pile up while Kafka is away.
+        self.producer = EventProducer(settings, config={"message.timeout.ms": timeout_ms, **(config or {})})
+        self.queue_limit = settings.ingest.queue_max_messages
+        self._todo: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="collector-producer", daemon=True)
+        self._stopped = threading.Event()
+
+    def start(self) -> None:
+        """Start the producer's thread."""
+        self._thread.start()
+
+    def submit(self, batch: Batch) -> None:
+        """Hand a batch to the producer's thread."""
+        self._todo.put(batch)
+
+    def queued(self) -> int:
+        """Return the records queued locally or in flight (thread-safe)."""
+        return len(self.producer)
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                if not self._step():
+                    break
+            except Exception:  # the thread must outlive any one failure, or every later request would hang
+                logger.exception("the collector's producer thread failed; carrying on")
+                time.sleep(POLL_S)
+
+    def _step(self) -> bool:
+        """Produce the next batch, or serve delivery reports; return False when asked to stop."""
+        producer = self.producer
+        try:
+            batch = self._todo.get(timeout=POLL_S) if not len(producer) else self._todo.get_nowait()
+        except queue.Empty:
+            producer.poll(POLL_S if len(producer) else 0)
+            return True
+        if batch is None:
+            return False
+        try:
+            self._produce(batch)
+        except Exception as exc:  # a fatal producer error: this request fails, the server says so
+            logger.exception("the producer failed on a batch")
+            batch.settle(DeliveryFailedError([f"{type(exc).__name__}: {exc}"]))
+        producer.poll(0)
+        return True
+
+    def _produce(self, batch: Batch) -> None:
+        producer = self.producer
+        events: list[tuple[bytes, bytes | None, int, Ack]] = []
+        for index, outcome in batch.outcomes:
+            if isinstance(outcome, Reject):
+                producer.produce_reject(outcome, ack=partial(batch.ack, index))
+            else:
+                events.append((*outcome, partial(batch.ack, index)))
+        if producer.pseudonymiser is not None and events:  # users replaced before anything reaches Kafka
+            encoded = producer.pseudonymiser.encoded([(v, k, t) for v, k, t, _ack in events], producer.key_field)
+            events = [(*e, ack) for e, (_v, _k, _t, ack) in zip(encoded, events, strict=True)]
+        producer.produce_acked(events)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the thread and flush what is queued (at most ``timeout_s``)."""
+        self._todo.put(None)
+        self._thread.join(timeout_s)
+        self._stopped.set()
+        summary = self.producer.close(timeout_s, raise_on_failure=False)
+        if not summary.ok:
+            logger.warning("collector stopped with undelivered records: %s", "; ".join(summary.lines()))
+
+
+# -- the rate limit ----------------------------------------------------------------------------------------------
+
+
+class TokenBucket:
+    """Events per second with a burst: a request takes one token per record, or is told how long to wait.
+
+    Used from the event loop's thread only (no lock).
+    """
+
+    def __init__(self, rate: float, burst: int, clock: Any = time.monotonic) -> None:
+        self.rate = rate
+        self.burst = float(burst)
+        self.tokens = float(burst)
+        self.clock = clock
+        self.last = clock()
+
+    def take(self, n: int) -> float:
+        """Take ``n`` tokens and return 0, or take none and return the seconds until ``n`` would be there."""
+        if self.rate <= 0:
+            return 0.0
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        if n <= self.tokens:
+            self.tokens -= n
+            return 0.0
+        if n > self.burst:
+            return math.inf
+        return (n - self.tokens) / self.rate
+
+
+# -- the app -----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CollectorMetrics:
+    """The collector's Prometheus metrics, in a registry of its own."""
+
+    registry: CollectorRegistry
+    requests: Counter
+    events: Counter
+    seconds: Histogram
+
+    @classmethod
+    def create(cls) -> "CollectorMetrics":
+        """Return the metrics, every status and outcome of the documented ones starting at 0."""
+        registry = CollectorRegistry()
+        requests = Counter(
+            "trends_collector_requests",
+            METRICS["trends_collector_requests_total"],
+            ["status"],
+            registry=registry,
+        )
+        for status in ("200", "400", "401", "403", "413", "415", "429", "503"):
+            requests.labels(status)
+        events = Counter(
+            "trends_collector_events", METRICS["trends_collector_events_total"], ["outcome"], registry=registry
+        )
+        for outcome in ("accepted", "rejected"):
+            events.labels(outcome)
+        seconds = Histogram(
+            "trends_collector_request_seconds",
+            METRICS["trends_collector_request_seconds"],
+            registry=registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        return cls(registry, requests, events, seconds)
+
+
+def _error(description: str, *headers: str) -> dict[str, Any]:
+    docs = {
+        "Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "integer"}},
+        "WWW-Authenticate": {"description": "`Bearer`.", "schema": {"type": "string"}},
+    }
+    out: dict[str, Any] = {"model": ErrorOut, "description": description}
+    if headers:
+        out["headers"] = {h: docs[h] for h in headers}
+    return out
+
+
+def _request_body(settings: Settings) -> dict[str, Any]:
+    limit = settings.collector.max_records
+    event = (
+        "An event object: `id` (optional; derived from the content when absent, so a retry dedupes), `ts` "
+        "(ISO-8601 with an offset, or epoch seconds or milliseconds), `item`, `user`, `value`, `dims`. Any element "
+        "that is not a valid event is answered as a reject (with its reason) and goes to the dead-letter topic."
+    )
+    return {
+        "required": True,
+        "description": f"At most {limit} records and `collector.max_body_bytes` bytes (also after gzip).",
+        "content": {
+            "application/json": {"schema": {"type": "array", "maxItems": limit, "items": {"description": event}}},
+            "application/x-ndjson": {
+                "schema": {"description": "One event object per line (blank lines skipped); other lines are rejects."}
+            },
+        },
+    }
+
+
+class Collector:
+    """What a request goes through: the token, the body's limits, validation, the rate limit, the producer."""
+
+    def __init__(self, settings: Settings, producer_config: dict[str, Any] | None = None) -> None:
+        self.settings = settings
+        self.cfg = settings.collector
+        secret = settings.serving.api_token
+        self.token = secret.get_secret_value() if secret is not None else None
+        self.metrics = CollectorMetrics.create()
+        self.bucket = TokenBucket(self.cfg.rate_limit_events_s, self.cfg.rate_limit_burst)
+        self.skew = timedelta(seconds=settings.ingest.max_future_skew_s)
+        self.producer_config = producer_config
+        self.loop: ProducerLoop | None = None
+
+    def validate(self, body: bytes, fmt: BodyFormat) -> list[tuple[int, Encoded | Reject]]:
+        """Split a body into records and validate each as a file line is (``index + 1`` as its line)."""
+        ctx = Context(source=SOURCE, now=datetime.now(UTC), max_future_skew=self.skew)
+        key_field = self.settings.ingest.key_field
+        return [
+            (index, encode_json(raw, ctx, key_field, index + 1, size=size))
+            for index, raw, size in records(body, fmt, self.cfg.max_records)
+        ]
+
+    async def respond(self, request: Request) -> Response:
+        """Answer a request, counting it in the metrics."""
+        began = time.perf_counter()
+        try:
+            answer = await self.handle(request)
+            response: Response = JSONResponse(answer.model_dump())
+            self.metrics.events.labels("accepted").inc(answer.accepted)
+            self.metrics.events.labels("rejected").inc(answer.rejected)
+        except Refusal as refusal:
+            response = JSONResponse({"detail": refusal.detail}, status_code=refusal.status, headers=refusal.headers)
+        self.metrics.requests.labels(str(response.status_code)).inc()
+        self.metrics.seconds.observe(time.perf_counter() - began)
+        return response
+
+    async def handle(self, request: Request) -> Answer:
+        """Return the answer to a request once Kafka acknowledged all its records.
+
+        :raises Refusal: for a request refused as a whole (its status says why).
+        """
+        cfg = self.cfg
+        refused = bearer_refusal(request.headers.get("authorization"), self.token)
+        if refused == 401:
+            raise Refusal(401, "this collector needs `Authorization: Bearer <token>`", {"WWW-Authenticate": "Bearer"})
+        if refused == 403:
+            raise Refusal(403, "the bearer token is not the one configured (serving.api_token)")
+        fmt = body_format(request.headers.get("content-type"))
+        encoding = request.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in {"identity", "gzip", "x-gzip"}:
+            msg = f"Content-Encoding {encoding!r} is not supported: send gzip or nothing"
+            raise Refusal(415, msg)
+        early = content_length_refusal(request.headers.get("content-length"), cfg.max_body_bytes)
+        if early is not None:
+            raise early
+        body = await _read(request, cfg.max_body_bytes)
+        if encoding != "identity":
+            body = await run_in_threadpool(inflate, body, cfg.max_body_bytes)
+        outcomes = await run_in_threadpool(self.validate, body, fmt)
+        self._admit(len(outcomes))
+        batch = Batch(outcomes)
+        self._loop().submit(batch)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(batch.answer), cfg.delivery_timeout_s)
+        except (TimeoutError, DeliveryFailedError) as exc:
+            logger.warning("503 for a request of %d records: %s", len(outcomes), str(exc) or "delivery timed out")
+            msg = "Kafka did not acknowledge every record in time; send the same request again"
+            raise Refusal(503, msg, {"Retry-After": str(cfg.retry_after_s)}) from None
+
+    def _admit(self, n: int) -> None:
+        """Take ``n`` events from the rate limit and the producer's queue, or refuse the request."""
+        cfg = self.cfg
+        wait = self.bucket.take(n)
+        if math.isinf(wait):
+            msg = f"{n} records is more than collector.rate_limit_burst ({cfg.rate_limit_burst})"
+            raise Refusal(413, msg)
+        if wait:
+            msg = f"over the rate limit of {cfg.rate_limit_events_s:g} events/s (collector.rate_limit_events_s)"
+            raise Refusal(429, msg, {"Retry-After": str(max(1, math.ceil(wait)))})
+        loop = self._loop()
+        if loop.queued() + n > loop.queue_limit:
+            msg = "the producer's queue is full (Kafka is slower than the clients); retry shortly"
+            raise Refusal(429, msg, {"Retry-After": str(QUEUE_FULL_RETRY_AFTER_S)})
+
+    def _loop(self) -> ProducerLoop:
+        if self.loop is None:
+            msg = "the collector's producer runs only inside the app's lifespan"
+            raise RuntimeError(msg)
+        return self.loop
+
+    @asynccontextmanager
+    async def running(self, _: FastAPI) -> AsyncIterator[None]:
+        """Run the producer's thread while the app runs; flush it at the end."""
+        self.loop = ProducerLoop(self.settings, self.producer_config)
+        self.loop.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(self.loop.close, self.cfg.delivery_timeout_s + 5)
+
+
+def create_app(settings: Settings, *, producer_config: dict[str, Any] | None = None) -> FastAPI:
+    """Build the collector app for these settings.
+
+    :arg producer_config: extra librdkafka properties of its producer (tests, benchmarks).
+    """
+    collector = Collector(settings, producer_config)
+    app = FastAPI(
+        title="trends collector",
+        summary="Events over HTTP into the events topic, each answered once Kafka acknowledged it.",
+        version="1",
+        lifespan=collector.running,
+    )
+    app.state.collector = collector
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = FastAPI.openapi(app)
+            if collector.token is not None:  # the bearer scheme, so clients and contract tests know it is needed
+                schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
+                    "type": "http",
+                    "scheme": "bearer",
+                }
+                schema["paths"][EVENTS_PATH]["post"]["security"] = [{"bearer": []}]
+        return app.openapi_schema  # type: ignore[return-value]
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+    @app.post(
+        EVENTS_PATH,
+        response_model=Answer,
+        summary="Post a batch of events",
+        description="Validates every record as `trends ingest file` does and answers once Kafka acknowledged all "
+        "of them (acks=all): valid events on the events topic, rejects with their reason on the dead-letter "
+        "topic. A 503 means some record may not be durable: send the same request again (events with the same "
+        "`id` are counted once).",
+        openapi_extra={"requestBody": _request_body(settings)},
+        responses=RESPONSES,
+    )
+    async def post_events(request: Request) -> Response:
+        return await collector.respond(request)
+
+    @app.get("/health", summary="Liveness: the process answers.")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics", summary="Prometheus metrics of this collector.", response_class=Response)
+    async def prometheus() -> Response:
+        return Response(generate_latest(collector.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
+    400: _error("The body is not JSON (or not a JSON array), or not valid gzip."),
+    401: _error("`serving.api_token` is set and the request has no `Authorization: Bearer`.", "WWW-Authenticate"),
+    403: _error("The bearer token is not `serving.api_token`."),
+    413: _error(
+        "The body is over `collector.max_body_bytes` (sent or inflated), or it carries more records than "
+        "`collector.max_records` (or than `collector.rate_limit_burst` while a rate limit is set)."
+    ),
+    415: _error(
+        "A Content-Type other than application/json or application/x-ndjson, a charset other than UTF-8, or a "
+        "Content-Encoding other than gzip."
+    ),
+    429: _error(
+        "Over the rate limit (`collector.rate_limit_events_s`) or the producer's queue is full.", "Retry-After"
+    ),
+    503: _error("Kafka did not acknowledge every record within `collector.delivery_timeout_s`.", "Retry-After"),
+}
+
+
+async def _read(request: Request, limit: int) -> bytes:
+    """Read the body, refusing it (413) as soon as it passes ``limit`` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            msg = f"the body is over collector.max_body_bytes ({limit} bytes)"
+            raise Refusal(413, msg)
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,153 @@
+"""Pseudonymous user ids from the first hop: every event's ``user`` is replaced before it is encoded for Kafka.
+
+Each ingestion path hands its users to a :class:`Pseudonymiser` (the subject store of
+:mod:`infra.privacy.subjects` with the ingestion-side rules) before anything is produced: the record key, the
+JSON and a content-derived event id (:func:`views.event.content_id`, computed from the pseudonym, so an id cannot
+be recomputed from a candidate user) then hold only the pseudonym. The hours that hold each subject's events are
+written to the store before the events are produced, so an erasure finds every hour without reading the log.
+
+With ``privacy.pseudonymise`` off, :meth:`Pseudonymiser.from_settings` returns None and nothing changes. A
+pseudonymiser reads the subject key and connects to Cassandra at its first user: events without users need
+neither.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any, Final, cast
+
+import msgspec
+
+from infra.privacy.subjects import StoreStats, SubjectStore
+from infra.settings import Settings
+from views.event import Event, content_id, encode_fast, parse_time
+
+logger = logging.getLogger(__name__)
+
+_DECODE: Final = msgspec.json.Decoder()
+_HOUR_MS: Final = 3_600_000
+
+# An event as it goes to Kafka: its JSON, key and record timestamp (epoch ms).
+Encoded = tuple[bytes, bytes | None, int]
+
+
+class Pseudonymiser:
+    """Replace users by their pseudonyms and record the hours of their events; use as a context manager.
+
+    :arg store: the subject store (owned: :meth:`close` closes it), or the settings to open one from at the first
+        user (so a producer that never sees a user needs neither the key nor Cassandra).
+    """
+
+    def __init__(self, store: SubjectStore | Settings) -> None:
+        self._settings = store if isinstance(store, Settings) else None
+        self._store = None if isinstance(store, Settings) else store
+        self._elsewhere = StoreStats()  # what validation workers did with their own stores
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Pseudonymiser | None:
+        """Return a pseudonymiser for these settings, or None when ``privacy.pseudonymise`` is off.
+
+        The subject key is read, and Cassandra connected, at the first user.
+        """
+        if not settings.privacy.pseudonymise:
+            return None
+        return cls(settings)
+
+    @property
+    def store(self) -> SubjectStore:
+        """Return the subject store, opened now if it is not yet.
+
+        :raises SubjectKeyError: when the subject key file is missing or unusable.
+        """
+        if self._store is None:
+            self._store = SubjectStore(cast("Settings", self._settings))
+        return self._store
+
+    @property
+    def stats(self) -> StoreStats:
+        """Return what the store (and the workers reported with :meth:`add_stats`) did so far."""
+        total = StoreStats(**asdict(self._elsewhere))
+        if self._store is not None:
+            total.add(asdict(self._store.stats))
+        return total
+
+    def add_stats(self, counts: dict[str, int]) -> None:
+        """Count what another process's store did for this run (a validation worker's)."""
+        self._elsewhere.add(counts)
+
+    def table(self, users: Iterable[str], hours: Iterable[tuple[str, int]] = ()) -> dict[str, str]:
+        """Return user -> pseudonym for these users (created where missing), after recording their hours.
+
+        :arg hours: (user, event time in epoch ms) of the events about to be produced: the hours they fall in are
+            written to the subject store, while the pseudonyms are read, and are written when this returns. An
+            hour recorded for an event that then fails is harmless; an event in the log whose hour is missing
+            would escape an erasure.
+        """
+        pairs = {(user, ts // _HOUR_MS) for user, ts in hours}
+        if pairs:  # sent first: the writes need only the keyed hash, so they run beside the reads below
+            self.store.note_hours((user, datetime.fromtimestamp(h * 3600, UTC)) for user, h in pairs)
+        found = self.store.pseudonyms(users)
+        if pairs:
+            self.store.flush()
+        return found
+
+    def event(self, event: Event) -> Event:
+        """Return the event with its user pseudonymised (and its content-derived id recomputed from the pseudonym)."""
+        if event.user is None:
+            return event
+        pseudonym = self.table([event.user], [(event.user, event.ts_ms)])[event.user]
+        update: dict[str, Any] = {"user": pseudonym}
+        if event.id == content_id(event.ts, event.item, event.user, event.value, event.dims):
+            update["id"] = content_id(event.ts, event.item, pseudonym, event.value, event.dims)
+        return event.model_copy(update=update)
+
+    def encoded(self, events: list[Encoded], key_field: str) -> list[Encoded]:
+        """Return validated events (JSON, key, timestamp) with their users pseudonymised, in the same order.
+
+        The JSON is the canonical wire form (validated already): it is read back, its user and a content-derived
+        id replaced, and written again by the event's own fast encoder, so the bytes are what the model path
+        would write for the pseudonymised event.
+        """
+        decoded: list[dict[str, Any]] = [_DECODE.decode(value) for value, _key, _ts in events]
+        users = {d["user"] for d in decoded if "user" in d}
+        if not users:
+            return events
+        hours = [(d["user"], ts) for d, (_v, _k, ts) in zip(decoded, events, strict=True) if "user" in d]
+        table = self.table(users, hours)
+        out: list[Encoded] = []
+        for fields, original in zip(decoded, events, strict=True):
+            user = fields.get("user")
+            if user is None:
+                out.append(original)
+                continue
+            out.append(_rewrite(fields, user, table[user], key_field))
+        return out
+
+    def close(self) -> None:
+        """Wait for pending writes and close the store (if it was opened)."""
+        if self._store is not None:
+            self._store.close()
+
+    def __enter__(self) -> Pseudonymiser:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def _rewrite(fields: dict[str, Any], user: str, pseudonym: str, key_field: str) -> Encoded:
+    """Encode a canonical event's fields again with the pseudonym in place of the user."""
+    ts = parse_time(fields["ts"])
+    value = fields.get("value")
+    dims: dict[str, str] = fields.get("dims", {})
+    if fields["id"] == content_id(ts, fields["item"], user, value, dims):
+        fields["id"] = content_id(ts, fields["item"], pseudonym, value, dims)
+    fields["user"] = pseudonym
+    done = encode_fast(fields, key_field)
+    if done is None:  # the canonical form always takes the fast path; the model is the fallback all the same
+        event = Event.model_validate(fields)
+        return event.to_json(), event.key(key_field), event.ts_ms
+    return done

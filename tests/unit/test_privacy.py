@@ -1,0 +1,224 @@
+"""Pseudonymisation without services: the keyed hashes, the key file, the cache's TTL, the rewrite of events.
+
+The store's Cassandra side (LWT agreement, hours, unlink) is tested against the real Cassandra in
+tests/services/test_privacy_subjects.py; here an in-memory table stands in only for what these tests check: what
+ingestion does with the pseudonyms it is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import stat
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from infra.privacy import subjects
+from infra.privacy.subjects import SubjectKeyError, SubjectStore, ensure_key_file, new_pseudonym, read_key
+from infra.settings import Settings
+from ingestion.pseudonyms import Pseudonymiser
+from ingestion.validate import Context, encode_json
+from views.event import Event, content_id
+
+KEY = b"k" * 32
+
+
+def test_subject_key_is_a_stable_keyed_hash_of_the_nfc_id() -> None:
+    keys = subjects.SubjectKeys(KEY)
+    expected = hmac.new(KEY, b"trends/subject-key/v1" + "Am\u00e9lie".encode(), hashlib.sha256).digest()
+    assert keys.subject_key("Am\u00e9lie") == expected
+    assert keys.subject_key("Ame\u0301lie") == expected  # decomposed: the same person
+    assert subjects.subject_key("Ame\u0301lie", KEY) == expected
+    assert keys.subject_key("amelie") != expected
+    assert subjects.SubjectKeys(b"x" * 32).subject_key("Am\u00e9lie") != expected  # another key, another row
+    # pinned: a change of the function would orphan every stored subject
+    assert keys.subject_key("u1").hex()[:16] == hmac.new(KEY, b"trends/subject-key/v1u1", "sha256").hexdigest()[:16]
+
+
+def test_the_shown_hash_is_not_the_row_key() -> None:
+    keys = subjects.SubjectKeys(KEY)
+    shown = keys.subject_hash("alice")
+    assert shown == subjects.subject_hash("alice", KEY)
+    assert re.fullmatch(r"[0-9a-f]{64}", shown)
+    assert bytes.fromhex(shown) != keys.subject_key("alice")
+    assert "alice" not in repr(keys) and KEY.decode() not in repr(keys)
+
+
+def test_pseudonyms_are_random_and_short() -> None:
+    made = {new_pseudonym() for _ in range(1000)}
+    assert len(made) == 1000
+    assert all(re.fullmatch(r"p_[A-Za-z0-9_-]{16}", p) for p in made)
+
+
+def test_the_key_file_is_created_once_private_and_never_quoted(tmp_path: Path) -> None:
+    path = tmp_path / "privacy" / "subject.key"
+    assert ensure_key_file(path)
+    first = path.read_bytes()
+    assert not ensure_key_file(path)
+    assert path.read_bytes() == first
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert len(read_key(path)) >= 32
+    path.write_text("short-secret\n")
+    with pytest.raises(SubjectKeyError) as short:
+        read_key(path)
+    assert "short-secret" not in str(short.value)
+    with pytest.raises(SubjectKeyError, match="does not exist"):
+        read_key(tmp_path / "missing.key")
+
+
+def _settings(**privacy: Any) -> Settings:
+    return Settings(privacy=privacy)
+
+
+def test_the_cache_answers_until_its_ttl_then_asks_the_store_again() -> None:
+    now = [0.0]
+    store = SubjectStore(_settings(pseudonym_cache_ttl_s=60), key=KEY, timer=lambda: now[0])
+    asked: list[list[str]] = []
+
+    def fetch(users: dict[str, bytes]) -> dict[str, str]:
+        asked.append(sorted(users))
+        found = {u: f"p_{len(asked)}{u}" for u in users}
+        for u, key in users.items():  # as the real one does: cache what it found
+            store._cache[u] = (found[u], key)  # type: ignore[index]
+        return found
+
+    store._fetch_or_create = fetch  # type: ignore[method-assign]
+    assert store.pseudonyms(["a", "b", "a"]) == {"a": "p_1a", "b": "p_1b"}
+    now[0] = 59.0
+    assert store.pseudonyms(["a", "c"]) == {"a": "p_1a", "c": "p_2c"}
+    assert asked == [["a", "b"], ["c"]]
+    assert store.stats.cache_hits == 1
+    now[0] = 61.0  # a's entry has expired: a forget done meanwhile takes effect now
+    assert store.pseudonyms(["a"]) == {"a": "p_3a"}
+    assert asked[-1] == ["a"]
+
+
+def test_with_the_setting_off_nothing_is_pseudonymised() -> None:
+    from ingestion.producer import EventProducer
+
+    off = _settings(pseudonymise=False, subject_key_file="/nonexistent/key")
+    assert Pseudonymiser.from_settings(off) is None
+    producer = EventProducer(off)  # no key file needed, no Cassandra asked
+    assert producer.pseudonymiser is None
+    # on, the key is read at the first user: events without users need neither the key nor Cassandra
+    on = EventProducer(_settings(subject_key_file="/nonexistent/key"))
+    assert on.pseudonymiser is not None
+    event = Event(ts=datetime(2025, 5, 1, tzinfo=UTC), item="#a")
+    assert on.pseudonymiser.event(event) is event
+    assert on.pseudonymiser.stats.created == 0
+    with pytest.raises(SubjectKeyError, match="/nonexistent/key"):
+        on.pseudonymiser.event(event.model_copy(update={"user": "alice"}))
+
+
+class _Table:
+    """An in-memory subject table with the store's interface for what Pseudonymiser calls."""
+
+    def __init__(self) -> None:
+        self.table: dict[str, str] = {}
+        self.hours: set[tuple[str, datetime]] = set()
+
+    def pseudonyms(self, users: Iterable[str]) -> dict[str, str]:
+        return {u: self.table.setdefault(u, new_pseudonym()) for u in users}
+
+    def note_hours(self, pairs: Iterable[tuple[str, datetime]]) -> None:
+        self.hours.update(pairs)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _pseudonymiser() -> tuple[Pseudonymiser, _Table]:
+    table = _Table()
+    return Pseudonymiser(cast("SubjectStore", table)), table
+
+
+def test_encoded_events_carry_the_pseudonym_in_json_key_and_content_id() -> None:
+    pseudonymiser, table = _pseudonymiser()
+    ctx = Context(source="t", now=datetime(2026, 1, 1, tzinfo=UTC))
+    records = [
+        b'{"ts":"2025-05-01T10:00:00.000Z","item":"#a","user":"alice","value":3}',  # content id
+        b'{"id":"e2","ts":"2025-05-01T11:30:00Z","item":"#a","user":"Ame\\u0301lie","dims":{"c":"x"}}',  # model path
+        b'{"id":"e3","ts":"2025-05-01T10:00:00.000Z","item":"#b"}',  # no user
+    ]
+    raw = [cast("tuple[bytes, bytes | None, int]", encode_json(r, ctx, "user")) for r in records]
+    out = pseudonymiser.encoded(raw, "user")
+    alice, amelie = table.table["alice"], table.table["Am\u00e9lie"]
+    for value, key, _ts in out:
+        assert b"alice" not in value and b"lie" not in value
+        assert key is None or key.decode() in (alice, amelie)
+    first = json.loads(out[0][0])
+    ts = datetime(2025, 5, 1, 10, tzinfo=UTC)
+    assert first["user"] == alice
+    assert first["id"] == content_id(ts, "#a", alice, 3.0, {}) != content_id(ts, "#a", "alice", 3.0, {})
+    # the bytes are what the model path writes for the pseudonymised event
+    assert out[0][0] == Event(ts=ts, item="#a", user=alice, value=3).to_json()
+    assert json.loads(out[1][0])["id"] == "e2" and out[1][1] == amelie.encode()
+    assert out[2] == raw[2]
+    hours = sorted(h for _u, h in table.hours)
+    assert hours == [datetime(2025, 5, 1, 10, tzinfo=UTC), datetime(2025, 5, 1, 11, tzinfo=UTC)]
+
+
+def test_the_model_path_pseudonymises_the_event() -> None:
+    pseudonymiser, table = _pseudonymiser()
+    ts = datetime(2025, 5, 1, 10, tzinfo=UTC)
+    derived = pseudonymiser.event(Event(ts=ts, item="#a", user="bob"))
+    assert derived.user == table.table["bob"]
+    assert derived.id == content_id(ts, "#a", derived.user, None, {})
+    named = pseudonymiser.event(Event(id="x1", ts=ts, item="#a", user="bob"))
+    assert (named.id, named.user) == ("x1", derived.user)
+    assert pseudonymiser.event(Event(ts=ts, item="#a")).user is None
+
+
+def test_the_generator_emits_one_pseudonym_per_user() -> None:
+    from ingestion.generator import GeneratorConfig, SyntheticStream
+
+    config = GeneratorConfig(seed=7, count=5000, rate=None, users=300, key_field="user")
+    raw = list(SyntheticStream(config).chunks())
+    pseudonymiser, table = _pseudonymiser()
+    done = list(SyntheticStream(config, pseudonymiser=pseudonymiser).chunks())
+    raw_users = [json.loads(v)["user"] for c in raw for v in c.values]
+    users = [json.loads(v)["user"] for c in done for v in c.values]
+    assert users == [table.table[u] for u in raw_users]
+    assert len(set(users)) == len(set(raw_users))
+    assert [k for c in done for k in c.keys] == [u.encode() for u in users]
+    assert not any(re.search(rb'"u\d+"', v) for c in done for v in c.values)
+
+
+@pytest.mark.parametrize(("days", "configured"), [(30, 30 * 86_400_000), (30, -1), (2, -1), (90, 7 * 86_400_000)])
+def test_the_dead_letters_are_deleted_before_the_erasure_deadline(days: int, configured: int) -> None:
+    from infra.pipeline_settings import PrivacySettings
+    from infra.service_settings import KafkaSettings
+    from infra.topics import topic_specs
+
+    kafka = KafkaSettings(dlq_retention_ms=configured)
+    _events, dlq = topic_specs(kafka, PrivacySettings(erasure_deadline_days=days))
+    retention, segment = int(dlq.config["retention.ms"]), int(dlq.config["segment.ms"])
+    # a record lives at most its retention plus its segment's span, plus Kafka's check interval and delete delay
+    assert 0 < retention + segment + 6 * 60_000 < days * 86_400_000
+    if 0 <= configured < days * 86_400_000 // 2:
+        assert retention == configured  # a shorter configured retention is kept
+    assert int(topic_specs(kafka)[1].config["retention.ms"]) < 30 * 86_400_000  # the default deadline applies
+
+
+def test_an_unexpected_validation_error_logs_no_record_text(caplog: pytest.LogCaptureFixture) -> None:
+    from ingestion.validate import Reason, Reject, validate_fields
+
+    class Weird(dict[str, object]):
+        def get(self, *_args: object, **_kwargs: object) -> object:
+            msg = "no user alice@example.org"
+            raise RuntimeError(msg)
+
+    outcome = validate_fields(Weird(), b"?", Context(source="t"), 1)
+    assert isinstance(outcome, Reject) and outcome.reason is Reason.INTERNAL_ERROR
+    assert "alice@example.org" in outcome.detail  # the dead letter keeps it, beside the raw record
+    assert "RuntimeError" in caplog.text and "validate.py" in caplog.text
+    assert "alice@example.org" not in caplog.text
