@@ -136,7 +136,11 @@ class Plan:
 
     @property
     def span_records(self) -> int:
-        """Return the records the ranges hold (the hours' records and others between them)."""
+        """Return the width of the ranges in offsets, which is more than the records they hold.
+
+        Besides the hours' records and others between them, a transactional writer's log has holes: the offsets
+        of transaction markers and of aborted records.
+        """
         return sum(r.end - r.start for r in self.ranges)
 
     def reads(self) -> list[tuple[str, str, str]]:

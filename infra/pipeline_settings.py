@@ -198,6 +198,21 @@ class CollectorSettings(BaseModel):
 class BridgeSettings(BaseModel):
     """The Kafka bridge (`trends ingest kafka`): a consumer group on other topics, transactions into `events`."""
 
+    sources: list[str] = Field(
+        default_factory=list,
+        description="Source topics of `trends ingest kafka` when no --from is given, and of the stack's `bridge` "
+        'service (JSON list, e.g. \'["clicks", "orders"]\').',
+    )
+    format: Literal["json", "avro", "protobuf"] = Field(
+        "json", description="Format of the source topics when no --format is given (and of the `bridge` service)."
+    )
+    mapping: list[str] = Field(
+        default_factory=list,
+        description="FIELD=COLUMN words of the mapping when no -m is given (JSON list, e.g. '[\"item=page\"]').",
+    )
+    dims: list[str] = Field(
+        default_factory=list, description="NAME[=COLUMN] dimensions when no --dim is given (JSON list)."
+    )
     group_id: str = Field(
         "trends-bridge",
         min_length=1,

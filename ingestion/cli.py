@@ -492,16 +492,15 @@ Examples:
     "--from",
     "sources",
     multiple=True,
-    required=True,
     metavar="TOPIC",
-    help="A topic to read (repeatable); read as the consumer group --group, committed offsets first.",
+    help="A topic to read (repeatable), as the consumer group --group. Default: TRENDS_BRIDGE__SOURCES.",
 )
 @click.option(
     "--format",
     "fmt",
     type=click.Choice(["json", "avro", "protobuf"]),
-    required=True,
-    help="json: plain JSON values; avro, protobuf: the Confluent wire format, schemas from TRENDS_REGISTRY__URL.",
+    help="json: plain JSON; avro, protobuf: Confluent wire format, schemas from TRENDS_REGISTRY__URL. "
+    "Default: TRENDS_BRIDGE__FORMAT.",
 )
 @click.option(
     "-m",
@@ -538,7 +537,7 @@ def kafka(
     settings: Settings,
     *,
     sources: tuple[str, ...],
-    fmt: str,
+    fmt: str | None,
     pairs: tuple[str, ...],
     dims: tuple[str, ...],
     dims_column: str,
@@ -567,14 +566,22 @@ def kafka(
     settings = scoped(settings, topic, dlq_topic, key_field)
     bridge_update = {k: v for k, v in (("group_id", group), ("transactional_id", transactional_id)) if v}
     settings = settings.model_copy(update={"bridge": settings.bridge.model_copy(update=bridge_update)})
+    sources = sources or tuple(settings.bridge.sources)
+    if not sources:
+        msg = "name the topics to read: --from TOPIC (or TRENDS_BRIDGE__SOURCES)"
+        raise click.UsageError(msg)
     try:
         mapping = ColumnMapping.parse(
-            pairs, dims, dims_column=dims_column or None, time_format=time_format, assume_tz=assume_tz
+            pairs or settings.bridge.mapping,
+            dims or settings.bridge.dims,
+            dims_column=dims_column or None,
+            time_format=time_format,
+            assume_tz=assume_tz,
         )
     except MappingError as exc:
         raise click.UsageError(str(exc)) from exc
     progress = Progress(settings.ingest.progress_interval_s, enabled=not no_progress)
-    bridge = Bridge(settings, sources, cast("Format", fmt), mapping)
+    bridge = Bridge(settings, sources, cast("Format", fmt or settings.bridge.format), mapping)
     try:
         with graceful_stop() as stopper, metrics.serving(settings, lambda: bridge.stats.summary, "kafka"):
             try:

@@ -23,7 +23,7 @@ from stack.airflow.service import Airflow
 from stack.services.base import Service, ServiceStatus, StackService, find_java
 from stack.services.cassandra import Cassandra
 from stack.services.kafka import Kafka
-from stack.services.pipeline import ApiService, SpeedService
+from stack.services.pipeline import ApiService, BridgeService, SpeedService
 from stack.services.prometheus import BatchExporterService, PrometheusService
 from stack.services.registry import Registry
 from stack.services.spark import SparkMaster, SparkWorker
@@ -37,7 +37,7 @@ SERVICES = ("kafka", "cassandra")
 # cover them too.
 SPARK_WORKERS = 2  # spark-worker-1 … -N, on consecutive web UI ports
 SPARK_CLUSTER = ("spark-master", *(f"spark-worker-{i}" for i in range(1, SPARK_WORKERS + 1)))
-OPTIONAL_SERVICES = ("registry", "airflow", "speed", "api", *SPARK_CLUSTER, "batch-exporter", "prometheus")
+OPTIONAL_SERVICES = ("registry", "airflow", "speed", "bridge", "api", *SPARK_CLUSTER, "batch-exporter", "prometheus")
 ALL_SERVICES = (*SERVICES, *OPTIONAL_SERVICES)
 
 
@@ -67,6 +67,7 @@ def services(settings: Settings, names: Sequence[str] | None = None) -> list[Sta
         "registry": Registry,
         "airflow": Airflow,
         "speed": SpeedService,
+        "bridge": BridgeService,
         "api": ApiService,
         "batch-exporter": BatchExporterService,
         "prometheus": PrometheusService,

@@ -74,7 +74,7 @@ class SpeedService(PipelineService):
     """
 
     name = "speed"
-    args = ("speed", "run")
+    args: tuple[str, ...] = ("speed", "run")
     secret_sections = ("kafka", "cassandra")
 
     @property
@@ -128,6 +128,44 @@ class SpeedService(PipelineService):
     @override
     def accepts_clients(self) -> bool:
         return http_ok(f"http://{self.host}:{self.client_port}/metrics")
+
+
+class BridgeService(SpeedService):
+    """``trends ingest kafka`` in the background, under :mod:`stack.supervisor` like the speed job.
+
+    It reads ``bridge.sources`` in ``bridge.format`` with ``bridge.mapping``; a run that stops on an error (a
+    registry away longer than ``registry.max_wait_s``, a transaction failing again and again) is restarted with
+    the speed service's back-off and resumes at its group's committed offsets. Ready once its ingest metrics
+    answer (``metrics.ingest_port``), or once it runs when no port is set.
+    """
+
+    name = "bridge"
+    args = ("ingest", "kafka", "--no-progress")
+    secret_sections = ("kafka", "registry")
+
+    @override
+    def check_safe(self) -> None:
+        if not self.settings.bridge.sources:
+            msg = "the bridge service needs its source topics: set TRENDS_BRIDGE__SOURCES (a JSON list)"
+            raise StackError(msg)
+
+    @override
+    def status(self) -> ServiceStatus:
+        base = PipelineService.status(self)
+        state = self.supervisor_state()
+        if state is None or base.pid is None:
+            return base
+        return dataclasses.replace(base, detail=state.describe())
+
+    @property
+    @override
+    def client_port(self) -> int:
+        return self.settings.metrics.ingest_port or 0
+
+    @override
+    def ports(self) -> list[tuple[int, str, str]]:
+        port = self.client_port
+        return [(port, "metrics", "TRENDS_METRICS__INGEST_PORT")] if port else []
 
 
 class ApiService(PipelineService):
