@@ -31,8 +31,14 @@ hypothesis_settings.load_profile("trends")
 
 @pytest.fixture(scope="session")
 def settings() -> Settings:
-    """Return the settings every service test talks to (the default local stack unless TRENDS_* says otherwise)."""
-    return Settings()
+    """Return the settings every service test talks to (the default local stack unless TRENDS_* says otherwise).
+
+    The subject key is named explicitly, as a deployment names its key file: a test that gives its producers a data
+    dir of their own (a copy of these settings) keeps the stack's key, which ``stack_up`` creates.
+    """
+    base = Settings()
+    privacy = base.privacy.model_copy(update={"subject_key_file": base.subject_key_path})
+    return base.model_copy(update={"privacy": privacy})
 
 
 @pytest.fixture(scope="session")
