@@ -61,6 +61,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from datetime import time as dtime
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,7 @@ from serving.merge import Merged
 from serving.reader import ViewReader
 from serving.window import Window, load_many
 from speed_layer.sink import SpeedViewSink
-from views.buckets import DAY, HOUR, MINUTE, floor
+from views.buckets import DAY, HOUR, MINUTE, SPEED_ROLLUP, days_between, floor
 from views.definition import view_definition
 from views.sketches import merge_all
 from views.store.definitions import DefinitionStore
@@ -117,6 +118,7 @@ class Filled:
     row_kb: float
     epoch: str
     definition: str
+    rolled: datetime | None = None  # speed intervals ending by then are merged into rollups
     moved: int = 0
 
     def events_in(self, start: datetime, end: datetime) -> int:
@@ -182,6 +184,9 @@ def write_speed(
             retried("speed rows", lambda rows=rows, i=i: sink.write_rows(rows, i // chunk))
         if not sink.read_all(datetime.now(UTC)):
             raise BenchError("the speed epoch was not registered by its first batch")
+        # the intervals the Spark watermark (the newest event less the lateness) has passed, merged as the job does
+        rolled = retried("speed rollups", lambda: sink.roll_up(rollups_until(settings, minutes[-1][0] + MINUTE)))
+        print(f"  {rolled:,} speed rollups of {SPEED_ROLLUP.total_seconds() / 60:.0f} minutes merged")
     finally:
         sink.close()
     return epoch
@@ -250,14 +255,20 @@ def fill(settings: Settings, end: datetime, days: int, events: int, items: int) 
     print(f"  speed view written in {t1 - t0:.1f} s, batch view in {time.monotonic() - t1:.1f} s")
     if mark != watermark or batch_definition != definition:
         raise BenchError(f"the batch watermark is {mark} (expected {watermark}), definitions {batch_definition}")
-    return Filled(start, end, watermark, events, row_kb, epoch, definition)
+    return Filled(start, end, watermark, events, row_kb, epoch, definition, rollups_until(settings, end))
 
 
-def expected_rows(start: datetime, end: datetime, watermark: datetime) -> int:
+def rollups_until(settings: Settings, fresh: datetime) -> datetime:
+    """Return the end of the speed intervals closed when the newest minute read ends at ``fresh`` (the watermark)."""
+    return floor(fresh - timedelta(seconds=settings.speed.allowed_lateness_s), MINUTE)
+
+
+def expected_rows(start: datetime, end: datetime, watermark: datetime, rolled: datetime | None) -> int:
     """Return the rows an answer over ``[start, end)`` must read when both views hold every minute planted.
 
     Below the watermark: a daily rollup per whole UTC day, an hourly rollup per whole hour, minute rows elsewhere;
-    from it, a speed row per minute (the merge rule of ``serving.plan``, stated here on its own).
+    from it, a speed rollup per whole interval ending by ``rolled`` (None: rollups off) and a speed row per other
+    minute (the merge rule of ``serving.plan`` and the reads of ``serving.read_schedule``, stated here on their own).
     """
     split = min(max(watermark, start), end)
     rows, t = 0, start
@@ -272,17 +283,28 @@ def expected_rows(start: datetime, end: datetime, watermark: datetime) -> int:
             step = min(floor(t, HOUR) + HOUR, split) - t
             rows += int(step / MINUTE)
         t += step
-    return rows + int((end - split) / MINUTE)
+    if rolled is None:
+        return rows + int((end - split) / MINUTE)
+    for day in days_between(split, end):  # a speed span is read a UTC day at a time
+        first = max(split, datetime.combine(day, dtime(), UTC))
+        last = min(end, datetime.combine(day, dtime(), UTC) + DAY)
+        lo = floor(first + SPEED_ROLLUP - MINUTE, SPEED_ROLLUP)
+        hi = floor(min(last, rolled), SPEED_ROLLUP)
+        if hi <= lo:
+            rows += int((last - first) / MINUTE)
+        else:
+            rows += int((lo - first) / MINUTE) + int((hi - lo) / SPEED_ROLLUP) + int((last - hi) / MINUTE)
+    return rows
 
 
-def check_answer(what: str, windows: Sequence[Window], filled: Filled) -> tuple[int, int]:
+def check_answer(what: str, windows: Sequence[Window], filled: Filled, rollups: bool = True) -> tuple[int, int]:
     """Fail unless every window is answered with no gap, from the expected rows, with every event planted.
 
     :returns: the rows and events of all windows.
     """
     for w in windows:
         gaps = w.provenance.gaps
-        want_rows = expected_rows(w.start, w.end, filled.watermark)
+        want_rows = expected_rows(w.start, w.end, filled.watermark, filled.rolled if rollups else None)
         want_events = filled.events_in(w.start, w.end)
         if gaps or w.merged.rows != want_rows or w.merged.events != want_events:
             raise BenchError(
@@ -298,10 +320,13 @@ def pct(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
-def no_caches(settings: Settings) -> Settings:
-    """Return the settings with every serving cache off: rows, speed rows, answers, and the layers' state reuse."""
-    serving = settings.serving.model_copy(update={"cache_mb": 0, "answer_cache_mb": 0, "state_max_age_ms": 0})
-    return settings.model_copy(update={"serving": serving})
+def no_caches(settings: Settings, rollups: bool = True) -> Settings:
+    """Return the settings with every serving cache off: rows, speed rows, answers, and the layers' state reuse.
+
+    :arg rollups: read the speed rollups (``serving.speed_rollups``); off, the speed minutes (the baseline).
+    """
+    off = {"cache_mb": 0, "answer_cache_mb": 0, "state_max_age_ms": 0, "speed_rollups": rollups}
+    return settings.model_copy(update={"serving": settings.serving.model_copy(update=off)})
 
 
 def state_per_answer(settings: Settings) -> Settings:
@@ -320,14 +345,15 @@ def bare_reads(reader: ViewReader, end: datetime, window: timedelta) -> int:
     """The same reads as an uncached answer (the coverage, the rows of its plan), without planning or merging."""
     cov = reader.coverage(end - 2 * window, end, "*")
     spans = [s for a, b in ((end - window, end), (end - 2 * window, end - window)) for s in cov.plan(a, b)]
-    return sum(1 for _ in reader.stream(spans, "*", queries.NEEDS["trending"], runs=cov.runs))
+    return sum(1 for _ in reader.stream(spans, "*", queries.NEEDS["trending"], runs=cov.runs, rollups=cov.speed))
 
 
 def merge_alone(reader: ViewReader, end: datetime, window: timedelta) -> tuple[Callable[[], None], int]:
     """Return a call that merges the rows of an uncached answer already in memory, as the answer does (no reads)."""
     cov = reader.coverage(end - 2 * window, end, "*")
     windows = [(end - window, end), (end - 2 * window, end - window)]
-    rows = [reader.read(cov.plan(a, b), "*", queries.NEEDS["trending"], runs=cov.runs) for a, b in windows]
+    needs = queries.NEEDS["trending"]
+    rows = [reader.read(cov.plan(a, b), "*", needs, runs=cov.runs, rollups=cov.speed) for a, b in windows]
 
     def merge() -> None:
         merged = [Merged(MINUTE) for _ in windows]
@@ -381,6 +407,15 @@ def in_process(settings: Settings, filled: Filled, label: str, runs: int, warmup
             f"(state + rows) p50 {b50:6.1f} p99 {b99:6.1f}  merge alone (in memory) p50 {m50:6.1f} p99 {m99:6.1f}  "
             f"reads + merge p50 {b50 + m50:6.1f} ms  | {rows:,} rows, {events:,} events of both windows, no gap; "
             f"goal p99 <= {goal:.0f} ms {verdict}"
+        )
+        minutes = ViewReader(no_caches(settings, rollups=False), sess)  # the same, the speed part from minutes
+        m_rows, _ = check_answer(f"{label} uncached, minutes", trending_once(minutes, end, window), filled, False)
+        before = timed(lambda: keep_last(last, trending_once(minutes, end, window)), runs, warmup)
+        check_answer(f"{label} uncached, minutes, the last timed answer", last[-1], filled, False)
+        print(
+            f"trending {label:>3} uncached, speed minutes only (serving.speed_rollups off): p50 "
+            f"{pct(before, 0.5):6.1f} ms  p99 {pct(before, 0.99):6.1f} ms  | {m_rows:,} rows  | rollups: "
+            f"p50 {pct(before, 0.5) / p50:4.2f}x, p99 {pct(before, 0.99) / p99:4.2f}x faster"
         )
         # the state read for every answer, so that a move is seen by the very next one (the reuse is below)
         warm = ViewReader(state_per_answer(settings), sess)

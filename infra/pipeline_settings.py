@@ -324,6 +324,12 @@ class SpeedSettings(BaseModel):
         description="TTL of speed view rows (and of the speed layer's coverage records); must exceed the batch "
         "layer's lag: a minute above the batch watermark whose speed rows may have expired is answered as a gap.",
     )
+    write_rollups: bool = Field(
+        True,
+        description="Merge each closed 10-minute interval of a slice's minutes into a rollup row once the Spark "
+        "watermark has passed it (after the batch that passed it), so serving reads a window above the batch "
+        "watermark from one row per interval plus its edge minutes. Off: serving reads minutes only.",
+    )
     stop_timeout_s: float = Field(
         60.0, gt=0, description="On SIGTERM/Ctrl-C, how long to let the running micro-batch finish before stopping."
     )
@@ -470,6 +476,13 @@ class ServingSettings(BaseModel):
         "older reading; each worker of `trends serve --workers` keeps its own. The default keeps a dashboard's "
         "many viewers off Cassandra (the state is ~11 small reads) while answers stay well inside the speed "
         "layer's own trigger interval.",
+    )
+    speed_rollups: bool = Field(
+        True,
+        description="Read the whole closed 10-minute intervals of a window above the batch watermark from the speed "
+        "layer's rollups (`speed.write_rollups`) instead of their minutes, wherever a rollup matches the minutes "
+        "its epoch counted there (else its minutes are read, gaps and all). Off: minutes only. A series by the "
+        "minute never uses them.",
     )
     speed_live_within_s: float = Field(
         30.0,

@@ -38,7 +38,7 @@ from serving.bucket import Bucket
 from serving.budget import ReadBudget
 from serving.lru import BytesLru, RowCache
 from serving.merge import Merged, MergedPart
-from serving.plan import RESOLUTIONS, Coverage, Resolution, Span, runs
+from serving.plan import RESOLUTIONS, Coverage, Resolution, Span, SpeedCoverage, runs
 from views.buckets import HOUR, MINUTE, floor
 
 logger = logging.getLogger(__name__)
@@ -70,6 +70,7 @@ class RowSource(Protocol):
         budget: ReadBudget | None = None,
         runs: Mapping[date, Mapping[datetime, uuid.UUID]] | None = None,
         query: str | None = None,
+        rollups: SpeedCoverage | None = None,
     ) -> Iterator[Bucket]:
         """Yield the rows that serve the spans, in time order (speed rows of ``query``, the serving version)."""
         ...
@@ -207,10 +208,18 @@ def _read_whole(
     found: set[datetime] = set()
     holes: set[datetime] = set()  # speed rows holding fewer events than the speed layer counted there, or none
     spans = [s for spans in plans for s in spans]
-    for bucket in reader.stream(spans, question.slice, question.fields, budget, runs=cov.runs, query=_query(cov)):
+    rollups = cov.speed if question.coarsest != "minute" else None  # a rollup row never splits into minutes
+    rows = reader.stream(spans, question.slice, question.fields, budget, cov.runs, _query(cov), rollups)
+    for bucket in rows:
         if bucket.layer == "speed":
-            found.add(bucket.start)
-            if bucket.events < cov.speed.expected(bucket.start):
+            if bucket.resolution == "minute":
+                found.add(bucket.start)
+                short = bucket.events < cov.speed.expected(bucket.start)
+            else:  # a rollup: read only when it holds exactly what its minutes counted
+                minutes = list(bucket.minutes())
+                found.update(minutes)
+                short = bucket.events < sum(cov.speed.expected(m) for m in minutes)
+            if short:
                 holes.add(bucket.start)
                 continue
         for i, (start, end) in enumerate(question.windows):
@@ -271,6 +280,7 @@ def _cached(
         rows = reader.stream(batch_spans, question.slice, question.fields, budget, runs=cov.runs) if batch_spans else ()
         parts = _batch_parts(question, rows, step)
     settled_before = _settled_before(reader.settings.speed.allowed_lateness_s, cov)
+    rollups = cov.speed if question.coarsest != "minute" else None
     olds = before.speed_parts if before is not None else [None] * len(question.windows)
     holes: set[datetime] = set()
     merged: list[Merged] = []
@@ -279,7 +289,7 @@ def _cached(
     for part, spans, old in zip(parts, plans, olds, strict=True):
         versions = _speed_minutes([spans], cov)
         settled = tuple(v for v in versions if v[0] < settled_before)
-        sp = _settled_part(reader, question, settled, old, budget, _query(cov))
+        sp = _settled_part(reader, question, settled, old, budget, _query(cov), rollups)
         speed_parts.append(sp)
         holes |= sp.holes
         m = Merged(step, question.item)
@@ -378,6 +388,7 @@ def _settled_part(
     old: SpeedPart | None,
     budget: ReadBudget | None,
     query: str | None = None,
+    rollups: SpeedCoverage | None = None,
 ) -> SpeedPart:
     """Return the window's settled speed minutes merged: the previous part as it was, extended, or built anew."""
     if old is not None and old.versions == settled:
@@ -394,7 +405,7 @@ def _settled_part(
     m = Merged(RESOLUTIONS[question.coarsest], question.item)
     if seed is not None:
         m.add_part(seed.part)
-    m.add_all(_speed_rows(reader, question, list(new), budget, holes, query))
+    m.add_all(_speed_rows(reader, question, list(new), budget, holes, query, rollups))
     return SpeedPart(settled, m.part(), frozenset(holes))
 
 
@@ -405,8 +416,12 @@ def _speed_rows(
     budget: ReadBudget | None,
     holes: set[datetime],
     query: str | None = None,
+    rollups: SpeedCoverage | None = None,
 ) -> Iterator[Bucket]:
     """Yield the speed rows of the minutes in time order (kept ones from the cache, the others read); note the holes.
+
+    With ``rollups`` (the plan's speed coverage), whole closed intervals among the minutes to read come from their
+    rollups where they match what was counted (never kept one by one: they are not minutes).
 
     A row is kept under its minute's version only when it holds exactly the events its epoch counted there (a
     short row is a hole; a longer one was written by a micro-batch whose count is not recorded yet: used, not kept).
@@ -428,7 +443,7 @@ def _speed_rows(
             if budget is not None:
                 budget.charge(hit[0])
     spans = [Span(a, b, "speed", "minute") for a, b, _ in runs([(m, None) for m in sorted(todo)], MINUTE)]
-    read = reader.stream(spans, slice_, fields, budget, query=query) if todo else iter(())
+    read = reader.stream(spans, slice_, fields, budget, query=query, rollups=rollups) if todo else iter(())
     seen: set[datetime] = set()
     yield from heapq.merge(kept, _checked(read, todo, holes, seen, cache, question), key=lambda b: b.start)
     for minute, (_, epoch, counted) in todo.items():
@@ -450,6 +465,10 @@ def _checked(
 ) -> Iterator[Bucket]:
     """Yield the rows read that hold at least what their epoch counted (keeping exact ones), noting short ones."""
     for bucket in read:
+        if bucket.resolution != "minute":  # a rollup, read only when it holds exactly what its minutes counted
+            seen.update(bucket.minutes())
+            yield bucket
+            continue
         version = todo.get(bucket.start)
         if version is None:
             continue

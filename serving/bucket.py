@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
 
-from serving.plan import Layer, Resolution
+from serving.plan import Layer
+from views.buckets import DAY, HOUR, MINUTE, SPEED_ROLLUP
+
+RowResolution = Literal["day", "hour", "10min", "minute"]  # "10min": a speed rollup (views.store.rollups)
+WIDTHS: dict[str, timedelta] = {"minute": MINUTE, "10min": SPEED_ROLLUP, "hour": HOUR, "day": DAY}
 
 
 @dataclass(frozen=True)
@@ -14,7 +19,7 @@ class Bucket:
     """One row of a view as a query sees it (sketches not read are empty)."""
 
     start: datetime
-    resolution: Resolution
+    resolution: RowResolution
     layer: Layer
     events: int
     users_hll: bytes
@@ -26,8 +31,20 @@ class Bucket:
         """Return the bytes of its sketches (what a read budget counts)."""
         return len(self.users_hll) + len(self.values_kll) + len(self.items_fi)
 
+    @property
+    def end(self) -> datetime:
+        """Return the end of the time the row covers."""
+        return self.start + WIDTHS[self.resolution]
+
+    def minutes(self) -> Iterator[datetime]:
+        """Yield the minutes the row covers."""
+        m = self.start
+        while m < self.end:
+            yield m
+            m += MINUTE
+
     @classmethod
-    def of_row(cls, start: datetime | None, resolution: Resolution, layer: Layer, r: Any) -> Bucket:
+    def of_row(cls, start: datetime | None, resolution: RowResolution, layer: Layer, r: Any) -> Bucket:
         """Turn a row read from Cassandra into a bucket (sketches not selected are empty)."""
         if start is None:
             msg = "a view row without a bucket start"

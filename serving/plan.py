@@ -124,6 +124,21 @@ class SpeedCoverage:
             return STOPPED_INSIDE
         return "" if self.now < end else NOT_YET_SEEN
 
+    def rollup_matches(self, start: datetime, end: datetime, epoch: str, events: int) -> bool:
+        """Tell whether a rollup of ``[start, end)`` merged by ``epoch`` holds exactly what the owner counted there.
+
+        Only the epoch owning every minute of it may answer with its rollup, and only with as many events as its
+        coverage counted (a rollup merged while a minute was missing or short holds fewer: its minutes are read).
+        """
+        owner = self.owner(start)
+        if owner is None or owner.id != epoch or self.owner(end - MINUTE) is not owner:
+            return False
+        counted, m, total = self.counted, start, 0
+        while m < end:
+            total += counted.get((epoch, m), 0)
+            m += MINUTE
+        return total == events
+
     def cuts(self) -> set[datetime]:
         """Return the times the coverage changes at: epochs' starts and ends, where each read all, the minute now."""
         out = {t for e in self.epochs for t in (e.counts_from, e.seen_until) if t is not None}

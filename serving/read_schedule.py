@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 from infra.cassandra import READ_PROFILE
 from serving.bucket import Bucket
 from serving.lru import RowCache
-from serving.plan import Span
-from views.buckets import DAY, HOUR, MINUTE, days_between, floor, month_key, utc
+from serving.plan import Span, SpeedCoverage
+from views.buckets import DAY, HOUR, MINUTE, SPEED_ROLLUP, days_between, floor, month_key, utc
 from views.store.pointers import fingerprint_of
+from views.store.rollups import WIDTH_MIN
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -55,8 +56,13 @@ class ReadSchedule:
         fields: frozenset[str],
         runs: Mapping[date, Mapping[datetime, uuid.UUID]],
         query: str = "",
+        rollups: SpeedCoverage | None = None,
+        rollups_until: datetime | None = None,
     ) -> None:
         self.query = query  # the speed query (view version) whose rows the speed spans read
+        # speed rollups are read for whole intervals ending by rollups_until, checked against this coverage
+        self.rollups = rollups if rollups_until is not None else None
+        self.rollups_until = rollups_until
         self.sess = sess
         self.stmt = statements
         self.cache = cache
@@ -94,16 +100,55 @@ class ReadSchedule:
             self.cache.put(key, tuple(rows))
 
     def speed(self, span: Span) -> None:
-        """Read a speed span a day at a time, streamed in pages (never cached: it changes every micro-batch)."""
+        """Read a speed span a day at a time, streamed in pages (never cached: it changes every micro-batch).
 
-        def emit(rows: Iterable[Any]) -> Iterator[Bucket]:
-            return (Bucket.of_row(utc(r.bucket_start), "minute", "speed", r) for r in rows)
-
+        With rollups, the whole closed intervals inside the span are read from their rollups (one read per day piece)
+        and only the minutes at its edges (and of intervals whose rollup is missing or does not match) as minutes.
+        """
         for day in days_between(span.start, span.end):
             first = max(span.start, datetime.combine(day, time(), UTC))
             last = min(span.end, datetime.combine(day, time(), UTC) + DAY)
-            minutes = int((last - first) / MINUTE)
-            self._add(first, "speed", (self.query, self.slice, day, span.start, span.end), emit, minutes)
+            lo = floor(first + SPEED_ROLLUP - MINUTE, SPEED_ROLLUP)  # the first interval starting inside
+            hi = floor(min(last, self.rollups_until or first), SPEED_ROLLUP)  # the end of the last one closed
+            if self.rollups is None or hi <= lo:
+                self._speed_minutes(day, first, last)
+                continue
+            if first < lo:
+                self._speed_minutes(day, first, lo)
+            self._speed_rollups(day, lo, hi)
+            if hi < last:
+                self._speed_minutes(day, hi, last)
+
+    def _speed_minutes(self, day: date, first: datetime, last: datetime) -> None:
+        minutes = int((last - first) / MINUTE)
+        self._add(first, "speed", (self.query, self.slice, day, first, last), _minute_rows, minutes)
+
+    def _speed_rollups(self, day: date, lo: datetime, hi: datetime) -> None:
+        """Serve ``[lo, hi)`` from rollups that match the coverage; the minutes of any other interval read at once."""
+        cov = self.rollups
+        assert cov is not None  # noqa: S101 - only called with rollups
+
+        def emit(result: Iterable[Any]) -> Iterator[Bucket]:
+            found = {utc(r.bucket_start): r for r in result if r.width_min == WIDTH_MIN}
+            t, todo = lo, lo  # todo: the start of the minutes not served by a rollup yet
+            while t < hi:
+                r = found.get(t)
+                if r is not None and cov.rollup_matches(t, t + SPEED_ROLLUP, r.epoch, int(r.events)):
+                    if todo < t:
+                        yield from self._read_minutes_now(day, todo, t)
+                    yield Bucket.of_row(t, "10min", "speed", r)
+                    todo = t + SPEED_ROLLUP
+                t += SPEED_ROLLUP
+            if todo < hi:
+                yield from self._read_minutes_now(day, todo, hi)
+
+        self._add(lo, "rollups", (self.query, self.slice, day, lo, hi), emit, int((hi - lo) / SPEED_ROLLUP))
+
+    def _read_minutes_now(self, day: date, first: datetime, last: datetime) -> Iterator[Bucket]:
+        """Read minutes at once (a rollup missing or not matching its interval's coverage: a second round trip)."""
+        bound = self.stmt["speed"].bind((self.query, self.slice, day, first, last))
+        bound.fetch_size = PAGE_ROWS_SKETCHES if self.fields else PAGE_ROWS
+        return _minute_rows(self.sess.execute(bound, execution_profile=READ_PROFILE))
 
     def day(self, span: Span) -> None:
         """Serve a daily rollup, cached under the fingerprint of the day's pointers."""
@@ -195,3 +240,8 @@ class ReadSchedule:
             future = pending.pop(i, None)
             ahead_rows -= unit.rows if future is not None else 0
             yield from unit.emit(future.result() if future is not None else ())
+
+
+def _minute_rows(rows: Iterable[Any]) -> Iterator[Bucket]:
+    """Turn speed minute rows into buckets."""
+    return (Bucket.of_row(utc(r.bucket_start), "minute", "speed", r) for r in rows)

@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from time import monotonic
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +33,7 @@ from serving.budget import ReadBudget
 from serving.lru import RowCache
 from serving.plan import Coverage, ServedBy, Span, SpeedCoverage
 from serving.read_schedule import ReadSchedule
-from views.buckets import HOUR, as_date, days_between, floor, month_key
+from views.buckets import HOUR, MINUTE, as_date, days_between, floor, month_key
 from views.definition import slice_matcher, view_definition
 from views.store import cql
 from views.store.batch import BatchRows
@@ -114,6 +114,18 @@ def rows_cacheable(settings: Settings) -> bool:
     would serve the empty or partial hour under the run's id for the reader's lifetime).
     """
     return settings.serving.cache_mb > 0 and reads_see_acknowledged_writes(settings.cassandra)[0]
+
+
+def rollups_until(speed: SpeedCoverage | None, settings: Settings) -> datetime | None:
+    """Return the time by which speed intervals are worth reading from rollups (None: none).
+
+    The speed layer merges an interval once the Spark watermark (its newest event less the allowed lateness) has
+    passed its end; newer ones are read as minutes at once rather than looked up and missed.
+    """
+    fresh = speed.fresh_until if speed is not None else None
+    if fresh is None:
+        return None
+    return floor(fresh - timedelta(seconds=settings.speed.allowed_lateness_s), MINUTE)
 
 
 class ViewReader:
@@ -304,9 +316,10 @@ class ViewReader:
         slice_: str,
         fields: Iterable[str] = SKETCH_FIELDS,
         runs: Mapping[date, Mapping[datetime, uuid.UUID]] | None = None,
+        rollups: SpeedCoverage | None = None,
     ) -> list[Bucket]:
         """Return all the rows that serve the spans, in time order (see :meth:`stream`; this holds them all)."""
-        return list(self.stream(spans, slice_, fields, runs=runs))
+        return list(self.stream(spans, slice_, fields, runs=runs, rollups=rollups))
 
     def stream(
         self,
@@ -316,6 +329,7 @@ class ViewReader:
         budget: ReadBudget | None = None,
         runs: Mapping[date, Mapping[datetime, uuid.UUID]] | None = None,
         query: str | None = None,
+        rollups: SpeedCoverage | None = None,
     ) -> Iterator[Bucket]:
         """Yield the rows that serve the spans (gaps read nothing) in time order, as they arrive.
 
@@ -331,14 +345,18 @@ class ViewReader:
         :arg runs: the current run of each hour of the batch spans' days, as the plan's coverage read them (the
             spans were planned with them); None reads them now.
         :arg query: the speed query (view version) the plan's coverage read (None: the last one read).
+        :arg rollups: the plan's speed coverage, to read whole closed intervals of speed spans from their rollups
+            (checked against it; ``serving.speed_rollups``). None: speed minutes only (a series by the minute).
         """
         if runs is None:
             batch_days = {s.start.date() for s in spans if s.layer == "batch"}
             runs = self.read_pointers(batch_days)[0] if batch_days else {}
         wanted = frozenset(fields)
+        until = rollups_until(rollups, self.settings) if self.settings.serving.speed_rollups else None
         reads = ReadSchedule(
-            self.sess, self.statements(wanted), self.cache, slice_, wanted, runs, query or self._serving_query
-        )
+            self.sess, self.statements(wanted), self.cache, slice_, wanted, runs, query or self._serving_query,
+            rollups, until,
+        )  # fmt: skip
         hour_spans: dict[date, list[Span]] = {}
         for span in spans:
             if span.layer == "gap":

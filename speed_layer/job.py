@@ -339,6 +339,7 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
         checkpoint=checkpoint_location(settings),
         begin=begin,
         definition=definition,
+        rollups=settings.speed.write_rollups,
     )
     adapter = _ProgressListener(
         registry,

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from infra.cassandra import make_cluster
 from infra.settings import Settings
-from views.buckets import HOUR, MINUTE, floor, utc
+from views.buckets import HOUR, MINUTE, SPEED_ROLLUP, floor, utc
+from views.store.rollups import Interval, SpeedRollups
 from views.store.speed import Epoch, SpeedRows
 
 if TYPE_CHECKING:
@@ -54,10 +55,15 @@ class BatchResult:
     dropped_before_epoch: int = 0
     collect_ms: int = 0  # the Spark job that computes the batch's rows (read, aggregate, state store), on the driver
     write_ms: int = 0  # the Cassandra writes: hours, view rows, counts, the epoch's progress, freshness
+    rollups: int = 0  # closed intervals merged into rollups after the batch
+    rollup_ms: int = 0
 
     def describe(self) -> str:
         """Return where the sink's time went, for the batch's log line."""
-        return f"sink: collect {self.collect_ms} ms, cassandra {self.write_ms} ms ({self.rows} rows)"
+        return (
+            f"sink: collect {self.collect_ms} ms, cassandra {self.write_ms} ms ({self.rows} rows), "
+            f"rollups {self.rollup_ms} ms ({self.rollups})"
+        )
 
 
 @dataclass
@@ -75,8 +81,12 @@ class SpeedViewSink:
     checkpoint: str | None = None  # the query's checkpoint: when its initial offsets were resolved is the start
     begin: StreamStart | None = None  # a start from the batch watermark: the epoch counts from its hour
     definition: str | None = None  # the view definition's fingerprint, recorded on a new epoch
+    rollups: bool = True  # merge closed intervals into rollups (speed.write_rollups)
     _cluster: Cluster | None = field(default=None, init=False, repr=False)
     _rows: SpeedRows | None = field(default=None, init=False, repr=False)
+    _rollups: SpeedRollups | None = field(default=None, init=False, repr=False)
+    _open: set[Interval] = field(default_factory=set, init=False, repr=False)  # written, not yet rolled up
+    _open_of: str | None = field(default=None, init=False, repr=False)  # the epoch whose to-do _open holds
     _epoch: Epoch | None = field(default=None, init=False, repr=False)
     _marked: set[datetime] = field(default_factory=set, init=False, repr=False)
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC), init=False)
@@ -119,8 +129,8 @@ class SpeedViewSink:
         """Shut the driver's connections down."""
         if self._cluster is not None:
             self._cluster.shutdown()
-        self._cluster, self._rows, self._epoch = None, None, None
-        self._marked = set()
+        self._cluster, self._rows, self._epoch, self._rollups = None, None, None, None
+        self._marked, self._open, self._open_of = set(), set(), None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         """Write one micro-batch (Spark calls this on the driver)."""
@@ -138,6 +148,10 @@ class SpeedViewSink:
         collect_ms = int((time.perf_counter() - t0) * 1000)
         result = self.write_rows(rows, batch_id)
         result.collect_ms = collect_ms
+        if self.watermark is not None:  # the watermark of the batches before: their late events are dropped
+            t1 = time.perf_counter()
+            result.rollups = self.roll_up(self.watermark)
+            result.rollup_ms = int((time.perf_counter() - t1) * 1000)
         self.last = result
         logger.debug("batch %s wrote %d bucket rows", batch_id, result.rows)
 
@@ -191,6 +205,8 @@ class SpeedViewSink:
         hours = self._hours_to_mark(epoch, kept)
         store.mark_hours(self.query, epoch.id, hours, self.ttl_seconds, read_until=epoch.seen_until)
         self._marked.update(hours)
+        if self.rollups:  # before the rows: a job killed after them still merges their intervals when restarted
+            self._note_intervals(epoch, kept)
         written = 0
         newest = None
         for chunk in _chunks(kept, CHUNK_ROWS):
@@ -213,6 +229,45 @@ class SpeedViewSink:
             self.newest_event_ts = newest
         store.write_progress(self.query, self.newest_event_ts, self.watermark, batch_id, written)
         return BatchResult(batch_id, written, newest, dropped, write_ms=int((time.perf_counter() - t0) * 1000))
+
+    def roll_up(self, closed_until: datetime) -> int:
+        """Merge every interval this sink wrote rows in that ended by ``closed_until`` into its rollup; return how many.
+
+        ``closed_until`` is a time no row before it changes any more (the Spark watermark of the batches before: an
+        event behind it is dropped as late). Best effort: a rollup is only a faster read of rows already written, so
+        a failure is logged and the intervals stay to be merged after the next batch; the batch does not fail.
+        Intervals an epoch does not count completely (before its start) are not merged.
+        """
+        epoch = self._epoch
+        if not self._open or epoch is None or self._open_of != epoch.id:
+            return 0
+        closed = {iv for iv in self._open if iv[1] + SPEED_ROLLUP <= closed_until}
+        if not closed:
+            return 0
+        partial = {iv for iv in closed if epoch.covered_from is not None and iv[1] < epoch.covered_from}
+        store = self._rollup_store()
+        try:
+            written = store.write(self.query, epoch.id, closed - partial, self.ttl_seconds)
+            store.done(self.query, epoch.id, closed)
+        except Exception:  # the minutes serve until the next try
+            logger.warning("could not write %d speed rollups; retried after the next batch", len(closed), exc_info=True)
+            return 0
+        self._open -= closed
+        return written
+
+    def _rollup_store(self) -> SpeedRollups:
+        if self._rollups is None:
+            self._rollups = SpeedRollups(self.settings, self._connect().sess)
+        return self._rollups
+
+    def _note_intervals(self, epoch: Epoch, rows: list[Any]) -> None:
+        """Add the intervals of the rows to the epoch's to-do of merges (read back on the epoch's first batch here)."""
+        store = self._rollup_store()
+        if self._open_of != epoch.id:  # this run's first batch of the epoch: a killed run's to-do is ours now
+            self._open, self._open_of = store.todo(self.query, epoch.id), epoch.id
+        new = {(r.slice, floor(utc(r.bucket_start), SPEED_ROLLUP)) for r in rows} - self._open  # type: ignore[arg-type]
+        store.add_todo(self.query, epoch.id, new)
+        self._open |= new
 
     def _hours_to_mark(self, epoch: Epoch, rows: list[Any]) -> list[datetime]:
         """Return the hours this batch writes rows in or reads through (quiet hours too), not yet marked here.

@@ -1,9 +1,10 @@
 """Time buckets, the one definition every layer uses: units, flooring, day and month keys, and when an hour closes.
 
-A view row covers a UTC minute (speed and batch), hour or day (batch rollups). Rows are partitioned by their UTC
-day (``day_key``), daily rollups by their month (``month_key``). An hour may be computed once it is *closed*:
-every active partition's newest event time (the index's horizon) has passed its end plus the closing grace. The
-batch job, the hourly DAG's sensor and the demo all ask :func:`is_closed` / :func:`closed_until`, so they agree.
+A view row covers a UTC minute (speed and batch), ten minutes (speed rollups), hour or day (batch rollups). Rows are
+partitioned by their UTC day (``day_key``), daily rollups by their month (``month_key``). An hour may be computed once
+it is *closed*: every active partition's newest event time (the index's horizon) has passed its end plus the closing
+grace. The batch job, the hourly DAG's sensor and the demo all ask :func:`is_closed` / :func:`closed_until`, so they
+agree.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ if TYPE_CHECKING:
 MINUTE = timedelta(minutes=1)
 HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
+# The speed view's rollup: closed intervals of this many minutes merged once (infra/cql/0012), aligned in the hour.
+SPEED_ROLLUP = timedelta(minutes=10)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 

@@ -26,7 +26,10 @@ from confluent_kafka import Producer
 
 from infra.cassandra import session, table
 from infra.settings import Settings
+from serving import window
+from serving.reader import ViewReader
 from views import sketches
+from views.buckets import SPEED_ROLLUP
 from views.event import Event
 
 pytestmark = pytest.mark.spark
@@ -176,8 +179,10 @@ def test_exactly_once_across_random_sigkills(speed_env: SpeedEnv) -> None:
     seed = int(os.environ.get("TRENDS_TEST_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)
     print(f"seed {seed}")
-    start = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=8)
-    events = make_events(rng, 30_000, start, minutes=6, prefix="x")
+    # 32 minutes in time order (none later than the lateness behind the newest): the Spark watermark passes the
+    # first intervals while the job runs, so their rollups are merged (and their to-do kept) across the kills
+    start = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=40)
+    events = sorted(make_events(rng, 30_000, start, minutes=32, prefix="x"), key=lambda e: e.ts)
     truth = Truth()
     for e in events:
         truth.add(e)
@@ -206,6 +211,27 @@ def test_exactly_once_across_random_sigkills(speed_env: SpeedEnv) -> None:
     out = speed_env.drain()
     assert "stopped after" in out
     assert_view_matches(speed_env.view(), truth)
+    assert_rollups_match(speed_env, truth, start, start + timedelta(minutes=32))
+
+
+def assert_rollups_match(env: SpeedEnv, truth: Truth, start: datetime, end: datetime) -> None:
+    """Every rollup merged holds exactly its minutes' events; the window answered through them counts every event."""
+    with session(env.settings) as sess:
+        rows = list(sess.execute(f"SELECT slice, bucket_start, events FROM {table(env.settings, 'speed_rollups')}"))
+        assert rows, "no interval was merged: the watermark never passed one"
+        for r in rows:
+            first = r.bucket_start.replace(tzinfo=UTC)
+            want = sum(n for (sl, m), n in truth.events.items() if sl == r.slice and first <= m < first + SPEED_ROLLUP)
+            assert r.events == want, (r.slice, first, r.events, want)
+        off = {"cache_mb": 0, "answer_cache_mb": 0, "state_max_age_ms": 0}
+        reader = ViewReader(
+            env.settings.model_copy(update={"serving": env.settings.serving.model_copy(update=off)}), sess
+        )
+        got = window.load(reader, start, end, "*", keep_rows=False)
+    minutes = sum(1 for sl, _ in truth.events if sl == "*")
+    assert not got.provenance.gaps
+    assert got.merged.events == sum(n for (sl, _), n in truth.events.items() if sl == "*")
+    assert got.merged.rows < minutes, "the answer read no rollup"
 
 
 def test_late_events_and_duplicates(speed_env: SpeedEnv) -> None:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 VIEW_TABLES = (
     "speed_minutes", "speed_progress", "batch_minutes", "batch_hours", "batch_days", "batch_day_slices",
     "batch_intervals", "batch_watermark", "batch_stale", "speed_epochs", "speed_hours", "speed_coverage",
-    "view_definitions", "serving_definition",
+    "view_definitions", "serving_definition", "speed_rollups",
 )  # fmt: skip
 SKETCH_FIELDS = ("users_hll", "values_kll", "items_fi")
 
@@ -116,6 +116,21 @@ SELECT_COUNTS = (
     "SELECT hour, epoch, counts FROM {speed_coverage} WHERE query = ? AND slice = ? AND day = ? AND hour >= ? "
     "AND hour < ?"
 )
+# -- rollups of closed speed intervals (infra/cql/0012): merged from the minutes, used when they match the coverage --
+UPSERT_ROLLUP = (
+    "INSERT INTO {speed_rollups} (query, slice, day, bucket_start, width_min, epoch, events, users_hll, values_kll, "
+    "items_fi, min_ts, max_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?"
+)
+SELECT_ROLLUP_MINUTES = (
+    "SELECT bucket_start, events, users_hll, values_kll, items_fi, min_ts, max_ts FROM {speed_minutes} "
+    "WHERE query = ? AND slice = ? AND day = ? AND bucket_start >= ? AND bucket_start < ?"
+)
+ADD_ROLLUP_TODO = "UPDATE {speed_epochs} SET rollup_todo = rollup_todo + ? WHERE query = ? AND epoch = ?"
+DONE_ROLLUP_TODO = "UPDATE {speed_epochs} SET rollup_todo = rollup_todo - ? WHERE query = ? AND epoch = ?"
+SELECT_ROLLUP_TODO = "SELECT rollup_todo FROM {speed_epochs} WHERE query = ? AND epoch = ?"
+DELETE_SPEED_ROLLUPS = (
+    "DELETE FROM {speed_rollups} WHERE query = ? AND slice = ? AND day = ? AND bucket_start >= ? AND bucket_start < ?"
+)
 SELECT_ALL_PROGRESS = (
     "SELECT query, newest_event_ts, watermark, last_batch_id, last_batch_rows, updated_at FROM {speed_progress}"
 )
@@ -129,6 +144,10 @@ READ_MINUTES = (
 )
 READ_SPEED = (
     "SELECT bucket_start, {cols} FROM {speed_minutes} "
+    "WHERE query = ? AND slice = ? AND day = ? AND bucket_start >= ? AND bucket_start < ?"
+)
+READ_ROLLUPS = (
+    "SELECT bucket_start, width_min, epoch, {cols} FROM {speed_rollups} "
     "WHERE query = ? AND slice = ? AND day = ? AND bucket_start >= ? AND bucket_start < ?"
 )
 # -- view versions: the definitions in use, and the one row naming the serving query (infra/cql/0007) ---------------
@@ -157,7 +176,7 @@ SELECT_MONTH_FINGERPRINTS = "SELECT day, hour_runs FROM {batch_days} WHERE slice
 IDEMPOTENT = frozenset((
     INSERT_MINUTE, INSERT_HOUR, INSERT_DAY, INSERT_DAY_SLICE, INSERT_POINTER, INSERT_STALE,
     UPSERT_SPEED, UPSERT_PROGRESS, INSERT_EPOCH, ADVANCE_EPOCH, INSERT_SPEED_HOUR, UPSERT_COUNTS, INSERT_DEFINITION,
-    READ_ALL_EPOCH,
+    READ_ALL_EPOCH, UPSERT_ROLLUP, ADD_ROLLUP_TODO, DONE_ROLLUP_TODO,
 ))  # fmt: skip
 
 
@@ -175,7 +194,7 @@ def prepare(sess: Session, settings: Settings, template: str, **fields: str) -> 
 
 
 def prepare_reads(sess: Session, settings: Settings, fields: frozenset[str]) -> dict[str, Any]:
-    """Return the row reads of a query needing only the sketches in ``fields``: days, hours, minutes and speed."""
+    """Return the row reads of a query needing only the sketches in ``fields``: days, hours, minutes, speed, rollups."""
     cols = ", ".join(["events", *(f for f in SKETCH_FIELDS if f in fields)])
     return {
         name: prepare(sess, settings, template, cols=cols)
@@ -184,6 +203,7 @@ def prepare_reads(sess: Session, settings: Settings, fields: frozenset[str]) -> 
             ("hours", READ_HOURS),
             ("minutes", READ_MINUTES),
             ("speed", READ_SPEED),
+            ("rollups", READ_ROLLUPS),
         )
     }
 

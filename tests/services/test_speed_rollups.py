@@ -1,0 +1,331 @@
+"""The speed view's rollups against real Cassandra: the same answers as the minutes, fewer rows, and never a gap hidden.
+
+Minutes are written with the speed layer's own sink into a private keyspace (no batch run: every minute is the
+speed layer's), closed intervals merged with :meth:`SpeedViewSink.roll_up` as the job does once the Spark watermark
+has passed them, and windows answered by the serving path with the rollups read and, as the reference, with
+``serving.speed_rollups`` off (minutes only): counts equal and exact, users, quantiles and items equal or within
+their bounds, across the intervals' edges. Then the cases where a rollup must not answer: a minute missing when the
+interval was merged (a named gap, not a smaller count), a new epoch owning the minutes, a promoted view version.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import datasketches as ds
+import pytest
+
+from infra import migrations
+from infra.cassandra import session, table
+from infra.settings import Settings
+from serving import queries, window
+from serving.plan import SPEED_ROWS_GONE
+from serving.reader import ViewReader
+from speed_layer.sink import SpeedViewSink
+from speed_layer.start import StreamStart
+from tests.helpers import drop_keyspace
+from views import sketches
+from views.buckets import HOUR, MINUTE, SPEED_ROLLUP, floor
+from views.definition import view_definition
+from views.store.definitions import DefinitionStore
+from views.store.rows import ViewRow
+
+LAST_MS = MINUTE - timedelta(milliseconds=1)
+
+
+@dataclass
+class Minute:
+    """The events of one planted minute, kept to check answers against."""
+
+    users: list[str]
+    values: list[float]
+    items: list[str]
+
+    def row(self, m: datetime) -> ViewRow:
+        hll = ds.hll_sketch(12, ds.tgt_hll_type.HLL_8)
+        kll = ds.kll_doubles_sketch(200)
+        fi = ds.frequent_strings_sketch(8)
+        for u, v, i in zip(self.users, self.values, self.items, strict=True):
+            hll.update(u)
+            kll.update(v)
+            fi.update(i)
+        sk = (bytes(hll.serialize_compact()), bytes(kll.serialize()), bytes(fi.serialize()))
+        return ViewRow("*", m, len(self.users), *sk, m, m + LAST_MS)
+
+
+@dataclass
+class Speed:
+    """A private keyspace with the serving definition registered, and the truth of every minute planted."""
+
+    settings: Settings
+    h0: datetime
+    definition: str
+    rng: random.Random = field(default_factory=lambda: random.Random(31))
+    truth: dict[datetime, Minute] = field(default_factory=dict)
+
+    def minute(self, events: int) -> Minute:
+        return Minute(
+            [f"u{self.rng.randrange(400)}" for _ in range(events)],
+            [self.rng.lognormvariate(2, 1) for _ in range(events)],
+            [f"#t{min(int(self.rng.paretovariate(1.2)), 60)}" for _ in range(events)],
+        )
+
+    def sink(self, query: str | None = None, begin: StreamStart | None = None) -> SpeedViewSink:
+        return SpeedViewSink(
+            self.settings, query or self.settings.speed.query_name, 24 * 3600,
+            epoch_id=f"epoch-{uuid.uuid4().hex[:8]}", begin=begin, definition=self.definition,
+        )  # fmt: skip
+
+    def write(self, sink: SpeedViewSink, minutes: dict[datetime, Minute], batch_id: int) -> None:
+        sink.write_rows([mm.row(m) for m, mm in sorted(minutes.items())], batch_id)
+        sink.read_all(datetime.now(UTC))  # as the job records after a batch that read the whole topic
+
+    def reader(self, sess: object, rollups: bool = True) -> ViewReader:
+        """A reader with every cache off (each answer reads), with or without the rollups."""
+        off = {"cache_mb": 0, "answer_cache_mb": 0, "state_max_age_ms": 0, "speed_rollups": rollups}
+        settings = self.settings.model_copy(update={"serving": self.settings.serving.model_copy(update=off)})
+        return ViewReader(settings, sess)  # type: ignore[arg-type]
+
+    def events(self, start: datetime, end: datetime) -> list[Minute]:
+        return [mm for m, mm in self.truth.items() if start <= m < end]
+
+
+def speed_in(keyspace: Settings, migrate: bool = True) -> Speed:
+    """A speed query of its own (rows are kept per query) in the keyspace, from the topic's beginning."""
+    speed = keyspace.speed.model_copy(
+        update={"starting_offsets": "earliest", "query_name": f"q_{uuid.uuid4().hex[:8]}"}
+    )
+    settings = keyspace.model_copy(update={"speed": speed})
+    if migrate:
+        migrations.migrate(settings)
+    with session(settings) as sess:
+        fp = DefinitionStore(settings, sess).register(view_definition(settings), settings.speed.query_name)
+    return Speed(settings, floor(datetime.now(UTC), HOUR) - 4 * HOUR, fp)
+
+
+@pytest.fixture(scope="module")
+def shared_keyspace(stack_up: Settings) -> Iterator[Settings]:
+    """One keyspace for the module's tests (each writes a query of its own): migrations once."""
+    name = f"test_{uuid.uuid4().hex[:10]}"
+    keyspace = stack_up.model_copy(update={"cassandra": stack_up.cassandra.model_copy(update={"keyspace": name})})
+    migrations.migrate(keyspace)
+    yield keyspace
+    drop_keyspace(stack_up, name)
+
+
+@pytest.fixture
+def speed(shared_keyspace: Settings) -> Speed:
+    return speed_in(shared_keyspace, migrate=False)
+
+
+def plant(sp: Speed, hours: int = 3, drop: datetime | None = None) -> SpeedViewSink:
+    """Write ``hours`` of minutes from h0 (1-9 events each, some empty) in batches of 20 minutes, rolled up after."""
+    sink = sp.sink()
+    last = sp.h0 + (hours * 60 - 1) * MINUTE  # planted, with the minute to lose: the tests count on them
+    minutes = {
+        m: sp.minute(sp.rng.randrange(1, 10))
+        for m in (sp.h0 + i * MINUTE for i in range(hours * 60))
+        if m in (last, drop) or sp.rng.random() > 0.05
+    }
+    sp.truth.update(minutes)
+    ordered = sorted(minutes)
+    for b, i in enumerate(range(0, len(ordered), 20)):
+        sp.write(sink, {m: minutes[m] for m in ordered[i : i + 20]}, b)
+    if drop is not None:  # a minute row lost before its interval was merged
+        with session(sp.settings) as sess:
+            sess.execute(
+                f"DELETE FROM {table(sp.settings, 'speed_minutes')} WHERE query = %s AND slice = '*' AND day = %s "
+                "AND bucket_start = %s",
+                (sp.settings.speed.query_name, drop.date(), drop),
+            )
+    return sink
+
+
+def check(got: window.Window, want: list[Minute]) -> None:
+    """The window counts every event planted, its users, quantiles and items within their bounds."""
+    summary = queries.summary(got)
+    assert summary.events == sum(len(m.users) for m in want)
+    users = {u for m in want for u in m.users}
+    est = got.merged.sketches.users(num_std_dev=3)
+    assert est.lower <= len(users) <= est.upper
+    values = sorted(v for m in want for v in m.values)
+    eps = got.merged.sketches.rank_error()
+    for q in (0.5, 0.9):
+        value = got.merged.sketches.quantiles([q])[0]
+        assert value is not None
+        rank = sum(v <= value for v in values) / len(values)
+        assert abs(rank - q) <= eps + 1 / len(values)
+    counts = Counter(i for m in want for i in m.items)
+    top, max_error = got.merged.sketches.top_items(100)
+    listed = {t.item: t for t in top}
+    for item, n in counts.items():
+        assert (listed[item].lower <= n <= listed[item].upper) if item in listed else n <= max_error
+
+
+def test_windows_from_rollups_equal_the_same_windows_from_minutes(speed: Speed) -> None:
+    sp, h0 = speed, speed.h0
+    sink = plant(sp)
+    try:
+        closed = h0 + 3 * HOUR - 10 * MINUTE  # the Spark watermark: the newest event less the allowed lateness
+        assert sink.roll_up(closed) == int((closed - h0) / SPEED_ROLLUP)  # every interval has rows
+        assert sink.roll_up(closed) == 0  # merged once
+    finally:
+        sink.close()
+    with session(sp.settings) as sess:
+        fast, slow = sp.reader(sess), sp.reader(sess, rollups=False)
+        windows = [
+            (h0 + 7 * MINUTE, h0 + 2 * HOUR + 43 * MINUTE),  # edges inside intervals on both sides
+            (h0, h0 + 2 * HOUR),  # whole intervals only
+            (h0 + 10 * MINUTE, h0 + 20 * MINUTE),  # exactly one interval
+            (h0 + 5 * MINUTE, h0 + 15 * MINUTE),  # no whole interval: minutes only
+            (h0 + 2 * HOUR + 30 * MINUTE, h0 + 3 * HOUR),  # across the newest interval merged into the unmerged tail
+        ]
+        for start, end in windows:
+            a = window.load(sp.reader(sess), start, end, "*", keep_rows=False)
+            b = window.load(slow, start, end, "*", keep_rows=False)
+            assert not a.provenance.gaps and not b.provenance.gaps
+            assert a.merged.events == b.merged.events
+            assert a.merged.sketches.users().value == pytest.approx(b.merged.sketches.users().value)
+            check(a, sp.events(start, end))
+            check(b, sp.events(start, end))
+            whole = [
+                t for t in (floor(start + SPEED_ROLLUP - MINUTE, SPEED_ROLLUP) + i * SPEED_ROLLUP for i in range(30))
+                if t + SPEED_ROLLUP <= min(end, closed)
+            ]  # fmt: skip
+            minutes = sum(1 for m in sp.truth if start <= m < end)
+            merged = sum(1 for m in sp.truth if any(t <= m < t + SPEED_ROLLUP for t in whole))
+            assert b.merged.rows == minutes
+            assert a.merged.rows == minutes - merged + len(whole), (start, end)
+        # a series by the minute never reads a rollup: its rows are minutes
+        series = window.load(fast, h0, h0 + HOUR, "*", coarsest="minute", keep_rows=False)
+        assert series.merged.rows == sum(1 for m in sp.truth if h0 <= m < h0 + HOUR)
+        # the answer cache merges the rollups too: the same answer as the minutes, and again from the cache
+        cached = ViewReader(sp.settings, sess)
+        for _ in range(2):
+            c = window.load(cached, h0 + 7 * MINUTE, h0 + 2 * HOUR + 43 * MINUTE, "*", keep_rows=False)
+            check(c, sp.events(h0 + 7 * MINUTE, h0 + 2 * HOUR + 43 * MINUTE))
+
+
+def test_a_minute_missing_when_its_interval_was_merged_is_a_gap_not_a_smaller_count(speed: Speed) -> None:
+    sp, h0 = speed, speed.h0
+    lost = h0 + 23 * MINUTE
+    sink = plant(sp, hours=1, drop=lost)
+    try:
+        sink.roll_up(h0 + HOUR)
+    finally:
+        sink.close()
+    with session(sp.settings) as sess:
+        for reader in (sp.reader(sess), sp.reader(sess, rollups=False), ViewReader(sp.settings, sess)):
+            got = window.load(reader, h0, h0 + HOUR, "*", keep_rows=False)
+            gaps = got.provenance.gaps
+            assert [(g["start"], g["end"], g["reason"]) for g in gaps] == [(lost, lost + MINUTE, SPEED_ROWS_GONE)]
+            check(got, [mm for m, mm in sp.truth.items() if h0 <= m < h0 + HOUR and m != lost])
+
+
+def test_a_new_epoch_answers_from_its_own_minutes_and_rollups(speed: Speed) -> None:
+    """A lost checkpoint: a new epoch recounts from the batch watermark's hour; the old epoch's rollups are not its."""
+    sp, h0 = speed, speed.h0
+    old = plant(sp)
+    try:
+        old.roll_up(h0 + 3 * HOUR)
+    finally:
+        old.close()
+    since = h0 + HOUR
+    new = sp.sink(begin=StreamStart(sp.settings.kafka.events_topic, since, {0: 0}))
+    recount = {m: sp.minute(sp.rng.randrange(1, 10)) for m in (since + i * MINUTE for i in range(120))}
+    try:
+        sp.write(new, recount, 0)
+        sp.truth.update(recount)
+        with session(sp.settings) as sess:  # before the new epoch merged anything: its minutes, not the old rollups
+            got = window.load(sp.reader(sess), h0, h0 + 3 * HOUR, "*", keep_rows=False)
+            assert not got.provenance.gaps
+            check(got, sp.events(h0, h0 + 3 * HOUR))
+            assert got.merged.rows == 6 + len(recount)  # the old epoch's first hour merged, the new one's minutes
+        assert new.roll_up(h0 + 3 * HOUR) == 12
+        with session(sp.settings) as sess:
+            got = window.load(sp.reader(sess), h0, h0 + 3 * HOUR, "*", keep_rows=False)
+            check(got, sp.events(h0, h0 + 3 * HOUR))
+            # read as rollups up to the newest event less the lateness (2:50): 6 + 11 intervals, 10 minutes
+            assert got.merged.rows == 6 + 11 + 10
+    finally:
+        new.close()
+
+
+def test_a_promoted_view_version_answers_from_its_own_rollups(keyspace_settings: Settings) -> None:
+    sp = speed_in(keyspace_settings)  # a keyspace of its own: a promote changes what the whole keyspace serves
+    h0 = sp.h0
+    first = plant(sp, hours=1)
+    try:
+        first.roll_up(h0 + HOUR)
+    finally:
+        first.close()
+    query = f"{sp.settings.speed.query_name}_v2"
+    second = sp.sink(query)
+    recount = {h0 + i * MINUTE: sp.minute(sp.rng.randrange(1, 10)) for i in range(60)}  # its own numbers
+    try:
+        sp.write(second, recount, 0)
+        assert second.roll_up(h0 + HOUR) == 6
+    finally:
+        second.close()
+    with session(sp.settings) as sess:
+        reader = sp.reader(sess)
+        check(window.load(reader, h0, h0 + HOUR, "*", keep_rows=False), list(sp.truth.values()))
+        store = DefinitionStore(sp.settings, sess)
+        applied, now = store.promote(query, sp.definition, store.serving())
+        assert applied and now.query == query
+        got = window.load(reader, h0, h0 + HOUR, "*", keep_rows=False)
+        assert got.merged.rows == 5 + 10  # its intervals up to its newest event less the lateness, then minutes
+        check(got, list(recount.values()))
+
+
+def test_the_rollup_bounds_hold_for_a_merged_interval(speed: Speed) -> None:
+    """A rollup's sketches are the union of its minutes': read alone, the interval's bounds hold."""
+    sp, h0 = speed, speed.h0
+    sink = plant(sp, hours=1)
+    try:
+        sink.roll_up(h0 + HOUR)
+    finally:
+        sink.close()
+    with session(sp.settings) as sess:
+        rows = list(
+            sess.execute(
+                f"SELECT bucket_start, width_min, epoch, events, users_hll FROM {table(sp.settings, 'speed_rollups')} "
+                "WHERE query = %s AND slice = '*' AND day = %s",
+                (sp.settings.speed.query_name, h0.date()),
+            )
+        )
+    assert [r.width_min for r in rows] == [10] * 6
+    for r in rows:
+        start = r.bucket_start.replace(tzinfo=UTC)
+        want = sp.events(start, start + SPEED_ROLLUP)
+        assert r.events == sum(len(m.users) for m in want)
+        est = sketches.users([r.users_hll], num_std_dev=3)
+        assert est.lower <= len({u for m in want for u in m.users}) <= est.upper
+
+
+def test_a_run_killed_before_merging_leaves_its_intervals_to_the_next_run_of_the_epoch(speed: Speed) -> None:
+    """The to-do of merges is written before the rows: a restart on its checkpoint merges what the dead run wrote."""
+    sp, h0 = speed, speed.h0
+    dead = sp.sink()
+    first = {h0 + i * MINUTE: sp.minute(3) for i in range(40)}
+    sp.write(dead, first, 0)  # then killed: no roll-up, the sink's memory gone
+    dead.close()
+    again = sp.sink()
+    again.epoch_id = dead.epoch_id  # the same checkpoint: Spark's query id
+    later = {h0 + i * MINUTE: sp.minute(3) for i in range(40, 60)}
+    try:
+        sp.write(again, later, 1)
+        sp.truth.update(first | later)
+        assert again.roll_up(h0 + HOUR) == 6  # the dead run's four intervals and its own two
+        assert again.roll_up(h0 + HOUR) == 0
+    finally:
+        again.close()
+    with session(sp.settings) as sess:
+        got = window.load(sp.reader(sess), h0, h0 + HOUR, "*", keep_rows=False)
+        check(got, list(sp.truth.values()))
+        assert got.merged.rows == 5 + 10  # up to its newest event less the lateness, then minutes

@@ -1,0 +1,117 @@
+"""Which speed rows a span is read from, and when a rollup may answer for its minutes (no Cassandra)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from serving.bucket import Bucket
+from serving.plan import Span, SpeedCoverage
+from serving.read_schedule import ReadSchedule
+from views.buckets import HOUR, MINUTE, SPEED_ROLLUP
+from views.store.rollups import todo_interval, todo_key
+from views.store.speed import Epoch
+
+T0 = datetime(2026, 5, 1, 10, tzinfo=UTC)
+
+
+class Bound:
+    def __init__(self, name: str, params: tuple[Any, ...]) -> None:
+        self.name, self.params, self.fetch_size = name, params, 0
+
+
+class Statement:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def bind(self, params: tuple[Any, ...]) -> Bound:
+        return Bound(self.name, params)
+
+
+def reads(span: Span, rollups_until: datetime | None, cov: SpeedCoverage | None = None) -> list[tuple[str, Any, Any]]:
+    """Return the reads a speed span is scheduled as: (statement, first, last)."""
+    stmts = {n: Statement(n) for n in ("speed", "rollups")}
+    cov = cov if cov is not None else SpeedCoverage(())
+    sched = ReadSchedule(None, stmts, None, "*", frozenset(), {}, "q", cov, rollups_until)  # type: ignore[arg-type]
+    sched.speed(span)
+    return [(u.request.name, u.request.params[3], u.request.params[4]) for u in sched.units]
+
+
+def test_a_span_reads_rollups_of_its_whole_closed_intervals_and_minutes_at_its_edges() -> None:
+    span = Span(T0 + 7 * MINUTE, T0 + 57 * MINUTE, "speed", "minute")
+    assert reads(span, T0 + 45 * MINUTE) == [
+        ("speed", T0 + 7 * MINUTE, T0 + 10 * MINUTE),
+        ("rollups", T0 + 10 * MINUTE, T0 + 40 * MINUTE),  # 40-50 is not closed by 45
+        ("speed", T0 + 40 * MINUTE, T0 + 57 * MINUTE),
+    ]
+    aligned = Span(T0, T0 + 30 * MINUTE, "speed", "minute")
+    assert reads(aligned, T0 + 30 * MINUTE) == [("rollups", T0, T0 + 30 * MINUTE)]
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "until"),
+    [(5, 15, 60), (0, 9, 60), (0, 60, None), (0, 60, 9)],
+    ids=["no whole interval", "shorter than one", "rollups off", "none closed"],
+)
+def test_a_span_without_a_whole_closed_interval_reads_minutes(start: int, end: int, until: int | None) -> None:
+    span = Span(T0 + start * MINUTE, T0 + end * MINUTE, "speed", "minute")
+    closed = T0 + until * MINUTE if until is not None else None
+    assert reads(span, closed) == [("speed", span.start, span.end)]
+
+
+def test_a_span_across_midnight_is_read_a_day_at_a_time() -> None:
+    midnight = datetime(2026, 5, 2, tzinfo=UTC)
+    span = Span(midnight - 25 * MINUTE, midnight + 25 * MINUTE, "speed", "minute")
+    assert reads(span, midnight + HOUR) == [
+        ("speed", midnight - 25 * MINUTE, midnight - 20 * MINUTE),
+        ("rollups", midnight - 20 * MINUTE, midnight),
+        ("rollups", midnight, midnight + 20 * MINUTE),
+        ("speed", midnight + 20 * MINUTE, midnight + 25 * MINUTE),
+    ]
+
+
+def coverage(counts: dict[datetime, int], epochs: Iterable[Epoch] | None = None) -> SpeedCoverage:
+    epochs = tuple(epochs) if epochs is not None else (Epoch("a", T0 - HOUR, None, T0 + HOUR, first_hour=T0),)
+    return SpeedCoverage(epochs, counted={("a", m): n for m, n in counts.items()})
+
+
+def test_a_rollup_answers_only_for_the_epoch_owning_it_with_exactly_what_it_counted() -> None:
+    counts = {T0 + i * MINUTE: 3 for i in range(10)}
+    cov = coverage(counts)
+    assert cov.rollup_matches(T0, T0 + SPEED_ROLLUP, "a", 30)
+    assert not cov.rollup_matches(T0, T0 + SPEED_ROLLUP, "a", 27)  # merged while a minute was missing
+    assert not cov.rollup_matches(T0, T0 + SPEED_ROLLUP, "a", 33)  # more than was counted
+    assert not cov.rollup_matches(T0, T0 + SPEED_ROLLUP, "b", 30)  # another epoch's rows
+    newer = Epoch("b", T0, T0 + 5 * MINUTE, T0 + HOUR)  # a new epoch counting from inside the interval
+    split = coverage(counts, (Epoch("a", T0 - HOUR, None, T0 + HOUR, first_hour=T0), newer))
+    assert not split.rollup_matches(T0, T0 + SPEED_ROLLUP, "a", 30)
+
+
+def test_a_rollup_not_matching_is_read_as_its_minutes() -> None:
+    """The rollup unit's rows: a matching rollup as one bucket, the other intervals' minutes read at once."""
+    counts = {T0 + i * MINUTE: 2 for i in range(20)}
+    stmts = {n: Statement(n) for n in ("speed", "rollups")}
+
+    class Row:
+        def __init__(self, start: datetime, events: int, width: int = 10, epoch: str = "a") -> None:
+            self.bucket_start, self.events, self.width_min, self.epoch = start, events, width, epoch
+
+    class Session:
+        def execute(self, bound: Bound, execution_profile: object = None) -> list[Row]:
+            first, last = bound.params[3], bound.params[4]
+            return [Row(first + i * MINUTE, 2) for i in range(int((last - first) / MINUTE))]
+
+    sched = ReadSchedule(Session(), stmts, None, "*", frozenset(), {}, "q", coverage(counts), T0 + HOUR)  # type: ignore[arg-type]
+    sched.speed(Span(T0, T0 + 20 * MINUTE, "speed", "minute"))
+    (unit,) = sched.units
+    got: list[Bucket] = list(unit.emit([Row(T0, 20), Row(T0 + SPEED_ROLLUP, 19)]))
+    assert [(b.start, b.resolution, b.events) for b in got[:2]] == [(T0, "10min", 20), (T0 + SPEED_ROLLUP, "minute", 2)]
+    assert len(got) == 11 and list(got[0].minutes()) == [T0 + i * MINUTE for i in range(10)]
+
+
+def test_an_interval_to_merge_is_kept_as_text_and_read_back() -> None:
+    interval = ("origin=a b", T0 + SPEED_ROLLUP)
+    assert todo_interval(todo_key(interval)) == interval
