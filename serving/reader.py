@@ -41,7 +41,7 @@ from views.store.definitions import DefinitionStore, decode_serving
 from views.store.losses import LossStore, decode_loss
 from views.store.pointers import PointerStore, decode_pointers, decode_stale, decode_watermark, fingerprint_of
 from views.store.rows import read_many
-from views.store.speed import SpeedRows, decode_epochs, decode_freshness
+from views.store.speed import Epoch, SpeedRows, counted_span, decode_counted, decode_epochs, decode_freshness
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -116,6 +116,37 @@ def rows_cacheable(settings: Settings) -> bool:
     return settings.serving.cache_mb > 0 and reads_see_acknowledged_writes(settings.cassandra)[0]
 
 
+def _batch_state(
+    days: list[date],
+    months: Mapping[str, list[date]],
+    pointer_rows: list[list[Any]],
+    rollup_rows: list[list[Any]],
+    stale_rows: list[Any],
+) -> tuple[dict[date, dict[datetime, uuid.UUID]], dict[datetime, str | None], set[date], dict[datetime, int]]:
+    """Decode the batch view's state: each hour's run and definition, the current daily rollups, the stale hours."""
+    runs: dict[date, dict[datetime, uuid.UUID]] = {}
+    indexed: dict[datetime, int | None] = {}
+    definitions: dict[datetime, str | None] = {}
+    for day, day_rows in zip(days, pointer_rows, strict=True):
+        pointers = decode_pointers(day_rows)
+        runs[day] = {h: p.run_id for h, p in pointers.items()}
+        indexed.update({h: p.indexed for h, p in pointers.items()})
+        definitions.update({h: p.definition for h, p in pointers.items()})
+    current: set[date] = set()
+    for month_days, rollups in zip(months.values(), rollup_rows, strict=True):
+        wanted = set(month_days)
+        for r in rollups:
+            day = as_date(r.day)
+            if day in wanted and r.hour_runs == fingerprint_of(runs[day]):
+                current.add(day)
+    stale = {}
+    for hour, records in decode_stale(stale_rows).items():  # stale while the index holds more than its run read
+        read = indexed.get(hour)
+        if hour in runs.get(hour.date(), {}) and read is not None and records > read:
+            stale[hour] = records - read
+    return runs, definitions, current, stale
+
+
 def rollups_until(speed: SpeedCoverage | None, settings: Settings) -> datetime | None:
     """Return the time by which speed intervals are worth reading from rollups (None: none).
 
@@ -144,6 +175,7 @@ class ViewReader:
         self.loss_store = LossStore(settings, sess)
         self.definitions = DefinitionStore(settings, sess)
         self._serving_query = settings.speed.query_name  # the last serving query read (read with the state)
+        self._boundary: tuple[datetime | None] | None = None  # the last boundary read (None: none read yet)
         self._rows: dict[frozenset[str], dict[str, Any]] = {}
         self._recent = RecentStates()
         cacheable = rows_cacheable(settings)
@@ -213,9 +245,10 @@ class ViewReader:
         """Read the boundary, the completed hours (with their runs), current daily rollups and what speed counted.
 
         One round of concurrent reads (the watermark, the speed progress and epochs, the hour pointers of the
-        window's days, the daily rollups' fingerprints of its months), then one more for the speed coverage of the
-        part of the window at or above the boundary. Decoded store by store: the batch pointers, the losses, the
-        speed layer's state.
+        window's days, the daily rollups' fingerprints of its months, and the speed coverage from the boundary read
+        last), and one more for the speed coverage only when the boundary moved back (or on the first read) or a
+        promote changed the serving query. Decoded store by store: the batch pointers, the losses, the speed
+        layer's state.
         """
         began = monotonic()  # the state read is as old as its start (a slow read must not look fresh)
         days = days_between(start, end)
@@ -224,6 +257,10 @@ class ViewReader:
             months.setdefault(month_key(day), []).append(day)
         query = self._serving_query
         topic = self.settings.kafka.events_topic
+        # what the speed layer counted is read from the boundary on, which the first reads return: read it with them
+        # from the boundary read last (it moves forward an hour at a time), and again only when it moved back
+        ahead = self._ahead(start, end)
+        ahead_reqs = self.speed_rows.counted_requests(query, slice_, *ahead) if ahead is not None else []
         rows = read_many(
             self.sess,
             [
@@ -235,49 +272,33 @@ class ViewReader:
                 self.speed_rows.progress_request(query),
                 self.speed_rows.epochs_request(query),
                 self.definitions.serving_request(),
+                *ahead_reqs,
             ],
         )
+        ahead_rows = rows[len(rows) - len(ahead_reqs) :]
+        rows = rows[: len(rows) - len(ahead_reqs)]
         mark_rows, stale_rows = rows[:2]
         pointer_rows, rollup_rows = rows[2 : 2 + len(days)], rows[2 + len(days) : -4]
         loss_rows, prog_rows, epoch_rows, serving_rows = rows[-4:]
         serving_row = next(iter(serving_rows), None)
         if serving_row is not None and serving_row.query != query:  # a promote: read the new version's state
             query = self._serving_query = serving_row.query
+            ahead = None
             prog_rows, epoch_rows = read_many(
                 self.sess, [self.speed_rows.progress_request(query), self.speed_rows.epochs_request(query)]
             )
         # the batch view: the watermark, each hour's run, the current daily rollups, stale hours
         mark = decode_watermark(mark_rows[0] if mark_rows else None)
-        runs: dict[date, dict[datetime, uuid.UUID]] = {}
-        indexed: dict[datetime, int | None] = {}
-        hour_definitions: dict[datetime, str | None] = {}
-        for day, day_rows in zip(days, pointer_rows, strict=True):
-            pointers = decode_pointers(day_rows)
-            runs[day] = {h: p.run_id for h, p in pointers.items()}
-            indexed.update({h: p.indexed for h, p in pointers.items()})
-            hour_definitions.update({h: p.definition for h, p in pointers.items()})
-        current: set[date] = set()
-        for month_days, rollups in zip(months.values(), rollup_rows, strict=True):
-            wanted = set(month_days)
-            for r in rollups:
-                day = as_date(r.day)
-                if day in wanted and r.hour_runs == fingerprint_of(runs[day]):
-                    current.add(day)
-        hours: set[datetime] = set()
-        for day in days:
-            hours |= set(runs[day])
-        stale = {}
-        for hour, records in decode_stale(stale_rows).items():  # stale while the index holds more than its run read
-            read = indexed.get(hour)
-            if hour in hours and read is not None and records > read:
-                stale[hour] = records - read
+        runs, hour_definitions, current, stale = _batch_state(days, months, pointer_rows, rollup_rows, stale_rows)
+        hours = {h for day in days for h in runs[day]}
         # records lost before they were indexed
         losses = [decode_loss(topic, r) for r in loss_rows]
         incomplete = self.loss_store.incomplete(topic, start, end, losses) if losses else {}
         # the speed view: its freshness, its epochs and what they counted
         newest, updated = decode_freshness(prog_rows)
         epochs = decode_epochs(epoch_rows)
-        kept, counted = self.speed_rows.counted(query, slice_, start, end, mark.boundary, epochs)
+        self._boundary = (mark.boundary,)
+        kept, counted = self._counted(query, slice_, (start, end), mark.boundary, epochs, ahead, ahead_rows)
         # the view version: which batch hours and speed epochs define the slice as the serving definition does
         version = decode_serving(serving_row, self.settings, epochs)
         served_by, same = self._slice_version(version.query, version.fingerprint, slice_)
@@ -303,6 +324,32 @@ class ViewReader:
         if self.settings.serving.state_max_age_ms > 0:
             self._recent.keep((start, end, slice_), began, cov)
         return cov
+
+    def _counted(
+        self,
+        query: str,
+        slice_: str,
+        window: tuple[datetime, datetime],
+        boundary: datetime | None,
+        epochs: list[Epoch],
+        ahead: tuple[datetime, datetime] | None,
+        ahead_rows: list[list[Any]],
+    ) -> tuple[dict[tuple[datetime, str], datetime | None], dict[tuple[str, datetime], int]]:
+        """Return what the speed layer counted in its part of the window: from the rows read ahead when they hold it."""
+        span = counted_span(*window, boundary, epochs)
+        if span is None:
+            return {}, {}
+        if ahead is not None and floor(span[0], HOUR) >= floor(ahead[0], HOUR):
+            return decode_counted(ahead_rows, span)
+        return self.speed_rows.counted(query, slice_, *window, boundary, epochs)
+
+    def _ahead(self, start: datetime, end: datetime) -> tuple[datetime, datetime] | None:
+        """Return the part of the window whose speed coverage to read with the state (None: wait for the boundary)."""
+        if self._boundary is None:
+            return None
+        (boundary,) = self._boundary
+        lo = start if boundary is None else max(start, floor(boundary, HOUR))
+        return (lo, end) if lo < end else None
 
     def _slice_version(self, query: str, fp: str | None, slice_: str) -> tuple[ServedBy, Callable[[str | None], bool]]:
         """Return the version serving a slice, and a test whether a definition defines the slice the same way."""

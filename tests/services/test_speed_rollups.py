@@ -329,3 +329,32 @@ def test_a_run_killed_before_merging_leaves_its_intervals_to_the_next_run_of_the
         got = window.load(sp.reader(sess), h0, h0 + HOUR, "*", keep_rows=False)
         check(got, list(sp.truth.values()))
         assert got.merged.rows == 5 + 10  # up to its newest event less the lateness, then minutes
+
+
+def test_the_speed_coverage_is_read_with_the_state_once_the_boundary_is_known(
+    speed: Speed, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One round of state reads per answer (the speed coverage read ahead from the boundary read last), not two."""
+    import serving.reader
+    import views.store.speed
+
+    sp, h0 = speed, speed.h0
+    plant(sp, hours=1).close()
+    rounds: list[int] = []
+    real = serving.reader.read_many
+
+    def counting(sess: object, requests: list[object]) -> list[list[object]]:
+        rounds.append(len(requests))
+        return real(sess, requests)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(serving.reader, "read_many", counting)
+    monkeypatch.setattr(views.store.speed, "read_many", counting)
+    with session(sp.settings) as sess:
+        reader = sp.reader(sess)
+        first = window.load(reader, h0, h0 + HOUR, "*", keep_rows=False)
+        assert len(rounds) == 2  # the boundary unknown: the coverage after it
+        rounds.clear()
+        again = window.load(reader, h0 + 5 * MINUTE, h0 + HOUR, "*", keep_rows=False)
+        assert len(rounds) == 1
+        check(first, sp.events(h0, h0 + HOUR))
+        check(again, sp.events(h0 + 5 * MINUTE, h0 + HOUR))

@@ -331,16 +331,40 @@ class SpeedRows:
 
         :returns: ``(hour, epoch) -> kept until`` and ``(epoch, minute) -> events counted`` for the slice.
         """
-        lo = start if boundary is None else max(start, boundary)
-        firsts = [e.covered_from for e in epochs]
-        if epochs and None not in firsts:
-            lo = max(lo, min(t for t in firsts if t is not None))
-        hi = min(end, max((e.seen_until for e in epochs if e.seen_until is not None), default=lo))
-        if lo >= hi:
+        span = counted_span(start, end, boundary, epochs)
+        if span is None:
             return {}, {}
+        reqs = self.counted_requests(query, slice_, *span)
+        return decode_counted(read_many(self.sess, reqs), span)
+
+    def counted_requests(self, query: str, slice_: str, lo: datetime, hi: datetime) -> list[Request]:
+        """Return the reads of the hours kept and the minutes counted in ``[floor(lo, hour), hi)``: one pair per day.
+
+        Their rows decode with :func:`decode_counted` (the hours' reads first, then the counts', day by day).
+        """
         lo = floor(lo, HOUR)
-        hour_reqs = self.hours_requests(query, lo, hi)
-        rows = read_many(self.sess, [*hour_reqs, *self.counts_requests(query, slice_, lo, hi)])
-        kept = {(k.hour, k.epoch): k.kept_until for day in rows[: len(hour_reqs)] for k in decode_hours(day)}
-        counts = {key: n for day in rows[len(hour_reqs) :] for key, n in decode_counts(day).items()}
-        return kept, counts
+        return [*self.hours_requests(query, lo, hi), *self.counts_requests(query, slice_, lo, hi)]
+
+
+def counted_span(
+    start: datetime, end: datetime, boundary: datetime | None, epochs: list[Epoch]
+) -> tuple[datetime, datetime] | None:
+    """Return the part of ``[start, end)`` the speed layer may serve (from the boundary, where an epoch read)."""
+    lo = start if boundary is None else max(start, boundary)
+    firsts = [e.covered_from for e in epochs]
+    if epochs and None not in firsts:
+        lo = max(lo, min(t for t in firsts if t is not None))
+    hi = min(end, max((e.seen_until for e in epochs if e.seen_until is not None), default=lo))
+    return (lo, hi) if lo < hi else None
+
+
+def decode_counted(
+    rows: list[list[Any]], span: tuple[datetime, datetime]
+) -> tuple[dict[tuple[datetime, str], datetime | None], dict[tuple[str, datetime], int]]:
+    """Decode the rows of :meth:`SpeedRows.counted_requests` (of a span holding ``span``), keeping ``span``'s part."""
+    lo, hi = floor(span[0], HOUR), span[1]
+    days = len(rows) // 2
+    kept = {(k.hour, k.epoch): k.kept_until for day in rows[:days] for k in decode_hours(day) if lo <= k.hour < hi}
+    counts = {key: n for day in rows[days:] for key, n in decode_counts(day).items() if lo <= key[1] and
+              floor(key[1], HOUR) < hi}  # fmt: skip
+    return kept, counts
