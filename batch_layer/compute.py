@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,7 @@ class Computed:
     read: int
     unparseable: Counter[datetime]
     outside: Counter[datetime]
+    tens: dict[datetime, list[ViewRow]] = field(default_factory=dict)  # ten-minute rollups, by hour
 
 
 def compute(spark: SparkSession, settings: Settings, plan: Plan, excluded: Collection[str] = ()) -> Computed:
@@ -67,6 +68,7 @@ def compute(spark: SparkSession, settings: Settings, plan: Plan, excluded: Colle
     hourly = None
     try:
         minute_rows = _view_rows(minutes.toArrow())
+        ten_rows = _view_rows(rollup(minutes, "ten", settings.views.top_k_items).toArrow())
         got = observed.get
         hourly = rollup(minutes, "hour", settings.views.top_k_items).persist()
         hour_rows = _view_rows(hourly.toArrow())
@@ -83,6 +85,8 @@ def compute(spark: SparkSession, settings: Settings, plan: Plan, excluded: Colle
     out = Computed({}, {}, {}, int(got["read"] or 0), Counter(), Counter())
     for row in minute_rows:
         out.minutes.setdefault(row.bucket_start.replace(minute=0, second=0, microsecond=0), []).append(row)
+    for row in ten_rows:
+        out.tens.setdefault(row.bucket_start.replace(minute=0, second=0, microsecond=0), []).append(row)
     for row in hour_rows:
         out.hours.setdefault(row.bucket_start, []).append(row)
     for row in day_rows:

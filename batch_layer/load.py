@@ -45,8 +45,9 @@ def load(
     )
     try:
         if done is not None:
-            store.rows.write_versions(runs, done.minutes, done.hours)
-        store.pointers.swap([(hp.hour, runs[hp.hour], hp.records) for hp in plan.hours], definition)
+            store.rows.write_versions(runs, done.minutes, done.hours, done.tens)
+        swaps = [(hp.hour, runs[hp.hour], hp.records) for hp in plan.hours]
+        store.pointers.swap(swaps, definition, tens=done is None or bool(done.tens) or not done.minutes)
         # Days whose 24 hours are all in the pass have their rollups computed: written together, in one go.
         computed = {d for d in days if done is not None and d in done.days}
         if done is not None and computed:

@@ -197,10 +197,10 @@ def write_batch(
 ) -> tuple[datetime | None, str]:
     """Write the minutes' hours below ``below`` through the batch layer's load, a UTC day per pass, then advance.
 
-    Each pass is what ``batch_layer.job`` hands ``load.load`` after Spark: the hours' minute rows and hourly rollup
-    (merged from the minutes, as ``views.aggregation.rollup`` does), under the serving definition, registered first
-    as the job does; the days are re-merged from their hours (``BatchStore.remerge_day``). The lineage's offset
-    spans are made up (one span of the hour's events per hour: nothing is read from Kafka here).
+    Each pass is what ``batch_layer.job`` hands ``load.load`` after Spark: the hours' minute rows, ten-minute rows
+    and hourly rollup (merged from the minutes, as ``views.aggregation.rollup`` does), under the serving definition,
+    registered first as the job does; the days are re-merged from their hours (``BatchStore.remerge_day``). The
+    lineage's offset spans are made up (one span of the hour's events per hour: nothing is read from Kafka here).
     Return the watermark after ``PointerStore.advance`` and the definition's fingerprint.
     """
     by_hour: dict[datetime, list[tuple[datetime, tuple[bytes, bytes, bytes]]]] = {}
@@ -217,6 +217,7 @@ def write_batch(
         offset = 0
         for hours in by_day.values():
             plans, minute_rows, hour_rows = [], {}, {}
+            ten_rows: dict[datetime, list[ViewRow]] = {}
             for hour in hours:
                 ms = by_hour[hour]
                 n = events * len(ms)
@@ -225,11 +226,20 @@ def write_batch(
                 minute_rows[hour] = [ViewRow("*", m, events, *sk, m, m + LAST_MS) for m, sk in ms]
                 merged = merge_all(sk for _m, sk in ms)
                 hour_rows[hour] = [ViewRow("*", hour, n, *merged, ms[0][0], ms[-1][0] + LAST_MS)]
+                tens: dict[datetime, list[tuple[datetime, tuple[bytes, bytes, bytes]]]] = {}
+                for m in ms:
+                    tens.setdefault(floor(m[0], SPEED_ROLLUP), []).append(m)
+                ten_rows[hour] = [
+                    ViewRow("*", t, events * len(tm), *merge_all(sk for _m, sk in tm), tm[0][0], tm[-1][0] + LAST_MS)
+                    for t, tm in tens.items()
+                ]
             plan = Plan(settings.kafka.events_topic, tuple(plans), ())
-            done = Computed(minute_rows, hour_rows, {}, offset, Counter(), Counter())
-            retried("batch pass", lambda plan=plan, done=done: load.load(
-                store, plan, done, force=True, code="bench", definition=definition
-            ))  # fmt: skip
+            done = Computed(minute_rows, hour_rows, {}, offset, Counter(), Counter(), ten_rows)
+
+            def write(plan: Plan = plan, done: Computed = done) -> Any:
+                return load.load(store, plan, done, force=True, code="bench", definition=definition)
+
+            retried("batch pass", write)
         _low, mark = store.pointers.advance(min(by_hour))
     return mark, definition
 
@@ -266,9 +276,10 @@ def rollups_until(settings: Settings, fresh: datetime) -> datetime:
 def expected_rows(start: datetime, end: datetime, watermark: datetime, rolled: datetime | None) -> int:
     """Return the rows an answer over ``[start, end)`` must read when both views hold every minute planted.
 
-    Below the watermark: a daily rollup per whole UTC day, an hourly rollup per whole hour, minute rows elsewhere;
-    from it, a speed rollup per whole interval ending by ``rolled`` (None: rollups off) and a speed row per other
-    minute (the merge rule of ``serving.plan`` and the reads of ``serving.read_schedule``, stated here on their own).
+    Below the watermark: a daily rollup per whole UTC day, an hourly rollup per whole hour, a ten-minute row per
+    other whole ten minutes and minute rows elsewhere; from it, a speed rollup per whole interval ending by ``rolled``
+    and a speed row per other minute (``rolled`` None: ten-minute rows off, minutes only): the merge rule of
+    ``serving.plan`` and the reads of ``serving.read_schedule``, stated here on their own.
     """
     split = min(max(watermark, start), end)
     rows, t = 0, start
@@ -281,20 +292,24 @@ def expected_rows(start: datetime, end: datetime, watermark: datetime, rolled: d
             rows += 1
         else:
             step = min(floor(t, HOUR) + HOUR, split) - t
-            rows += int(step / MINUTE)
+            rows += _edge_rows(t, t + step, t + step if rolled is not None else None)
         t += step
     if rolled is None:
         return rows + int((end - split) / MINUTE)
     for day in days_between(split, end):  # a speed span is read a UTC day at a time
         first = max(split, datetime.combine(day, dtime(), UTC))
         last = min(end, datetime.combine(day, dtime(), UTC) + DAY)
-        lo = floor(first + SPEED_ROLLUP - MINUTE, SPEED_ROLLUP)
-        hi = floor(min(last, rolled), SPEED_ROLLUP)
-        if hi <= lo:
-            rows += int((last - first) / MINUTE)
-        else:
-            rows += int((lo - first) / MINUTE) + int((hi - lo) / SPEED_ROLLUP) + int((last - hi) / MINUTE)
+        rows += _edge_rows(first, last, rolled)
     return rows
+
+
+def _edge_rows(first: datetime, last: datetime, rolled: datetime | None) -> int:
+    """Return the rows of ``[first, last)`` read as whole ten minutes ending by ``rolled`` and minutes elsewhere."""
+    lo = floor(first + SPEED_ROLLUP - MINUTE, SPEED_ROLLUP)
+    hi = floor(min(last, rolled), SPEED_ROLLUP) if rolled is not None else lo
+    if hi <= lo:
+        return int((last - first) / MINUTE)
+    return int((lo - first) / MINUTE) + int((hi - lo) / SPEED_ROLLUP) + int((last - hi) / MINUTE)
 
 
 def check_answer(what: str, windows: Sequence[Window], filled: Filled, rollups: bool = True) -> tuple[int, int]:
@@ -323,9 +338,9 @@ def pct(values: Sequence[float], q: float) -> float:
 def no_caches(settings: Settings, rollups: bool = True) -> Settings:
     """Return the settings with every serving cache off: rows, speed rows, answers, and the layers' state reuse.
 
-    :arg rollups: read the speed rollups (``serving.speed_rollups``); off, the speed minutes (the baseline).
+    :arg rollups: read the ten-minute rows of both views (``serving.ten_minute_rows``); off, minutes (the baseline).
     """
-    off = {"cache_mb": 0, "answer_cache_mb": 0, "state_max_age_ms": 0, "speed_rollups": rollups}
+    off = {"cache_mb": 0, "answer_cache_mb": 0, "state_max_age_ms": 0, "ten_minute_rows": rollups}
     return settings.model_copy(update={"serving": settings.serving.model_copy(update=off)})
 
 
@@ -345,7 +360,7 @@ def bare_reads(reader: ViewReader, end: datetime, window: timedelta) -> int:
     """The same reads as an uncached answer (the coverage, the rows of its plan), without planning or merging."""
     cov = reader.coverage(end - 2 * window, end, "*")
     spans = [s for a, b in ((end - window, end), (end - 2 * window, end - window)) for s in cov.plan(a, b)]
-    return sum(1 for _ in reader.stream(spans, "*", queries.NEEDS["trending"], runs=cov.runs, rollups=cov.speed))
+    return sum(1 for _ in reader.stream(spans, "*", queries.NEEDS["trending"], runs=cov.runs, rollups=cov))
 
 
 def merge_alone(reader: ViewReader, end: datetime, window: timedelta) -> tuple[Callable[[], None], int]:
@@ -353,7 +368,7 @@ def merge_alone(reader: ViewReader, end: datetime, window: timedelta) -> tuple[C
     cov = reader.coverage(end - 2 * window, end, "*")
     windows = [(end - window, end), (end - 2 * window, end - window)]
     needs = queries.NEEDS["trending"]
-    rows = [reader.read(cov.plan(a, b), "*", needs, runs=cov.runs, rollups=cov.speed) for a, b in windows]
+    rows = [reader.read(cov.plan(a, b), "*", needs, runs=cov.runs, rollups=cov) for a, b in windows]
 
     def merge() -> None:
         merged = [Merged(MINUTE) for _ in windows]
@@ -413,7 +428,7 @@ def in_process(settings: Settings, filled: Filled, label: str, runs: int, warmup
         before = timed(lambda: keep_last(last, trending_once(minutes, end, window)), runs, warmup)
         check_answer(f"{label} uncached, minutes, the last timed answer", last[-1], filled, False)
         print(
-            f"trending {label:>3} uncached, speed minutes only (serving.speed_rollups off): p50 "
+            f"trending {label:>3} uncached, minutes only (serving.ten_minute_rows off): p50 "
             f"{pct(before, 0.5):6.1f} ms  p99 {pct(before, 0.99):6.1f} ms  | {m_rows:,} rows  | rollups: "
             f"p50 {pct(before, 0.5) / p50:4.2f}x, p99 {pct(before, 0.99) / p99:4.2f}x faster"
         )

@@ -477,12 +477,13 @@ class ServingSettings(BaseModel):
         "many viewers off Cassandra (the state is ~11 small reads) while answers stay well inside the speed "
         "layer's own trigger interval.",
     )
-    speed_rollups: bool = Field(
+    ten_minute_rows: bool = Field(
         True,
-        description="Read the whole closed 10-minute intervals of a window above the batch watermark from the speed "
-        "layer's rollups (`speed.write_rollups`) instead of their minutes, wherever a rollup matches the minutes "
-        "its epoch counted there (else its minutes are read, gaps and all). Off: minutes only. A series by the "
-        "minute never uses them.",
+        description="Read the whole ten minutes of a window from ten-minute rows instead of their minutes: below "
+        "the batch watermark from the batch view's (hours whose run wrote them), above it from the speed layer's "
+        "rollups (`speed.write_rollups`) of closed intervals, wherever a rollup matches the minutes its epoch "
+        "counted there (else its minutes are read, gaps and all). Off: minutes only. A series by the minute never "
+        "uses them.",
     )
     speed_live_within_s: float = Field(
         30.0,

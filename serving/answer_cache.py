@@ -38,7 +38,7 @@ from serving.bucket import Bucket
 from serving.budget import ReadBudget
 from serving.lru import BytesLru, RowCache
 from serving.merge import Merged, MergedPart
-from serving.plan import RESOLUTIONS, Coverage, Resolution, Span, SpeedCoverage, runs
+from serving.plan import RESOLUTIONS, Coverage, Resolution, Span, runs
 from views.buckets import HOUR, MINUTE, floor
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class RowSource(Protocol):
         budget: ReadBudget | None = None,
         runs: Mapping[date, Mapping[datetime, uuid.UUID]] | None = None,
         query: str | None = None,
-        rollups: SpeedCoverage | None = None,
+        rollups: Coverage | None = None,
     ) -> Iterator[Bucket]:
         """Yield the rows that serve the spans, in time order (speed rows of ``query``, the serving version)."""
         ...
@@ -208,7 +208,7 @@ def _read_whole(
     found: set[datetime] = set()
     holes: set[datetime] = set()  # speed rows holding fewer events than the speed layer counted there, or none
     spans = [s for spans in plans for s in spans]
-    rollups = cov.speed if question.coarsest != "minute" else None  # a rollup row never splits into minutes
+    rollups = cov if question.coarsest != "minute" else None  # a ten-minute row never splits into minutes
     rows = reader.stream(spans, question.slice, question.fields, budget, cov.runs, _query(cov), rollups)
     for bucket in rows:
         if bucket.layer == "speed":
@@ -267,6 +267,7 @@ def _cached(
     if hit is not None:
         return hit
     batch_signature, _, signature = _signature(plans, cov)
+    rollups = cov if question.coarsest != "minute" else None  # a ten-minute row never splits into minutes
     before = cache.peek(question)
     step = RESOLUTIONS[question.coarsest]
     if before is not None and before.batch_signature == batch_signature:
@@ -277,10 +278,13 @@ def _cached(
     else:
         cache.count("miss")
         batch_spans = [s for spans in plans for s in spans if s.layer == "batch"]
-        rows = reader.stream(batch_spans, question.slice, question.fields, budget, runs=cov.runs) if batch_spans else ()
+        rows = (
+            reader.stream(batch_spans, question.slice, question.fields, budget, runs=cov.runs, rollups=rollups)
+            if batch_spans
+            else ()
+        )
         parts = _batch_parts(question, rows, step)
     settled_before = _settled_before(reader.settings.speed.allowed_lateness_s, cov)
-    rollups = cov.speed if question.coarsest != "minute" else None
     olds = before.speed_parts if before is not None else [None] * len(question.windows)
     holes: set[datetime] = set()
     merged: list[Merged] = []
@@ -388,7 +392,7 @@ def _settled_part(
     old: SpeedPart | None,
     budget: ReadBudget | None,
     query: str | None = None,
-    rollups: SpeedCoverage | None = None,
+    rollups: Coverage | None = None,
 ) -> SpeedPart:
     """Return the window's settled speed minutes merged: the previous part as it was, extended, or built anew."""
     if old is not None and old.versions == settled:
@@ -416,7 +420,7 @@ def _speed_rows(
     budget: ReadBudget | None,
     holes: set[datetime],
     query: str | None = None,
-    rollups: SpeedCoverage | None = None,
+    rollups: Coverage | None = None,
 ) -> Iterator[Bucket]:
     """Yield the speed rows of the minutes in time order (kept ones from the cache, the others read); note the holes.
 

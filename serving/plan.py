@@ -202,6 +202,7 @@ class Coverage:
     # batch hours whose current run defines the slice otherwise than the serving view version (gaps: DEFINITION)
     other_definition: frozenset[datetime] = frozenset()
     version: ServedBy | None = None  # the view version answers come from, for this slice
+    tens: frozenset[datetime] = frozenset()  # batch hours whose current run wrote ten-minute rows
 
     @property
     def speed_fresh_until(self) -> datetime | None:

@@ -58,11 +58,13 @@ class ReadSchedule:
         query: str = "",
         rollups: SpeedCoverage | None = None,
         rollups_until: datetime | None = None,
+        tens: frozenset[datetime] = frozenset(),
     ) -> None:
         self.query = query  # the speed query (view version) whose rows the speed spans read
         # speed rollups are read for whole intervals ending by rollups_until, checked against this coverage
         self.rollups = rollups if rollups_until is not None else None
         self.rollups_until = rollups_until
+        self.tens = tens  # batch hours whose current run wrote ten-minute rows
         self.sess = sess
         self.stmt = statements
         self.cache = cache
@@ -170,7 +172,41 @@ class ReadSchedule:
         self._add(span.start, "days", (self.slice, month_key(day), day, day + timedelta(days=1)), emit, 1)
 
     def minutes(self, span: Span) -> None:
-        """Serve batch minutes from the current run's whole hour (cached under that run)."""
+        """Serve a batch span inside an hour: its whole ten minutes from the run's ten-minute rows, the rest minutes."""
+        hour = floor(span.start, HOUR)
+        lo = floor(span.start + SPEED_ROLLUP - MINUTE, SPEED_ROLLUP)
+        hi = floor(span.end, SPEED_ROLLUP)
+        if hour not in self.tens or hi <= lo:
+            self._batch_minutes(span)
+            return
+        if span.start < lo:  # the edges alone (at most 9 minutes each), not kept: the hour's tens are
+            self._batch_minutes(Span(span.start, lo, "batch", "minute"), whole=False)
+        self._tens(hour, lo, hi)
+        if hi < span.end:
+            self._batch_minutes(Span(hi, span.end, "batch", "minute"), whole=False)
+
+    def _tens(self, hour: datetime, lo: datetime, hi: datetime) -> None:
+        """Serve ``[lo, hi)`` from the current run's ten-minute rows (the hour's cached under that run)."""
+        run = self.pointers(hour.date()).get(hour)
+        key = ("tens", self.slice, hour, run, self.fields)
+        hit = self._cached(key)
+        if hit is not None:
+            self._add(lo, None, (), lambda _rows: [b for b in hit if lo <= b.start < hi])
+            return
+
+        whole = self.cache is not None  # without a cache, read only the span
+
+        def emit(rows: Iterable[Any]) -> list[Bucket]:
+            got = [Bucket.of_row(utc(r.bucket_start), "10min", "batch", r) for r in rows]
+            if whole:  # only the whole hour is kept under the run
+                self._remember(key, got)
+            return [b for b in got if lo <= b.start < hi]
+
+        first, last = (hour, hour + HOUR) if whole else (lo, hi)
+        self._add(lo, "tens", (self.slice, hour, run, first, last), emit, int((last - first) / SPEED_ROLLUP))
+
+    def _batch_minutes(self, span: Span, whole: bool = True) -> None:
+        """Serve batch minutes from the current run's whole hour (cached under that run; ``whole``: read it so)."""
         hour = floor(span.start, HOUR)
         run = self.pointers(hour.date()).get(hour)
         key = ("minutes", self.slice, hour, run, self.fields)
@@ -179,12 +215,14 @@ class ReadSchedule:
             self._add(span.start, None, (), lambda _rows: [b for b in hit if span.start <= b.start < span.end])
             return
 
+        whole = whole and self.cache is not None  # without a cache, read only the span
+
         def emit(rows: Iterable[Any]) -> list[Bucket]:
             got = [Bucket.of_row(utc(r.bucket_start), "minute", "batch", r) for r in rows]
-            self._remember(key, got)
+            if whole:  # only the whole hour is kept under the run
+                self._remember(key, got)
             return [b for b in got if span.start <= b.start < span.end]
 
-        whole = self.cache is not None  # without a cache, read only the span
         lo, hi = (hour, hour + HOUR) if whole else (span.start, span.end)
         self._add(span.start, "minutes", (self.slice, hour, run, lo, hi), emit, int((hi - lo) / MINUTE))
 

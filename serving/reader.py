@@ -122,16 +122,23 @@ def _batch_state(
     pointer_rows: list[list[Any]],
     rollup_rows: list[list[Any]],
     stale_rows: list[Any],
-) -> tuple[dict[date, dict[datetime, uuid.UUID]], dict[datetime, str | None], set[date], dict[datetime, int]]:
-    """Decode the batch view's state: each hour's run and definition, the current daily rollups, the stale hours."""
+) -> tuple[
+    dict[date, dict[datetime, uuid.UUID]], dict[datetime, str | None], set[date], dict[datetime, int], set[datetime]
+]:
+    """Decode the batch view's state: each hour's run and definition, the current daily rollups, the stale hours.
+
+    The last: the hours whose current run wrote ten-minute rows.
+    """
     runs: dict[date, dict[datetime, uuid.UUID]] = {}
     indexed: dict[datetime, int | None] = {}
     definitions: dict[datetime, str | None] = {}
+    tens: set[datetime] = set()
     for day, day_rows in zip(days, pointer_rows, strict=True):
         pointers = decode_pointers(day_rows)
         runs[day] = {h: p.run_id for h, p in pointers.items()}
         indexed.update({h: p.indexed for h, p in pointers.items()})
         definitions.update({h: p.definition for h, p in pointers.items()})
+        tens.update(h for h, p in pointers.items() if p.tens)
     current: set[date] = set()
     for month_days, rollups in zip(months.values(), rollup_rows, strict=True):
         wanted = set(month_days)
@@ -144,7 +151,7 @@ def _batch_state(
         read = indexed.get(hour)
         if hour in runs.get(hour.date(), {}) and read is not None and records > read:
             stale[hour] = records - read
-    return runs, definitions, current, stale
+    return runs, definitions, current, stale, tens
 
 
 def rollups_until(speed: SpeedCoverage | None, settings: Settings) -> datetime | None:
@@ -289,7 +296,7 @@ class ViewReader:
             )
         # the batch view: the watermark, each hour's run, the current daily rollups, stale hours
         mark = decode_watermark(mark_rows[0] if mark_rows else None)
-        runs, hour_definitions, current, stale = _batch_state(days, months, pointer_rows, rollup_rows, stale_rows)
+        runs, hour_definitions, current, stale, tens = _batch_state(days, months, pointer_rows, rollup_rows, stale_rows)
         hours = {h for day in days for h in runs[day]}
         # records lost before they were indexed
         losses = [decode_loss(topic, r) for r in loss_rows]
@@ -320,6 +327,7 @@ class ViewReader:
             runs=runs,
             other_definition=other_hours,
             version=served_by,
+            tens=frozenset(tens),
         )
         if self.settings.serving.state_max_age_ms > 0:
             self._recent.keep((start, end, slice_), began, cov)
@@ -363,7 +371,7 @@ class ViewReader:
         slice_: str,
         fields: Iterable[str] = SKETCH_FIELDS,
         runs: Mapping[date, Mapping[datetime, uuid.UUID]] | None = None,
-        rollups: SpeedCoverage | None = None,
+        rollups: Coverage | None = None,
     ) -> list[Bucket]:
         """Return all the rows that serve the spans, in time order (see :meth:`stream`; this holds them all)."""
         return list(self.stream(spans, slice_, fields, runs=runs, rollups=rollups))
@@ -376,7 +384,7 @@ class ViewReader:
         budget: ReadBudget | None = None,
         runs: Mapping[date, Mapping[datetime, uuid.UUID]] | None = None,
         query: str | None = None,
-        rollups: SpeedCoverage | None = None,
+        rollups: Coverage | None = None,
     ) -> Iterator[Bucket]:
         """Yield the rows that serve the spans (gaps read nothing) in time order, as they arrive.
 
@@ -392,17 +400,19 @@ class ViewReader:
         :arg runs: the current run of each hour of the batch spans' days, as the plan's coverage read them (the
             spans were planned with them); None reads them now.
         :arg query: the speed query (view version) the plan's coverage read (None: the last one read).
-        :arg rollups: the plan's speed coverage, to read whole closed intervals of speed spans from their rollups
-            (checked against it; ``serving.speed_rollups``). None: speed minutes only (a series by the minute).
+        :arg rollups: the plan's coverage, to read whole ten minutes from ten-minute rows (``serving.ten_minute_rows``):
+            the batch view's of hours whose run wrote them, and the speed rollups of closed intervals (checked
+            against its speed coverage). None: minutes only (a series by the minute).
         """
         if runs is None:
             batch_days = {s.start.date() for s in spans if s.layer == "batch"}
             runs = self.read_pointers(batch_days)[0] if batch_days else {}
         wanted = frozenset(fields)
-        until = rollups_until(rollups, self.settings) if self.settings.serving.speed_rollups else None
+        tens = rollups if self.settings.serving.ten_minute_rows else None
+        until = rollups_until(tens.speed, self.settings) if tens is not None else None
         reads = ReadSchedule(
             self.sess, self.statements(wanted), self.cache, slice_, wanted, runs, query or self._serving_query,
-            rollups, until,
+            tens.speed if tens is not None else None, until, tens.tens if tens is not None else frozenset(),
         )  # fmt: skip
         hour_spans: dict[date, list[Span]] = {}
         for span in spans:

@@ -26,6 +26,7 @@ from typing import Literal
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from views.buckets import SPEED_ROLLUP
 from views.definition import (
     BUCKET,
     DEFAULT_TOP_K_ITEMS,
@@ -97,13 +98,19 @@ def items_state(sketch: Column, top_k_items: int) -> Column:
     )
 
 
-def rollup(buckets: DataFrame, unit: Literal["hour", "day"], top_k_items: int = DEFAULT_TOP_K_ITEMS) -> DataFrame:
-    """Merge view rows into coarser buckets (hourly or daily) by merging their sketches, not by re-reading events.
+def rollup(
+    buckets: DataFrame, unit: Literal["ten", "hour", "day"], top_k_items: int = DEFAULT_TOP_K_ITEMS
+) -> DataFrame:
+    """Merge view rows into coarser buckets (ten minutes, hours or days) by merging their sketches, not the events.
 
     :returns: a frame with :data:`VIEW_COLUMNS`, ``bucket_start`` truncated to the unit.
     """
     prepared = buckets.withColumn("_items_state", items_state(F.col("items_fi"), top_k_items))
-    grouped = prepared.groupBy(F.date_trunc(unit, "bucket_start").alias("bucket_start"), "slice")
+    if unit == "ten":  # views.buckets.SPEED_ROLLUP: the ten minutes both views roll up by
+        start = F.window("bucket_start", f"{int(SPEED_ROLLUP.total_seconds() // 60)} minutes").start
+    else:
+        start = F.date_trunc(unit, "bucket_start")
+    grouped = prepared.groupBy(start.alias("bucket_start"), "slice")
     merged = grouped.agg(
         F.sum("events").alias("events"),
         F.hll_union_agg("users_hll").alias("users_hll"),

@@ -82,3 +82,18 @@ def test_rollup_merges_minute_sketches(spark: Any) -> None:
     assert day.events == 6
     assert fi_items(day.items_fi) == {"#a": 3, "#b": 1, "#c": 2}
     assert (day.min_ts.replace(tzinfo=UTC), day.max_ts.replace(tzinfo=UTC)) == (t(0, 5), t(0, hour=11))
+
+
+def test_ten_minute_rollup_splits_an_hour_by_ten(spark: Any) -> None:
+    events = [
+        ("a", t(9, 59), "#a", "u1", 1.0, {}),
+        ("b", t(10, 0), "#a", "u2", 2.0, {}),
+        ("c", t(19, 30), "#b", "u2", 3.0, {}),
+        ("d", t(55), "#b", "u3", 4.0, {}),
+    ]
+    tens = rows_by_key(rollup(aggregate(spark.createDataFrame(events, SCHEMA), slice_dims=[]), "ten"))
+    assert {k: r.events for k, r in tens.items()} == {
+        (t(0), GLOBAL_SLICE): 1, (t(10), GLOBAL_SLICE): 2, (t(50), GLOBAL_SLICE): 1,
+    }  # fmt: skip
+    assert round(ds.hll_sketch.deserialize(bytes(tens[(t(10), GLOBAL_SLICE)].users_hll)).get_estimate()) == 1
+    assert fi_items(tens[(t(10), GLOBAL_SLICE)].items_fi) == {"#a": 1, "#b": 1}

@@ -42,11 +42,17 @@ class BatchRows:
         runs: Mapping[datetime, uuid.UUID],
         minutes: Mapping[datetime, Sequence[ViewRow]],
         hours: Mapping[datetime, Sequence[ViewRow]],
+        tens: Mapping[datetime, Sequence[ViewRow]] | None = None,
     ) -> int:
-        """Write the minute and hour rows of many hours, each under its hour's run id; return the rows written."""
+        """Write the minute, ten-minute and hour rows of many hours, each under its hour's run; return the rows."""
         minute_params = [
             (r.slice, h, runs[h], r.bucket_start, r.events, r.users_hll, r.values_kll, r.items_fi, r.min_ts, r.max_ts)
             for h, rows in minutes.items()
+            for r in rows
+        ]
+        ten_params = [
+            (r.slice, h, runs[h], r.bucket_start, r.events, r.users_hll, r.values_kll, r.items_fi, r.min_ts, r.max_ts)
+            for h, rows in (tens or {}).items()
             for r in rows
         ]
         hour_params = [
@@ -55,10 +61,11 @@ class BatchRows:
             for r in rows
         ]
         self._write(self._stmt(cql.INSERT_MINUTE), minute_params, by=2)  # (slice, hour)
+        self._write(self._stmt(cql.INSERT_TEN), ten_params, by=2)
         self._write(self._stmt(cql.INSERT_HOUR), hour_params, by=2)  # (slice, day)
         day_slices = sorted({(day_key(h), r.slice) for h, rows in hours.items() for r in rows})
         self._write(self._stmt(cql.INSERT_DAY_SLICE), day_slices, by=1)
-        return len(minute_params) + len(hour_params)
+        return len(minute_params) + len(ten_params) + len(hour_params)
 
     def write_days(self, rollups: Iterable[tuple[date, str, Sequence[ViewRow], Mapping[str, int]]]) -> int:
         """Write daily rollups of each slice, all days together; return the rows written.
@@ -76,10 +83,11 @@ class BatchRows:
         return len(params)
 
     def delete_runs(self, hour: datetime, run_ids: Sequence[uuid.UUID]) -> None:
-        """Delete the minute and hour rows the runs wrote for the hour, in every slice of its day."""
+        """Delete the minute, ten-minute and hour rows the runs wrote for the hour, in every slice of its day."""
         day = day_key(hour)
         slices = self.day_slices(day)
         self._write(self._stmt(cql.DELETE_MINUTES), [(sl, hour, rid) for sl in slices for rid in run_ids])
+        self._write(self._stmt(cql.DELETE_TENS), [(sl, hour, rid) for sl in slices for rid in run_ids])
         self._write(self._stmt(cql.DELETE_HOUR), [(sl, day, hour, rid) for sl in slices for rid in run_ids])
 
     # -- reads ----------------------------------------------------------------------------------------------------

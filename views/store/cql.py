@@ -22,13 +22,17 @@ if TYPE_CHECKING:
 VIEW_TABLES = (
     "speed_minutes", "speed_progress", "batch_minutes", "batch_hours", "batch_days", "batch_day_slices",
     "batch_intervals", "batch_watermark", "batch_stale", "speed_epochs", "speed_hours", "speed_coverage",
-    "view_definitions", "serving_definition", "speed_rollups",
+    "view_definitions", "serving_definition", "speed_rollups", "batch_tens",
 )  # fmt: skip
 SKETCH_FIELDS = ("users_hll", "values_kll", "items_fi")
 
 # -- batch rows (written under a run id, visible once the pointer names the run) ----------------------------------
 INSERT_MINUTE = (
     "INSERT INTO {batch_minutes} (slice, hour, run_id, bucket_start, events, users_hll, values_kll, items_fi, "
+    "min_ts, max_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+INSERT_TEN = (
+    "INSERT INTO {batch_tens} (slice, hour, run_id, bucket_start, events, users_hll, values_kll, items_fi, "
     "min_ts, max_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 INSERT_HOUR = (
@@ -50,13 +54,15 @@ SELECT_RUN_MINUTES = (
 )
 SELECT_MONTH_DAYS = "SELECT day, hour_runs, hours, events FROM {batch_days} WHERE slice = ? AND month = ?"
 DELETE_MINUTES = "DELETE FROM {batch_minutes} WHERE slice = ? AND hour = ? AND run_id = ?"
+DELETE_TENS = "DELETE FROM {batch_tens} WHERE slice = ? AND hour = ? AND run_id = ?"
 DELETE_HOUR = "DELETE FROM {batch_hours} WHERE slice = ? AND day = ? AND hour = ? AND run_id = ?"
 
 # -- the pointer, watermark and staleness tables ------------------------------------------------------------------
 INSERT_POINTER = (
-    "INSERT INTO {batch_intervals} (day, hour, run_id, completed_at, indexed, definition) VALUES (?, ?, ?, ?, ?, ?)"
+    "INSERT INTO {batch_intervals} (day, hour, run_id, completed_at, indexed, definition, tens) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
-SELECT_POINTERS = "SELECT hour, run_id, indexed, definition FROM {batch_intervals} WHERE day = ?"
+SELECT_POINTERS = "SELECT hour, run_id, indexed, definition, tens FROM {batch_intervals} WHERE day = ?"
 SELECT_WATERMARK = "SELECT low, watermark, pinned FROM {batch_watermark} WHERE name = ?"
 INSERT_WATERMARK = "INSERT INTO {batch_watermark} (name, low, watermark, updated_at) VALUES (?, ?, ?, ?)"
 PIN_WATERMARK = "UPDATE {batch_watermark} SET pinned = ?, updated_at = ? WHERE name = ?"
@@ -142,6 +148,10 @@ READ_MINUTES = (
     "SELECT bucket_start, {cols} FROM {batch_minutes} "
     "WHERE slice = ? AND hour = ? AND run_id = ? AND bucket_start >= ? AND bucket_start < ?"
 )
+READ_TENS = (
+    "SELECT bucket_start, {cols} FROM {batch_tens} "
+    "WHERE slice = ? AND hour = ? AND run_id = ? AND bucket_start >= ? AND bucket_start < ?"
+)
 READ_SPEED = (
     "SELECT bucket_start, {cols} FROM {speed_minutes} "
     "WHERE query = ? AND slice = ? AND day = ? AND bucket_start >= ? AND bucket_start < ?"
@@ -174,7 +184,7 @@ SELECT_MONTH_FINGERPRINTS = "SELECT day, hour_runs FROM {batch_days} WHERE slice
 
 # Upserts of whole rows: writing one again writes the same row, so the driver may retry them.
 IDEMPOTENT = frozenset((
-    INSERT_MINUTE, INSERT_HOUR, INSERT_DAY, INSERT_DAY_SLICE, INSERT_POINTER, INSERT_STALE,
+    INSERT_MINUTE, INSERT_TEN, INSERT_HOUR, INSERT_DAY, INSERT_DAY_SLICE, INSERT_POINTER, INSERT_STALE,
     UPSERT_SPEED, UPSERT_PROGRESS, INSERT_EPOCH, ADVANCE_EPOCH, INSERT_SPEED_HOUR, UPSERT_COUNTS, INSERT_DEFINITION,
     READ_ALL_EPOCH, UPSERT_ROLLUP, ADD_ROLLUP_TODO, DONE_ROLLUP_TODO,
 ))  # fmt: skip
@@ -202,6 +212,7 @@ def prepare_reads(sess: Session, settings: Settings, fields: frozenset[str]) -> 
             ("days", READ_DAYS),
             ("hours", READ_HOURS),
             ("minutes", READ_MINUTES),
+            ("tens", READ_TENS),
             ("speed", READ_SPEED),
             ("rollups", READ_ROLLUPS),
         )

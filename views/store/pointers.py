@@ -40,6 +40,7 @@ class Pointer(NamedTuple):
     run_id: uuid.UUID
     indexed: int | None
     definition: str | None = None
+    tens: bool = False  # the run wrote its ten-minute rows (infra/cql/0013)
 
 
 class Watermark(NamedTuple):
@@ -98,8 +99,11 @@ def fingerprint_of(pointers: Mapping[datetime, uuid.UUID]) -> str:
 
 
 def decode_pointers(rows: Iterable[Any]) -> dict[datetime, Pointer]:
-    """Return pointer rows (``hour, run_id, indexed, definition``) by their hour."""
-    return {utc(r.hour): Pointer(r.run_id, r.indexed, getattr(r, "definition", None)) for r in rows}  # type: ignore[misc]
+    """Return pointer rows (``hour, run_id, indexed, definition, tens``) by their hour."""
+    return {
+        utc(r.hour): Pointer(r.run_id, r.indexed, getattr(r, "definition", None), bool(getattr(r, "tens", False)))  # type: ignore[misc]
+        for r in rows
+    }
 
 
 def decode_watermark(row: Any) -> Watermark:
@@ -160,14 +164,17 @@ class PointerStore:
             out.update(decode_pointers(r.result_or_exc))
         return out
 
-    def swap(self, swaps: Sequence[tuple[datetime, uuid.UUID, int | None]], definition: str | None = None) -> None:
+    def swap(
+        self, swaps: Sequence[tuple[datetime, uuid.UUID, int | None]], definition: str | None = None, tens: bool = False
+    ) -> None:
         """Make each run the current version of its hour (one row per hour: atomic for readers).
 
         :arg swaps: (hour, run id, the hour's indexed records the run read) each.
         :arg definition: the fingerprint of the view definition the runs computed with.
+        :arg tens: the runs wrote their ten-minute rows (serving reads them for whole ten minutes).
         """
         now = datetime.now(UTC)
-        params = [(day_key(h), h, run_id, now, indexed, definition) for h, run_id, indexed in swaps]
+        params = [(day_key(h), h, run_id, now, indexed, definition, tens) for h, run_id, indexed in swaps]
         write_many(self.settings, self.sess, self._stmt(cql.INSERT_POINTER), params, lambda p: (p[0],))
 
     def completed(self, hour: datetime, cache: dict[date, dict[datetime, uuid.UUID]]) -> bool:

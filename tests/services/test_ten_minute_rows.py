@@ -1,11 +1,13 @@
-"""The speed view's rollups against real Cassandra: the same answers as the minutes, fewer rows, and never a gap hidden.
+"""Ten-minute rows against real Cassandra: the same answers as the minutes, fewer rows, and never a gap hidden.
 
-Minutes are written with the speed layer's own sink into a private keyspace (no batch run: every minute is the
-speed layer's), closed intervals merged with :meth:`SpeedViewSink.roll_up` as the job does once the Spark watermark
-has passed them, and windows answered by the serving path with the rollups read and, as the reference, with
-``serving.speed_rollups`` off (minutes only): counts equal and exact, users, quantiles and items equal or within
+Speed: minutes are written with the speed layer's own sink into a private keyspace (no batch run: every minute is
+the speed layer's), closed intervals merged with :meth:`SpeedViewSink.roll_up` as the job does once the Spark
+watermark has passed them, and windows answered by the serving path with the rollups read and, as the reference, with
+``serving.ten_minute_rows`` off (minutes only): counts equal and exact, users, quantiles and items equal or within
 their bounds, across the intervals' edges. Then the cases where a rollup must not answer: a minute missing when the
-interval was merged (a named gap, not a smaller count), a new epoch owning the minutes, a promoted view version.
+interval was merged (a named gap, not a smaller count), a new epoch owning the minutes, a promoted view version, and
+a run killed before it merged. Batch: hours loaded through the batch layer's load with their ten-minute rows (and, as
+runs from before them, without) answer windows whose edges fall inside hours the same as from minutes.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ class Speed:
 
     def reader(self, sess: object, rollups: bool = True) -> ViewReader:
         """A reader with every cache off (each answer reads), with or without the rollups."""
-        off = {"cache_mb": 0, "answer_cache_mb": 0, "state_max_age_ms": 0, "speed_rollups": rollups}
+        off = {"cache_mb": 0, "answer_cache_mb": 0, "state_max_age_ms": 0, "ten_minute_rows": rollups}
         settings = self.settings.model_copy(update={"serving": self.settings.serving.model_copy(update=off)})
         return ViewReader(settings, sess)  # type: ignore[arg-type]
 
@@ -358,3 +360,78 @@ def test_the_speed_coverage_is_read_with_the_state_once_the_boundary_is_known(
         assert len(rounds) == 1
         check(first, sp.events(h0, h0 + HOUR))
         check(again, sp.events(h0 + 5 * MINUTE, h0 + HOUR))
+
+
+def plant_batch(sp: Speed, hours: int, tens: bool = True) -> None:
+    """Write ``hours`` of batch runs from h0 through the batch layer's load (ten-minute rows too), then advance."""
+    from batch_layer import load
+    from batch_layer.compute import Computed
+    from batch_layer.offsets import HourPlan, Plan
+    from batch_layer.store import BatchStore
+    from views.store.index import OffsetSpan
+
+    minutes = {sp.h0 + i * MINUTE: sp.minute(sp.rng.randrange(1, 10)) for i in range(hours * 60)}
+    sp.truth.update(minutes)
+    rows = {m: mm.row(m) for m, mm in minutes.items()}
+    plans, by_hour, by_ten, hour_rows, offset = [], {}, {}, {}, 0
+    for h in (sp.h0 + i * HOUR for i in range(hours)):
+        mine = [rows[m] for m in sorted(rows) if h <= m < h + HOUR]
+        n = sum(r.events for r in mine)
+        plans.append(HourPlan(h, (OffsetSpan(0, offset, offset + n - 1, n),)))
+        offset += n
+        by_hour[h] = mine
+        hour_rows[h] = [merged_row(h, mine)]
+        by_ten[h] = [merged_row(t, [r for r in mine if t <= r.bucket_start < t + SPEED_ROLLUP])
+                     for t in (h + i * SPEED_ROLLUP for i in range(6))]  # fmt: skip
+    done = Computed(by_hour, hour_rows, {}, offset, Counter(), Counter(), by_ten if tens else {})
+    with session(sp.settings) as sess:
+        store = BatchStore(sp.settings, sess)
+        plan = Plan(sp.settings.kafka.events_topic, tuple(plans), ())
+        load.load(store, plan, done, force=True, code="test", definition=sp.definition)
+        store.pointers.advance(sp.h0)
+
+
+def merged_row(start: datetime, rows: list[ViewRow]) -> ViewRow:
+    hll, kll, fi = sketches.merge_all((r.users_hll, r.values_kll, r.items_fi) for r in rows)
+    return ViewRow("*", start, sum(r.events for r in rows), hll, kll, fi, rows[0].min_ts, rows[-1].max_ts)
+
+
+@pytest.mark.parametrize("tens", [True, False], ids=["runs with tens", "runs from before them"])
+def test_batch_windows_from_ten_minute_rows_equal_the_same_windows_from_minutes(
+    keyspace_settings: Settings, tens: bool
+) -> None:
+    sp = speed_in(keyspace_settings)  # a keyspace of its own: the batch watermark is the keyspace's
+    h0 = sp.h0
+    plant_batch(sp, 3, tens)
+    with session(sp.settings) as sess:
+        slow, cached = sp.reader(sess, rollups=False), ViewReader(sp.settings, sess)
+        for start, end in [
+            (h0 + 7 * MINUTE, h0 + 2 * HOUR + 43 * MINUTE),  # edges inside hours, a whole hour between
+            (h0 + 10 * MINUTE, h0 + 50 * MINUTE),  # whole ten minutes only
+            (h0 + 5 * MINUTE, h0 + 15 * MINUTE),  # none whole
+        ]:
+            a = window.load(sp.reader(sess), start, end, "*", keep_rows=False)
+            b = window.load(slow, start, end, "*", keep_rows=False)
+            c = window.load(cached, start, end, "*", keep_rows=False)
+            for got in (a, b, c):
+                assert not got.provenance.gaps
+                check(got, sp.events(start, end))
+            assert a.merged.sketches.users().value == pytest.approx(b.merged.sketches.users().value)
+            assert b.merged.rows == batch_rows(start, end, tens=False)
+            assert a.merged.rows == batch_rows(start, end, tens)
+
+
+def batch_rows(start: datetime, end: datetime, tens: bool) -> int:
+    """Return the rows a batch window reads: an hourly row per whole hour, else ten-minute rows and minutes."""
+    rows, t = 0, start
+    while t < end:
+        stop = min(floor(t, HOUR) + HOUR, end)
+        lo, hi = floor(t + SPEED_ROLLUP - MINUTE, SPEED_ROLLUP), floor(stop, SPEED_ROLLUP)
+        if t == floor(t, HOUR) and stop == t + HOUR:
+            rows += 1
+        elif not tens or hi <= lo:
+            rows += int((stop - t) / MINUTE)
+        else:
+            rows += int((lo - t) / MINUTE) + int((hi - lo) / SPEED_ROLLUP) + int((stop - hi) / MINUTE)
+        t = stop
+    return rows

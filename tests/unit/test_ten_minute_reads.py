@@ -1,4 +1,4 @@
-"""Which speed rows a span is read from, and when a rollup may answer for its minutes (no Cassandra)."""
+"""Which rows a span is read from (ten-minute rows or minutes), and when a speed rollup may answer (no Cassandra)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from serving.bucket import Bucket
+from serving.lru import RowCache
 from serving.plan import Span, SpeedCoverage
 from serving.read_schedule import ReadSchedule
 from views.buckets import HOUR, MINUTE, SPEED_ROLLUP
@@ -115,3 +116,30 @@ def test_a_rollup_not_matching_is_read_as_its_minutes() -> None:
 def test_an_interval_to_merge_is_kept_as_text_and_read_back() -> None:
     interval = ("origin=a b", T0 + SPEED_ROLLUP)
     assert todo_interval(todo_key(interval)) == interval
+
+
+def batch_reads(span: Span, tens: frozenset[datetime], cached: bool = False) -> list[tuple[str, Any, Any]]:
+    stmts = {n: Statement(n) for n in ("minutes", "tens")}
+    runs = {T0.date(): {T0: "run"}}
+    cache = RowCache(1 << 20) if cached else None
+    sched = ReadSchedule(None, stmts, cache, "*", frozenset(), runs, "q", None, None, tens)  # type: ignore[arg-type]
+    sched.minutes(span)
+    return [(u.request.name, u.request.params[3], u.request.params[4]) for u in sched.units]
+
+
+def test_a_batch_span_reads_the_ten_minute_rows_of_runs_that_wrote_them() -> None:
+    span = Span(T0 + 7 * MINUTE, T0 + 43 * MINUTE, "batch", "minute")
+    assert batch_reads(span, frozenset({T0})) == [
+        ("minutes", T0 + 7 * MINUTE, T0 + 10 * MINUTE),
+        ("tens", T0 + 10 * MINUTE, T0 + 40 * MINUTE),
+        ("minutes", T0 + 40 * MINUTE, T0 + 43 * MINUTE),
+    ]
+    assert batch_reads(span, frozenset()) == [("minutes", span.start, span.end)]  # a run from before: minutes
+    short = Span(T0 + 12 * MINUTE, T0 + 19 * MINUTE, "batch", "minute")
+    assert batch_reads(short, frozenset({T0})) == [("minutes", short.start, short.end)]
+    # with the row cache, the hour's tens are read whole and kept under the run; the edges alone, not kept
+    assert batch_reads(span, frozenset({T0}), cached=True) == [
+        ("minutes", T0 + 7 * MINUTE, T0 + 10 * MINUTE),
+        ("tens", T0, T0 + HOUR),
+        ("minutes", T0 + 40 * MINUTE, T0 + 43 * MINUTE),
+    ]
