@@ -6,7 +6,8 @@ Run: ``.venv/bin/python bench/speed_bench.py [--events 1000000]`` with the stack
    bare ``readStream.format("kafka") -> writeStream.format("noop")`` query, once by the speed layer (parse,
    watermark, dedupe, the four sketches, RocksDB state, update mode, Cassandra upserts) — both with
    ``availableNow`` and the same ``maxOffsetsPerTrigger``. Prints rows/s of each and the ratio (goal >= 0.6). The
-   speed layer runs once more with ``speed.write_rollups`` off (not in ``--smoke``): the cost of its rollups.
+   speed layer and the same with ``speed.write_rollups`` off run twice each, in turns (not in ``--smoke``): the
+   better of each gives the cost of its rollups.
    Two more queries bound what is reachable: Kafka -> the same decode (``views.events.parse_events``) -> noop, the
    decode's ceiling (no consumer of the JSON events beats its ratio), and the same plus the speed layer's exact
    dedupe in RocksDB (no speed layer that dedupes does). Every query is timed warm: each ran once on a small topic
@@ -221,11 +222,14 @@ def throughput(
             (DEDUPE_ONLY, lambda: floor(settings, "dedupe", True)),
             *([(NO_ROLLUPS, lambda: speed(settings, rollups=False))] if without_rollups else []),
             ("speed layer", lambda: speed(settings)),
+            # the two again, in the other order: a busy moment or the order must not make the difference
+            *([("speed layer", lambda: speed(settings))] if without_rollups else []),
+            *([(NO_ROLLUPS, lambda: speed(settings, rollups=False))] if without_rollups else []),
             *([("speed layer (null)", lambda: speed(settings, collect))] if collect is not None else []),
         ):
             seconds, rows = _timed(query_factory())
             assert rows == count, (name, rows, count)
-            rates[name] = count / seconds
+            rates[name] = max(rates.get(name, 0.0), count / seconds)  # the best of its runs
     finally:
         spark.stop()
     return rates
