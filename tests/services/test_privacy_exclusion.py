@@ -64,7 +64,7 @@ class Env:
             ).one()
             where = "hour = %s AND run_id = %s ALLOW FILTERING"
             rows = sess.execute(f"SELECT * FROM {table(self.settings, table_name)} WHERE {where}", (hour, runs.run_id))
-            key = "bucket_start" if table_name == "batch_minutes" else "hour"
+            key = "bucket_start" if table_name in ("batch_minutes", "batch_tens") else "hour"
             return {(r.slice, utc(getattr(r, key))): r for r in rows}
 
     def versions(self, hour: datetime) -> set[uuid.UUID]:
@@ -76,11 +76,12 @@ class Env:
             )
             return {r.run_id for r in rows}
 
-    def speed_minutes(self, hour: datetime) -> list[Any]:
+    def speed_minutes(self, hour: datetime, table_name: str = "speed_minutes") -> list[Any]:
+        """Return the speed view's rows of the hour (its minutes, or with ``speed_rollups`` its rollups)."""
         with session(self.settings) as sess:
             return list(
                 sess.execute(
-                    f"SELECT slice, bucket_start, events, users_hll FROM {table(self.settings, 'speed_minutes')} "
+                    f"SELECT slice, bucket_start, events, users_hll FROM {table(self.settings, table_name)} "
                     "WHERE bucket_start >= %s AND bucket_start < %s ALLOW FILTERING",
                     (hour, hour + HOUR),
                 )
@@ -147,6 +148,7 @@ def test_an_excluded_subject_leaves_exactly_its_hours_and_never_comes_back(
     before = {h: env.rows("batch_hours", h) for h in HOURS}
     assert member(before[H0][("*", H0)].users_hll, SUBJECT)  # counted until the erasure
     assert any(member(r.users_hll, SUBJECT) for r in env.speed_minutes(H0) if r.slice == "*")
+    assert any(member(r.users_hll, SUBJECT) for r in env.rows("batch_tens", H0).values())
 
     # The erasure in exclusion mode: the subject's pseudonym recorded, its hours recomputed, then purged.
     env.erase(SUBJECT)
@@ -175,23 +177,29 @@ def test_an_excluded_subject_leaves_exactly_its_hours_and_never_comes_back(
             assert not member(row.users_hll, SUBJECT)
             assert sketches.users([row.users_hll]) == sketches.users([ref_row.users_hll])
             assert sketches.quantiles([row.values_kll], [1.0]) == sketches.quantiles([ref_row.values_kll], [1.0])
-        minutes = env.rows("batch_minutes", hour)
-        assert minutes.keys() == ref.rows("batch_minutes", hour).keys()
-        assert not any(member(r.users_hll, SUBJECT) for r in minutes.values())
+        for finer in ("batch_minutes", "batch_tens"):
+            rows = env.rows(finer, hour)
+            assert rows.keys() == ref.rows(finer, hour).keys()
+            assert not any(member(r.users_hll, SUBJECT) for r in rows.values())
         assert len(env.versions(hour)) == 1  # no superseded version keeps the subject for a rollback
         assert env.speed_minutes(hour) == []  # the speed rows of the hour are gone; the batch view serves it
+        assert env.speed_minutes(hour, "speed_rollups") == []
     assert env.speed_minutes(H0 + HOUR) != []  # ...and only of those hours
     with session(env.settings) as sess:  # the day's rollup is merged again from the current hours
         days = list(sess.execute(f"SELECT users_hll FROM {table(env.settings, 'batch_days')}"))
     assert days and not any(member(r.users_hll, SUBJECT) for r in days)
 
-    # No resurrection: a rerun of the range, the speed layer again on its checkpoint and on a new one.
+    # No resurrection: a late event of the subject (pseudonymised before the erasure, produced after it), a rerun
+    # of the range, the speed layer again on its checkpoint and on a new one.
+    late = Event(id="late-1", ts=H0 + timedelta(minutes=5), item="#i1", user=SUBJECT, value=1.0, dims={})
+    produce_events(env.settings, [late])
     job.run(env.settings, H0, H0 + 3 * HOUR, force=True, spark=spark)
     speed_drain(env.settings, tmp_path)
     speed_drain(env.settings, tmp_path / "new", **{"TRENDS_SPEED__FROM_WATERMARK": "false"})
     for hour in SUBJECT_HOURS:
         assert not any(member(r.users_hll, SUBJECT) for r in env.rows("batch_hours", hour).values())
         assert not any(member(r.users_hll, SUBJECT) for r in env.speed_minutes(hour))
+        assert not any(member(r.users_hll, SUBJECT) for r in env.rows("batch_tens", hour).values())
         assert {k: r.events for k, r in env.rows("batch_hours", hour).items()} == {
             k: r.events for k, r in ref.rows("batch_hours", hour).items()
         }
