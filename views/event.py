@@ -169,16 +169,22 @@ def _time(value: Any) -> datetime:
     return parse_time(value)
 
 
+CONTENT_ID_PREFIX: Final = "c-"
+
+
 def content_id(ts: datetime, item: str, user: str | None, value: float | None, dims: dict[str, str]) -> str:
     """Return a deterministic event id from the content, for sources without ids.
 
     Replaying the same source twice gives the same ids, so the batch layer's dedupe drops the second copy. Two
     genuinely distinct events with identical content (same millisecond, item, user, value, dims) share an id.
     """
-    canonical = json.dumps(
-        [ts_millis(ts), item, user, value, sorted(dims.items())], ensure_ascii=False, separators=(",", ":")
-    )
-    return "c-" + hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
+    return content_id_ms(ts_millis(ts), item, user, value, dims)
+
+
+def content_id_ms(ts_ms: int, item: str, user: str | None, value: float | None, dims: dict[str, str]) -> str:
+    """Return :func:`content_id` of an event whose time is given as epoch milliseconds."""
+    canonical = json.dumps([ts_ms, item, user, value, sorted(dims.items())], ensure_ascii=False, separators=(",", ":"))
+    return CONTENT_ID_PREFIX + hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
 
 
 # C0 controls (NUL, ESC, tab, line breaks…), DEL and C1 controls (0x9B is a one-byte CSI): no event text needs
@@ -349,10 +355,20 @@ def encode_fast(fields: dict[str, Any], key_field: str) -> tuple[bytes, bytes | 
     if not event_id:
         event_id = content_id(ts, item, user, value, dims)
     ts_text = raw_ts if _CANONICAL_TS.fullmatch(raw_ts) else format_ts(ts)
-    out = _wire_fields(v, event_id, ts_text, item, user, value, dims)
-    wire = _WIRE.encode(out) if value is None or _float_text_agrees(value) else _ENCODER.encode(out).encode()
-    key = None if key_field == "none" else out.get(key_field)
-    return wire, None if key is None else key.encode(), ts_millis(ts)
+    return encode_wire(_wire_fields(v, event_id, ts_text, item, user, value, dims), ts_millis(ts), key_field)
+
+
+def encode_wire(fields: dict[str, Any], ts_ms: int, key_field: str) -> tuple[bytes, bytes | None, int]:
+    """Return the wire JSON, key and timestamp of an event's wire fields (valid, in :meth:`Event.to_dict`'s layout).
+
+    The same bytes as ``Event.to_json``: msgspec writes them, unless it would write the value's float otherwise
+    than ``json`` does. Used by :func:`encode_fast` and to write a pseudonymised event again without validating
+    its other fields a second time.
+    """
+    value = fields.get("value")
+    wire = _WIRE.encode(fields) if value is None or _float_text_agrees(value) else _ENCODER.encode(fields).encode()
+    key = None if key_field == "none" else fields.get(key_field)
+    return wire, None if key is None else str(key).encode(), ts_ms
 
 
 def _spark_type(annotation: Any) -> tuple[DataType, bool]:
