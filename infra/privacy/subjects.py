@@ -269,8 +269,14 @@ class SubjectStore:
     # -- plumbing ---------------------------------------------------------------------------------------------
     def _sess(self) -> Session:
         if self._session is None:
-            self._cluster = make_cluster(self._settings)
-            self._session = self._cluster.connect()
+            cluster = make_cluster(self._settings)
+            try:
+                self._session = cluster.connect()
+            except Exception as exc:  # NoHostAvailable, auth, TLS: no pseudonym can be had
+                cluster.shutdown()
+                msg = f"cannot reach the subject store ({type(exc).__name__}): {exc}"
+                raise SubjectStoreError(msg) from exc
+            self._cluster = cluster
         return self._session
 
     def _stmt(self, template: str, table_name: str, *, idempotent: bool = True) -> Any:
