@@ -461,21 +461,20 @@ def collect(
     `trends collect` and `trends ingest collect` are the same command.
     """
     from infra.errors import TrendsError
-    from infra.security import exposure_problem
+    from infra.security import refuse_exposure
     from ingestion.producer import EventProducer
 
     settings = scoped(settings, topic, dlq_topic, key_field)
     host = host if host is not None else settings.collector.host
     port = port if port is not None else settings.collector.port
-    token = settings.serving.api_token.get_secret_value() if settings.serving.api_token is not None else None
-    problem = exposure_problem(
-        "the collector", host, token, guard_var="TRENDS_SERVING__API_TOKEN", host_var="--host/TRENDS_COLLECTOR__HOST"
+    refuse_exposure(
+        "the collector",
+        host,
+        settings.serving.api_token,
+        host_var="--host/TRENDS_COLLECTOR__HOST",
+        insecure=insecure,
+        risk="write events",
     )
-    if problem and not insecure:
-        msg = f"{problem} (--insecure serves it anyway)"
-        raise click.UsageError(msg)
-    if problem:
-        logger.warning("--insecure: anyone who reaches %s can write events", host)
     # Missing topics are a set-up error, found now (after a short wait: topics just created may not be in the
     # broker's metadata yet); an unreachable broker is not: requests get 503 until it is back.
     probe = EventProducer(settings)
