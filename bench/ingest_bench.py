@@ -284,23 +284,13 @@ def fill_source(settings: Settings, topic: str, path: Path, fmt: str) -> int:
             event = Event.model_validate(json.loads(line))
             values.append((line, event.key("item"), event.ts_ms))
     else:
-        import io
+        from ingestion.wire import AvroEncoder, registry_client
 
-        import fastavro
-        from confluent_kafka.schema_registry import Schema
-
-        from ingestion.wire import frame, registry_client
-
-        schema_id = registry_client(settings.registry).register_schema(
-            f"{topic}-value", Schema(json.dumps(AVRO_EVENT), "AVRO")
-        )
-        parsed = fastavro.parse_schema(AVRO_EVENT)
+        encode = AvroEncoder(registry_client(settings.registry), topic, AVRO_EVENT)
         for line in lines:
             event = Event.model_validate(json.loads(line))
-            out = io.BytesIO()
             record = {"id": event.id, "ts": event.ts_ms, "item": event.item, "user": event.user, "value": event.value}
-            fastavro.schemaless_writer(out, parsed, {**record, "dims": {k: str(v) for k, v in event.dims.items()}})
-            values.append((frame(schema_id, out.getvalue()), event.key("item"), event.ts_ms))
+            values.append((encode({**record, "dims": dict(event.dims)}), event.key("item"), event.ts_ms))
     producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True, **PRODUCER_PROPS})
     for i, (value, key, ts) in enumerate(values):
         while True:
@@ -396,7 +386,7 @@ def bridge_lanes(settings: Settings, path: Path, formats: list[str], run: str, n
         rate, sent = bridge_rate(scoped, source, fmt, records)
         print(f"bare consume-produce loop ({fmt} records forwarded as they are): {records:,} records -> {bare:,.0f}/s")
         print(
-            f"trends ingest kafka --format {fmt} (one process): {sent:,} events -> "
+            f"trends ingest kafka --format {fmt} (one process, pseudonymised, warm store): {sent:,} events -> "
             f"{rate:,.0f} events/s (decode, validate, transactions)"
         )
         print(f"  ratio to the bare consume-produce loop {rate / bare:.2f} (goal >= 0.5)")
@@ -441,14 +431,14 @@ def store_costs(settings: Settings, n: int) -> None:
         cached = timed(lambda: cold.pseudonyms(users))
         hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
         pairs = [(u, hour - timedelta(hours=i % 3)) for i, u in enumerate(users)]
-        written = timed(lambda: (cold.note_hours(pairs), cold.flush()))
-        deduped = timed(lambda: (cold.note_hours(pairs), cold.flush()))
+        written = timed(lambda: cold.note_hours(pairs))
+        deduped = timed(lambda: cold.note_hours(pairs))
     with SubjectStore(settings, key=key) as warm:
         read = timed(lambda: warm.pseudonyms(users))
     concurrency = settings.privacy.lookup_concurrency
     print(
         f"subject store alone ({n:,} users, {concurrency} requests in flight): create (LWT) {created:,.0f}/s, "
-        f"read {read:,.0f}/s, cached {cached:,.0f}/s; subject hours: written {written:,.0f}/s (async), "
+        f"read {read:,.0f}/s, cached {cached:,.0f}/s; subject hours: written {written:,.0f}/s, "
         f"already written by this process {deduped:,.0f}/s"
     )
 
@@ -579,7 +569,9 @@ def main() -> None:
                 f"read + parse + validate + encode alone ({alone:,.0f} records/s, above)"
             )
 
-            bridge_lanes(settings, path, bridge_formats, run, names)
+            # the bridge pseudonymises in this process: the run's own keyspace and key, as the commands above
+            keyed = private.privacy.model_copy(update={"subject_key_file": key_file})
+            bridge_lanes(private.model_copy(update={"privacy": keyed}), path, bridge_formats, run, names)
     finally:
         topics.delete_topics(settings.kafka, list(names.values()))
         with session(settings) as sess:

@@ -111,7 +111,6 @@ def main() -> int:
                 # only the measured subjects' hours: the others' would cost writes and change nothing measured
                 store.note_hours([(e.user or "", e.ts) for e in batch[args.per_hour :]])
             assert producer.flush(120) == 0
-            store.flush()
             total = args.hours * (args.per_hour + 1) + wanted["sparse"]
             print(f"history: {total} events over {args.hours} hours in {time.monotonic() - t0:.1f} s")
             indexed = run_index(settings)

@@ -621,15 +621,17 @@ class PrivacySettings(BaseModel):
     hours_dedupe_size: int = Field(
         1_000_000,
         ge=0,
-        description="(subject, hour) pairs a producing process remembers having written to `subject_hours`, so "
-        "each is written about once per process (least recently used go first).",
+        description="(subject, hour) pairs a producing process remembers having recorded in `subject_hours`, so "
+        "each is written about once per process (least recently used go first); a pair found recorded by another "
+        "process is not written again.",
     )
     lookup_concurrency: int = Field(
         64,
         ge=1,
         le=1024,
-        description="Cassandra requests a producing process keeps in flight to read or create pseudonyms and to "
-        "record subjects' hours.",
+        description="Cassandra requests a producing process keeps in flight per batch of events to read or create "
+        "pseudonyms and to record subjects' hours; the generator, the collector's requests and a replay's workers "
+        "resolve several batches at once (the generator up to 8).",
     )
     exclude_on_forget: bool = Field(
         False,

@@ -9,12 +9,17 @@ only with its control characters escaped.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import re
 import secrets
 import socket
 from functools import lru_cache
 from typing import Any, Final
 from urllib.parse import urlsplit
+
+from pydantic import SecretStr
+
+logger = logging.getLogger(__name__)
 
 # Passwords and tokens that guard a server bound off loopback are at least this long (a random 16-character
 # token is ~95 bits; a short admin password is guessed online).
@@ -139,6 +144,30 @@ def exposure_problem(what: str, host: str, secret: str | None, *, guard_var: str
         )
     short = too_short(guard_var, secret)
     return f"refusing to serve {what} on {shown} (not loopback): {short}" if short else None
+
+
+def refuse_exposure(what: str, host: str, token: SecretStr | None, *, host_var: str, insecure: bool, risk: str) -> None:
+    """Refuse to serve ``what`` on ``host`` without a proper API token (a usage error), unless ``insecure``.
+
+    The check of ``trends serve`` and ``trends collect``, both guarded by ``serving.api_token``. With ``insecure``
+    an unsafe exposure is served, with a warning saying what anyone who reaches it can do.
+
+    :arg host_var: the option and variable that move the address back to loopback, named in the message.
+    :arg risk: what anyone reaching the server could do (``query it``, ``write events``).
+    :raises click.UsageError: when the exposure is unsafe and ``insecure`` is not given.
+    """
+    secret = token.get_secret_value() if token is not None else None
+    problem = exposure_problem(what, host, secret, guard_var="TRENDS_SERVING__API_TOKEN", host_var=host_var)
+    if problem is None:
+        return
+    if not insecure:
+        import click  # noqa: PLC0415 - only the commands that serve need it
+
+        msg = f"{problem} (--insecure serves it anyway)"
+        raise click.UsageError(msg)
+    logger.warning(
+        "--insecure: serving %s on %s without proper authentication: anyone who reaches it can %s", what, host, risk
+    )
 
 
 def too_short(var: str, secret: str) -> str | None:

@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any, BinaryIO, cast
@@ -47,6 +47,49 @@ def _topic_options(fn: Any) -> Any:
         help="Field that keys the records (default: TRENDS_INGEST__KEY_FIELD).",
     )(fn)
     return fn
+
+
+def _mapping_options(noun: str) -> Callable[[Any], Any]:
+    """Return the decorator of the options that build a :class:`~ingestion.mapping.ColumnMapping`.
+
+    :arg noun: what the source calls a field: ``column`` (files) or ``field`` (records of other topics, whose
+        dimensions are a map and whose times may be Avro or Protobuf timestamps).
+    """
+    records = noun == "field"
+    dims_kind = "a map" if records else "a JSON object"
+    stamps = ", Avro/Protobuf timestamps" if records else ""
+
+    def decorate(fn: Any) -> Any:
+        fn = click.option("--assume-tz", help="IANA zone of times written without an offset (default: reject them).")(
+            fn
+        )
+        fn = click.option(
+            "--time-format",
+            default="auto",
+            show_default=True,
+            help=f"auto (ISO with offset, epoch s/ms{stamps}), iso, epoch_s, epoch_ms, epoch_us, or a strptime "
+            "pattern.",
+        )(fn)
+        fn = click.option(
+            "--dims-column",
+            default="dims",
+            show_default=True,
+            help=f"{noun.capitalize()} holding {dims_kind} of dimensions.",
+        )(fn)
+        fn = click.option(
+            "--dim", "dims", multiple=True, metavar="NAME[=COLUMN]", help=f"A {noun} to use as a dimension."
+        )(fn)
+        return click.option(
+            "-m",
+            "--map",
+            "pairs",
+            multiple=True,
+            metavar="FIELD=COLUMN",
+            help=f"Source {noun} of an event field (id, ts, item, user, value); repeatable. Unmapped fields use their "
+            "name; dotted paths reach into nested records.",
+        )(fn)
+
+    return decorate
 
 
 def _print_summary(lines: list[str], *, err: bool) -> None:
@@ -292,23 +335,7 @@ def _open_output(output: str) -> Iterator[BinaryIO]:
 @ingest.command(name="file", epilog=FILE_EXAMPLES)
 @click.argument("path")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), help="Input format (default: from the name).")
-@click.option(
-    "-m",
-    "--map",
-    "pairs",
-    multiple=True,
-    metavar="FIELD=COLUMN",
-    help="Source column of an event field (id, ts, item, user, value); repeatable. Unmapped fields use their name.",
-)
-@click.option("--dim", "dims", multiple=True, metavar="NAME[=COLUMN]", help="A column to use as a dimension.")
-@click.option("--dims-column", default="dims", show_default=True, help="Column holding a JSON object of dimensions.")
-@click.option(
-    "--time-format",
-    default="auto",
-    show_default=True,
-    help="auto (ISO with offset, or epoch s/ms), iso, epoch_s, epoch_ms, epoch_us, or a strptime pattern.",
-)
-@click.option("--assume-tz", help="IANA zone of times written without an offset (default: reject them).")
+@_mapping_options("column")
 @click.option(
     "--speed", type=click.FloatRange(min=0, min_open=True), help="Replay paced by event time, N times faster."
 )
@@ -434,21 +461,20 @@ def collect(
     `trends collect` and `trends ingest collect` are the same command.
     """
     from infra.errors import TrendsError
-    from infra.security import exposure_problem
+    from infra.security import refuse_exposure
     from ingestion.producer import EventProducer
 
     settings = scoped(settings, topic, dlq_topic, key_field)
     host = host if host is not None else settings.collector.host
     port = port if port is not None else settings.collector.port
-    token = settings.serving.api_token.get_secret_value() if settings.serving.api_token is not None else None
-    problem = exposure_problem(
-        "the collector", host, token, guard_var="TRENDS_SERVING__API_TOKEN", host_var="--host/TRENDS_COLLECTOR__HOST"
+    refuse_exposure(
+        "the collector",
+        host,
+        settings.serving.api_token,
+        host_var="--host/TRENDS_COLLECTOR__HOST",
+        insecure=insecure,
+        risk="write events",
     )
-    if problem and not insecure:
-        msg = f"{problem} (--insecure serves it anyway)"
-        raise click.UsageError(msg)
-    if problem:
-        logger.warning("--insecure: anyone who reaches %s can write events", host)
     # Missing topics are a set-up error, found now (after a short wait: topics just created may not be in the
     # broker's metadata yet); an unreachable broker is not: requests get 503 until it is back.
     probe = EventProducer(settings)
@@ -502,23 +528,7 @@ Examples:
     help="json: plain JSON; avro, protobuf: Confluent wire format, schemas from TRENDS_REGISTRY__URL. "
     "Default: TRENDS_BRIDGE__FORMAT.",
 )
-@click.option(
-    "-m",
-    "--map",
-    "pairs",
-    multiple=True,
-    metavar="FIELD=COLUMN",
-    help="Source field of an event field (id, ts, item, user, value); dotted paths reach into nested records.",
-)
-@click.option("--dim", "dims", multiple=True, metavar="NAME[=COLUMN]", help="A field to use as a dimension.")
-@click.option("--dims-column", default="dims", show_default=True, help="Field holding a map of dimensions.")
-@click.option(
-    "--time-format",
-    default="auto",
-    show_default=True,
-    help="auto (ISO with offset, epoch s/ms, Avro/Protobuf timestamps), iso, epoch_s/ms/us, or a pattern.",
-)
-@click.option("--assume-tz", help="IANA zone of times written without an offset (default: reject them).")
+@_mapping_options("field")
 @click.option("--group", help="Consumer group on the source topics (default: TRENDS_BRIDGE__GROUP_ID).")
 @click.option(
     "--transactional-id",

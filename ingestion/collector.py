@@ -34,7 +34,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 import msgspec
 from fastapi import FastAPI, Request, Response
@@ -43,6 +43,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from pydantic import BaseModel, Field
 
+from infra.errors import TrendsError
 from infra.security import bearer_refusal
 from infra.settings import Settings
 from ingestion.files import read_lines
@@ -380,9 +381,6 @@ class ProducerLoop:
                 producer.produce_reject(outcome, ack=partial(batch.ack, index))
             else:
                 events.append((*outcome, partial(batch.ack, index)))
-        if producer.pseudonymiser is not None and events:  # users replaced before anything reaches Kafka
-            encoded = producer.pseudonymiser.encoded([(v, k, t) for v, k, t, _ack in events], producer.key_field)
-            events = [(*e, ack) for e, (_v, _k, _t, ack) in zip(encoded, events, strict=True)]
         producer.produce_acked(events)
 
     def close(self, timeout_s: float = 30.0) -> None:
@@ -517,6 +515,29 @@ class Collector:
             for index, raw, size in records(body, fmt, self.cfg.max_records)
         ]
 
+    def pseudonymise(self, outcomes: list[tuple[int, Encoded | Reject]]) -> list[tuple[int, Encoded | Reject]]:
+        """Replace the events' users by their pseudonyms (their hours recorded first), with ``privacy.pseudonymise``.
+
+        Run on the request's own thread: requests resolve their users concurrently, and the producer's thread
+        only produces.
+
+        :raises Refusal: 503 when the subject store does not answer (nothing of the request is produced).
+        """
+        key_field = self.settings.ingest.key_field
+        pseudonymiser = self._loop().producer.pseudonymiser
+        at = [i for i, (_index, done) in enumerate(outcomes) if not isinstance(done, Reject)]
+        if pseudonymiser is None or not at:
+            return outcomes
+        try:
+            events = pseudonymiser.encoded([cast("Encoded", outcomes[i][1]) for i in at], key_field)
+        except TrendsError as exc:  # the store did not answer, or the subject key is missing
+            logger.warning("503 for a request of %d records: %s", len(outcomes), exc)
+            msg = "the subject store (Cassandra) did not answer; send the same request again"
+            raise Refusal(503, msg, {"Retry-After": str(self.cfg.retry_after_s)}) from None
+        for i, event in zip(at, events, strict=True):
+            outcomes[i] = (outcomes[i][0], event)
+        return outcomes
+
     async def respond(self, request: Request) -> Response:
         """Answer a request, counting it in the metrics."""
         began = time.perf_counter()
@@ -555,6 +576,7 @@ class Collector:
             body = await run_in_threadpool(inflate, body, cfg.max_body_bytes)
         outcomes = await run_in_threadpool(self.validate, body, fmt)
         self._admit(len(outcomes))
+        outcomes = await run_in_threadpool(self.pseudonymise, outcomes)
         batch = Batch(outcomes)
         self._loop().submit(batch)
         try:
@@ -663,7 +685,11 @@ RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
     429: _error(
         "Over the rate limit (`collector.rate_limit_events_s`) or the producer's queue is full.", "Retry-After"
     ),
-    503: _error("Kafka did not acknowledge every record within `collector.delivery_timeout_s`.", "Retry-After"),
+    503: _error(
+        "Kafka did not acknowledge every record within `collector.delivery_timeout_s`, or the subject store "
+        "(Cassandra) did not answer for the users' pseudonyms.",
+        "Retry-After",
+    ),
 }
 
 

@@ -24,7 +24,9 @@ import logging
 import math
 import re
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -262,6 +264,19 @@ class Chunk:
 
 
 @dataclass
+class _Plan:
+    """A chunk laid out but not yet written: its first index, times, drawn indexes and burst counts."""
+
+    first: int
+    ts: list[int]
+    items: list[int]
+    users: list[int]
+    values: list[float]
+    dims: list[int]
+    in_bursts: list[tuple[int, int]]  # per burst: events in its window, and of those the burst's item
+
+
+@dataclass
 class BurstTruth:
     """One planted burst as it really happened."""
 
@@ -358,7 +373,8 @@ class SyntheticStream:
             )
             self._bursts.append((rank - 1, lo, hi, q, truth))
         self.emitted = 0
-        self._last_ts = self._start_ms
+        self._last_ts = self._start_ms  # of the last chunk handed out
+        self._planned_ts = self._start_ms  # of the last chunk laid out (ahead of it when pipelined)
 
     @property
     def start_ms(self) -> int:
@@ -386,45 +402,92 @@ class SyntheticStream:
             if cycle is not None:
                 return cycle.times(self._start_ms, index * 1000 / self.config.events_per_event_second)
             return self._start_ms + (index * 1000 / self.config.events_per_event_second).astype(np.int64)
-        now = max(int(self._clock() * 1000), self._last_ts)  # never backwards, even if the clock is
+        now = max(int(self._clock() * 1000), self._planned_ts)  # never backwards, even if the clock is
+        self._planned_ts = now
         return np.full(n, now, dtype=np.int64)
 
     def chunks(self, sizes: Iterator[int] | None = None) -> Iterator[Chunk]:
         """Yield the stream in chunks (of at most :data:`CHUNK` events, or the sizes asked for, capped so).
 
+        With a pseudonymiser and no pacing (``config.rate`` None), the users of the next
+        :data:`~ingestion.pseudonyms.PIPELINE_DEPTH` chunks are resolved while a chunk is produced; each chunk is
+        still handed out only once its pseudonyms and hours are durable.
+
         :arg sizes: how many events each next chunk should hold (pacing asks for small ones).
         """
+        plans = self._plans(sizes)
+        pseudonymiser = self._pseudonymiser
+        if pseudonymiser is None:
+            for plan in plans:
+                yield self._render(plan, self._user_names)
+            return
+        if self.config.rate is not None:  # paced: each chunk's times are the clock when it is made
+            for plan in plans:
+                yield self._render(plan, self._pseudonymised(pseudonymiser, plan))
+            return
+        from ingestion.pseudonyms import PIPELINE_DEPTH  # noqa: PLC0415 - the generator runs without it too
+
+        ahead: deque[tuple[_Plan, Future[dict[str, str]]]] = deque()
+        names = self._user_names
+        for plan in plans:
+            users = [names[u] for u in plan.users]
+            ahead.append((plan, pseudonymiser.table_async(dict.fromkeys(users), zip(users, plan.ts, strict=True))))
+            if len(ahead) > PIPELINE_DEPTH:
+                yield self._render_resolved(*ahead.popleft())
+        while ahead:
+            yield self._render_resolved(*ahead.popleft())
+
+    def _render_resolved(self, plan: _Plan, table: Future[dict[str, str]]) -> Chunk:
+        found = table.result()
+        names = self._user_names
+        return self._render(plan, {u: found[names[u]] for u in set(plan.users)})
+
+    def _plans(self, sizes: Iterator[int] | None) -> Iterator[_Plan]:
         total = self.config.total()
         drawn: dict[str, Any] | None = None
         used = 0
-        while total is None or self.emitted < total:
+        planned = self.emitted
+        while total is None or planned < total:
             want = next(sizes) if sizes is not None else CHUNK
             if drawn is None or used >= CHUNK:
                 drawn, used = self._draw(CHUNK), 0
-            n = min(want, CHUNK - used, (total - self.emitted) if total is not None else CHUNK)
-            yield self._format(drawn, used, n)
+            n = min(want, CHUNK - used, (total - planned) if total is not None else CHUNK)
+            plan = self._plan(drawn, used, n, planned)
+            planned += n
+            yield plan
             used += n
 
-    def _format(self, drawn: dict[str, Any], offset: int, n: int) -> Chunk:
-        first = self.emitted
+    def _plan(self, drawn: dict[str, Any], offset: int, n: int, first: int) -> _Plan:
+        """Lay out the next ``n`` events (times, items with the bursts planted, users, values, dims)."""
         ts = self._timestamps(first, n)
         items = drawn["item"][offset : offset + n]
-        for row, (idx, lo, hi, q, truth) in enumerate(self._bursts):
+        in_bursts: list[tuple[int, int]] = []
+        for row, (idx, lo, hi, q, _truth) in enumerate(self._bursts):
             in_window = (ts >= lo) & (ts < hi)
             if not in_window.any():
+                in_bursts.append((0, 0))
                 continue
             chosen = in_window & (drawn["burst"][row][offset : offset + n] < q)
             items = np.where(chosen, idx, np.asarray(items)).tolist()
-            truth.all_events_in_window += int(in_window.sum())
-            truth.events_in_window += int((in_window & (np.asarray(items) == idx)).sum())
-        ts_list = ts.tolist()
-        users = drawn["user"][offset : offset + n]
-        values = drawn["value"][offset : offset + n]
-        dims = drawn["dims"][offset : offset + n]
+            in_bursts.append((int(in_window.sum()), int((in_window & (np.asarray(items) == idx)).sum())))
+        return _Plan(
+            first=first,
+            ts=ts.tolist(),
+            items=items,
+            users=drawn["user"][offset : offset + n],
+            values=drawn["value"][offset : offset + n],
+            dims=drawn["dims"][offset : offset + n],
+            in_bursts=in_bursts,
+        )
+
+    def _render(self, plan: _Plan, user_names: list[str] | dict[int, str]) -> Chunk:
+        """Write a planned chunk's JSON, keys and timestamps with these user names; count it as emitted."""
+        first, ts_list, items, users, values, dims = plan.first, plan.ts, plan.items, plan.users, plan.values, plan.dims
+        n = len(ts_list)
+        for (_idx, _lo, _hi, _q, truth), (in_window, hits) in zip(self._bursts, plan.in_bursts, strict=True):
+            truth.all_events_in_window += in_window
+            truth.events_in_window += hits
         item_json, dims_json, prefix = self._item_json, self._dims_json, self._id_prefix
-        user_names: list[str] | dict[int, str] = self._user_names
-        if self._pseudonymiser is not None:
-            user_names = self._pseudonymised(self._pseudonymiser, users, ts_list)
         out: list[bytes] = []
         last_sec = -1
         head = ""
@@ -450,16 +513,17 @@ class SyntheticStream:
             keys = [f"{prefix}{first + i}".encode() for i in range(n)]
         else:
             keys = [None] * n
-        self.emitted += n
+        self.emitted = first + n
         if ts_list:
             self._last_ts = ts_list[-1]
         return Chunk(out, keys, ts_list)
 
-    def _pseudonymised(self, pseudonymiser: Pseudonymiser, users: list[int], ts_list: list[int]) -> dict[int, str]:
+    def _pseudonymised(self, pseudonymiser: Pseudonymiser, plan: _Plan) -> dict[int, str]:
         """Return user index -> pseudonym for a chunk's users, after recording their hours."""
         names = self._user_names
-        distinct = list(set(users))
-        table = pseudonymiser.table([names[u] for u in distinct], zip([names[u] for u in users], ts_list, strict=True))
+        distinct = list(set(plan.users))
+        users = [names[u] for u in plan.users]
+        table = pseudonymiser.table([names[u] for u in distinct], zip(users, plan.ts, strict=True))
         return {u: table[names[u]] for u in distinct}
 
     def truth(self) -> GroundTruth:

@@ -14,21 +14,26 @@ neither.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
-from datetime import UTC, datetime
 from typing import Any, Final, cast
 
 import msgspec
 
 from infra.privacy.subjects import StoreStats, SubjectStore
 from infra.settings import Settings
-from views.event import Event, content_id, encode_fast, parse_time
+from views.event import CONTENT_ID_PREFIX, Event, content_id, content_id_ms, encode_wire
 
 logger = logging.getLogger(__name__)
 
 _DECODE: Final = msgspec.json.Decoder()
 _HOUR_MS: Final = 3_600_000
+# Batches resolved at once by table_async: each has up to privacy.lookup_concurrency requests in flight, and
+# Cassandra's group commit makes a lightweight transaction wait for several commit-log syncs, so the rate of new
+# users grows with the requests in flight.
+PIPELINE_DEPTH: Final = 8
 
 # An event as it goes to Kafka: its JSON, key and record timestamp (epoch ms).
 Encoded = tuple[bytes, bytes | None, int]
@@ -45,6 +50,8 @@ class Pseudonymiser:
         self._settings = store if isinstance(store, Settings) else None
         self._store = None if isinstance(store, Settings) else store
         self._elsewhere = StoreStats()  # what validation workers did with their own stores
+        self._pool: ThreadPoolExecutor | None = None  # resolves the batches of table_async
+        self._opening = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Pseudonymiser | None:
@@ -62,8 +69,9 @@ class Pseudonymiser:
 
         :raises SubjectKeyError: when the subject key file is missing or unusable.
         """
-        if self._store is None:
-            self._store = SubjectStore(cast("Settings", self._settings))
+        with self._opening:  # request threads (the collector's) may ask at once: one store
+            if self._store is None:
+                self._store = SubjectStore(cast("Settings", self._settings))
         return self._store
 
     @property
@@ -82,17 +90,22 @@ class Pseudonymiser:
         """Return user -> pseudonym for these users (created where missing), after recording their hours.
 
         :arg hours: (user, event time in epoch ms) of the events about to be produced: the hours they fall in are
-            written to the subject store, while the pseudonyms are read, and are written when this returns. An
-            hour recorded for an event that then fails is harmless; an event in the log whose hour is missing
-            would escape an erasure.
+            recorded in the subject store (durably) when this returns. An hour recorded for an event that then
+            fails is harmless; an event in the log whose hour is missing would escape an erasure.
         """
-        pairs = {(user, ts // _HOUR_MS) for user, ts in hours}
-        if pairs:  # sent first: the writes need only the keyed hash, so they run beside the reads below
-            self.store.note_hours((user, datetime.fromtimestamp(h * 3600, UTC)) for user, h in pairs)
-        found = self.store.pseudonyms(users)
-        if pairs:
-            self.store.flush()
-        return found
+        pairs = {(user, ts // _HOUR_MS * _HOUR_MS) for user, ts in hours}
+        return self.store.resolve(users, pairs)
+
+    def table_async(self, users: Iterable[str], hours: Iterable[tuple[str, int]] = ()) -> Future[dict[str, str]]:
+        """Return the future of :meth:`table` for these users and hours, resolved on a thread of this pseudonymiser.
+
+        Up to :data:`PIPELINE_DEPTH` batches are resolved at once, so a producer can prepare the next batches
+        while the store answers for the first; the store asks once for a user or an hour that several of them
+        need. Take each result before producing its batch: until then its pseudonyms and hours may not be durable.
+        """
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(PIPELINE_DEPTH, thread_name_prefix="pseudonyms")
+        return self._pool.submit(self.table, list(users), list(hours))
 
     def event(self, event: Event) -> Event:
         """Return the event with its user pseudonymised (and its content-derived id recomputed from the pseudonym)."""
@@ -108,7 +121,7 @@ class Pseudonymiser:
         """Return validated events (JSON, key, timestamp) with their users pseudonymised, in the same order.
 
         The JSON is the canonical wire form (validated already): it is read back, its user and a content-derived
-        id replaced, and written again by the event's own fast encoder, so the bytes are what the model path
+        id replaced, and written again by the event's own wire encoder, so the bytes are what the model path
         would write for the pseudonymised event.
         """
         decoded: list[dict[str, Any]] = [_DECODE.decode(value) for value, _key, _ts in events]
@@ -123,11 +136,14 @@ class Pseudonymiser:
             if user is None:
                 out.append(original)
                 continue
-            out.append(_rewrite(fields, user, table[user], key_field))
+            out.append(_rewrite(fields, user, table[user], key_field, original[2]))
         return out
 
     def close(self) -> None:
-        """Wait for pending writes and close the store (if it was opened)."""
+        """Wait for the batches being resolved and close the store (if it was opened)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
         if self._store is not None:
             self._store.close()
 
@@ -138,16 +154,16 @@ class Pseudonymiser:
         self.close()
 
 
-def _rewrite(fields: dict[str, Any], user: str, pseudonym: str, key_field: str) -> Encoded:
-    """Encode a canonical event's fields again with the pseudonym in place of the user."""
-    ts = parse_time(fields["ts"])
-    value = fields.get("value")
-    dims: dict[str, str] = fields.get("dims", {})
-    if fields["id"] == content_id(ts, fields["item"], user, value, dims):
-        fields["id"] = content_id(ts, fields["item"], pseudonym, value, dims)
+def _rewrite(fields: dict[str, Any], user: str, pseudonym: str, key_field: str, ts_ms: int) -> Encoded:
+    """Encode a canonical event's wire fields again with the pseudonym in place of the user.
+
+    The other fields were validated on the way in and are written as they are; a content-derived id is derived
+    again from the pseudonym (checked only for ids that look derived: computing one costs more than the rest).
+    """
+    event_id = fields["id"]
+    if event_id.startswith(CONTENT_ID_PREFIX):
+        item, value, dims = fields["item"], fields.get("value"), fields.get("dims", {})
+        if event_id == content_id_ms(ts_ms, item, user, value, dims):
+            fields["id"] = content_id_ms(ts_ms, item, pseudonym, value, dims)
     fields["user"] = pseudonym
-    done = encode_fast(fields, key_field)
-    if done is None:  # the canonical form always takes the fast path; the model is the fallback all the same
-        event = Event.model_validate(fields)
-        return event.to_json(), event.key(key_field), event.ts_ms
-    return done
+    return encode_wire(fields, ts_ms, key_field)

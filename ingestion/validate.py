@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from functools import cached_property
 from typing import Any, Final
 
 import msgspec
@@ -23,7 +24,7 @@ from pydantic import ValidationError
 from pydantic_core import PydanticCustomError
 
 from ingestion.mapping import DEFAULT_MAPPING, ColumnMapping
-from views.event import EVENT_SCHEMA_VERSION, Event, encode_fast, format_ts, ts_millis
+from views.event import EVENT_SCHEMA_VERSION, Event, encode_fast, encode_raw_fast, format_ts, ts_millis
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +104,11 @@ class Context:
     def latest_allowed(self) -> datetime:
         """Return the latest event time accepted now."""
         return self.now + self.max_future_skew
+
+    @cached_property
+    def latest_allowed_ms(self) -> int:
+        """Return :attr:`latest_allowed` as epoch ms (the fast paths compare record timestamps with it)."""
+        return ts_millis(self.latest_allowed)
 
 
 Outcome = Event | Reject
@@ -211,9 +217,14 @@ def encode_json(
     """Validate one JSON record and return it as it goes to Kafka (or its reject), as :func:`validate_json` does.
 
     The same bytes, key and timestamp as ``Event.to_json``/``key``/``ts_ms`` of :func:`validate_json`'s event, and
-    the same rejects, without building the event when the record is plainly valid (the replay's hot path:
-    :func:`views.event.encode_fast`); every other record, and every error, goes through the model.
+    the same rejects, without building the event when the record is plainly valid (the replay's hot path: a
+    record in the event's own form is checked in C by :func:`views.event.encode_raw_fast`, others field by field
+    by :func:`views.event.encode_fast`); every other record, and every error, goes through the model.
     """
+    if size is None and len(raw) <= MAX_RECORD_BYTES and ctx.mapping.is_identity:
+        done = encode_raw_fast(raw, key_field)
+        if done is not None and done[2] <= ctx.latest_allowed_ms:
+            return done
     obj = _parse_json(raw, ctx, line, size)
     if isinstance(obj, Reject):
         return obj
@@ -224,7 +235,7 @@ def encode_json(
             fast = encode_fast(obj if ctx.mapping.is_identity else ctx.mapping.apply(obj), key_field)
         except Exception:  # noqa: BLE001 - the model's path below gives the exact error
             fast = None
-        if fast is not None and fast[2] <= ts_millis(ctx.latest_allowed):
+        if fast is not None and fast[2] <= ctx.latest_allowed_ms:
             return fast
     return encoded(validate_fields(obj, raw, ctx, line), key_field)
 
@@ -246,7 +257,7 @@ def encode_fields(fields: Mapping[str, Any], raw: bytes, ctx: Context, key_field
             fast = encode_fast(mapped, key_field)
         except Exception:  # noqa: BLE001 - the model's path below gives the exact error
             fast = None
-        if fast is not None and fast[2] <= ts_millis(ctx.latest_allowed):
+        if fast is not None and fast[2] <= ctx.latest_allowed_ms:
             return fast
     return encoded(validate_fields(fields, raw, ctx, None), key_field)
 

@@ -145,24 +145,20 @@ def serve_command(app_module: str = "serving.api") -> click.Command:
         Off loopback the API needs TRENDS_SERVING__API_TOKEN (16 characters or more) unless --insecure is given.
         With several workers, /metrics adds up all of them (Prometheus multiprocess mode, a fresh directory per start).
         """
-        from infra.security import exposure_problem
+        from infra.security import refuse_exposure
 
         host, port = (
             host if host is not None else settings.serving.host,
             settings.serving.port if port is None else port,
         )
-        token = settings.serving.api_token.get_secret_value() if settings.serving.api_token is not None else None
-        problem = exposure_problem(
-            "the API", host, token, guard_var="TRENDS_SERVING__API_TOKEN", host_var="--host/TRENDS_SERVING__HOST"
+        refuse_exposure(
+            "the API",
+            host,
+            settings.serving.api_token,
+            host_var="--host/TRENDS_SERVING__HOST",
+            insecure=insecure,
+            risk="query it",
         )
-        if problem and not insecure:
-            msg = f"{problem} (--insecure serves it anyway)"
-            raise click.UsageError(msg)
-        if problem:
-            logger.warning(
-                "--insecure: serving the API on %s without proper authentication: anyone who reaches it can query it",
-                host,
-            )
 
         import uvicorn
 

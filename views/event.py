@@ -169,16 +169,22 @@ def _time(value: Any) -> datetime:
     return parse_time(value)
 
 
+CONTENT_ID_PREFIX: Final = "c-"
+
+
 def content_id(ts: datetime, item: str, user: str | None, value: float | None, dims: dict[str, str]) -> str:
     """Return a deterministic event id from the content, for sources without ids.
 
     Replaying the same source twice gives the same ids, so the batch layer's dedupe drops the second copy. Two
     genuinely distinct events with identical content (same millisecond, item, user, value, dims) share an id.
     """
-    canonical = json.dumps(
-        [ts_millis(ts), item, user, value, sorted(dims.items())], ensure_ascii=False, separators=(",", ":")
-    )
-    return "c-" + hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
+    return content_id_ms(ts_millis(ts), item, user, value, dims)
+
+
+def content_id_ms(ts_ms: int, item: str, user: str | None, value: float | None, dims: dict[str, str]) -> str:
+    """Return :func:`content_id` of an event whose time is given as epoch milliseconds."""
+    canonical = json.dumps([ts_ms, item, user, value, sorted(dims.items())], ensure_ascii=False, separators=(",", ":"))
+    return CONTENT_ID_PREFIX + hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
 
 
 # C0 controls (NUL, ESC, tab, line breaks…), DEL and C1 controls (0x9B is a one-byte CSI): no event text needs
@@ -349,10 +355,99 @@ def encode_fast(fields: dict[str, Any], key_field: str) -> tuple[bytes, bytes | 
     if not event_id:
         event_id = content_id(ts, item, user, value, dims)
     ts_text = raw_ts if _CANONICAL_TS.fullmatch(raw_ts) else format_ts(ts)
-    out = _wire_fields(v, event_id, ts_text, item, user, value, dims)
-    wire = _WIRE.encode(out) if value is None or _float_text_agrees(value) else _ENCODER.encode(out).encode()
-    key = None if key_field == "none" else out.get(key_field)
-    return wire, None if key is None else key.encode(), ts_millis(ts)
+    return encode_wire(_wire_fields(v, event_id, ts_text, item, user, value, dims), ts_millis(ts), key_field)
+
+
+class _RawEvent(msgspec.Struct, forbid_unknown_fields=True):
+    """The event's JSON as msgspec checks it in C: the types and limits of :class:`Event` for ASCII text.
+
+    Only :func:`encode_raw_fast` uses it, on records whose bytes are ASCII without escapes or DEL: their text needs
+    no NFC, holds no control character, and its length in characters is its length in bytes.
+    """
+
+    ts: str
+    item: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ITEM_CHARS)]
+    v: int = EVENT_SCHEMA_VERSION
+    id: Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)] = ""
+    user: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_USER_CHARS)] | None = None
+    value: float | int | None = None
+    dims: Annotated[
+        dict[
+            Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_DIM_KEY_CHARS, pattern=DIM_KEY_PATTERN)],
+            Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_DIM_VALUE_CHARS)],
+        ],
+        msgspec.Meta(max_length=MAX_DIMS),
+    ] = {}  # msgspec copies an empty mutable default per instance
+
+
+_RAW_DECODER = msgspec.json.Decoder(_RawEvent)
+_SECONDS: dict[str, int] = {}  # "YYYY-MM-DDTHH:MM:SS" -> epoch seconds, of canonical times seen lately
+_SECONDS_KEPT: Final = 4096
+
+
+def _canonical_ms(ts: str) -> int | None:
+    """Return the epoch ms of a canonical time text (``format_ts``'s layout), or None for any other text."""
+    if len(ts) != 24 or not _CANONICAL_TS.fullmatch(ts):
+        return None
+    head = ts[:19]
+    seconds = _SECONDS.get(head)
+    if seconds is None:
+        try:
+            parsed = datetime.fromisoformat(head).replace(tzinfo=UTC)
+        except ValueError:
+            return None
+        if parsed < MIN_TS:
+            return None
+        if len(_SECONDS) >= _SECONDS_KEPT:
+            _SECONDS.clear()
+        seconds = _SECONDS[head] = (parsed - _EPOCH) // timedelta(seconds=1)
+    return seconds * 1000 + int(ts[20:23])
+
+
+def encode_raw_fast(raw: bytes, key_field: str) -> tuple[bytes, bytes | None, int] | None:  # noqa: PLR0911
+    """Return what the model would put on the wire for a JSON record — JSON, key, timestamp — or None.
+
+    The fast path of records already in the event's own form (another system's export, a replay, the collector's
+    clients): ASCII JSON without escapes or DEL, the event's fields with the model's types and limits (checked by
+    msgspec in C), a canonical time. About three times as fast as :func:`encode_fast`. Anything else returns None,
+    and the caller takes the path that gives the exact event or reject; ``tests/unit/test_view_event.py`` checks
+    that both write the same bytes, key and timestamp.
+    """
+    if not raw.isascii() or b"\\" in raw or b"\x7f" in raw or key_field not in ("item", "user", "id", "none"):
+        return None
+    try:
+        record = _RAW_DECODER.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    value = record.value
+    if type(value) is int:
+        if not -_EXACT_FLOAT <= value <= _EXACT_FLOAT:
+            return None  # the model rounds it
+        value = float(value)
+    elif value is not None and not math.isfinite(value):
+        return None
+    if record.v != EVENT_SCHEMA_VERSION:
+        return None
+    ts_ms = _canonical_ms(record.ts)
+    if ts_ms is None:
+        return None
+    event_id = record.id or content_id_ms(ts_ms, record.item, record.user, value, record.dims)
+    return encode_wire(
+        _wire_fields(record.v, event_id, record.ts, record.item, record.user, value, record.dims), ts_ms, key_field
+    )
+
+
+def encode_wire(fields: dict[str, Any], ts_ms: int, key_field: str) -> tuple[bytes, bytes | None, int]:
+    """Return the wire JSON, key and timestamp of an event's wire fields (valid, in :meth:`Event.to_dict`'s layout).
+
+    The same bytes as ``Event.to_json``: msgspec writes them, unless it would write the value's float otherwise
+    than ``json`` does. Used by :func:`encode_fast` and to write a pseudonymised event again without validating
+    its other fields a second time.
+    """
+    value = fields.get("value")
+    wire = _WIRE.encode(fields) if value is None or _float_text_agrees(value) else _ENCODER.encode(fields).encode()
+    key = None if key_field == "none" else fields.get(key_field)
+    return wire, None if key is None else str(key).encode(), ts_ms
 
 
 def _spark_type(annotation: Any) -> tuple[DataType, bool]:

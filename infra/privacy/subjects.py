@@ -23,10 +23,11 @@ import time
 import unicodedata
 from base64 import urlsafe_b64encode
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from cachetools import LRUCache, TTLCache
 
@@ -35,7 +36,7 @@ from infra.errors import TrendsError
 from infra.settings import Settings
 
 if TYPE_CHECKING:
-    from cassandra.cluster import Cluster, ResponseFuture, Session
+    from cassandra.cluster import Cluster, Session
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ SELECT_PSEUDONYMS = "SELECT subject_key, pseudonym FROM {t} WHERE subject_key IN
 INSERT_SUBJECT = "INSERT INTO {t} (subject_key, pseudonym, created_at) VALUES (?, ?, ?) IF NOT EXISTS"
 DELETE_SUBJECT = "DELETE FROM {t} WHERE subject_key = ? IF EXISTS"
 INSERT_HOUR = "INSERT INTO {t} (subject_key, hour) VALUES (?, ?)"
+SELECT_KNOWN_HOURS = "SELECT subject_key, hour FROM {t} WHERE subject_key IN ? AND hour = ?"
 SELECT_HOURS = "SELECT hour FROM {t} WHERE subject_key = ?"
 DELETE_HOURS = "DELETE FROM {t} WHERE subject_key = ?"
 
@@ -80,6 +82,15 @@ def normalise(user: str) -> str:
 def new_pseudonym() -> str:
     """Return a fresh random pseudonym: ``p_`` and 16 url-safe base64 characters of 12 random bytes."""
     return PSEUDONYM_PREFIX + urlsafe_b64encode(secrets.token_bytes(12)).decode("ascii")
+
+
+def _hour(hour_ms: int) -> datetime:
+    return datetime.fromtimestamp(hour_ms // 1000, UTC)
+
+
+def _hour_ms(hour: datetime) -> int:
+    """Return the epoch ms of an hour as the driver reads it (naive UTC)."""
+    return (hour.replace(tzinfo=UTC) - _EPOCH) // _ONE_MS
 
 
 def hour_of(ts: datetime) -> datetime:
@@ -183,6 +194,7 @@ class StoreStats:
     raced: int = 0  # LWTs lost to another producer: its pseudonym taken
     hours_written: int = 0
     hours_skipped: int = 0  # (subject, hour) pairs already written by this process
+    hours_known: int = 0  # (subject, hour) pairs found recorded already (by another process), not written again
 
     def add(self, counts: dict[str, int]) -> None:
         """Add another process's counts (a validation worker's) to these."""
@@ -193,8 +205,21 @@ class StoreStats:
         """Return the summary line of a producing run."""
         return (
             f"pseudonyms {self.created:,} created, {self.read:,} found, {self.raced:,} taken from a racing producer, "
-            f"{self.cache_hits:,} from the cache; subject hours written {self.hours_written:,}"
+            f"{self.cache_hits:,} from the cache; subject hours written {self.hours_written:,}, "
+            f"{self.hours_known:,} found recorded"
         )
+
+
+@dataclass
+class _Claim:
+    """One :meth:`SubjectStore.resolve` call: what it answered, what it does itself, whose work it waits for."""
+
+    mine: Future[dict[str, str]] = field(default_factory=Future)
+    out: dict[str, str] = field(default_factory=dict)
+    lookup: dict[str, bytes] = field(default_factory=dict)  # users it reads (or creates) -> their row keys
+    waits: dict[int, Future[dict[str, str]]] = field(default_factory=dict)  # other calls' work it needs
+    waited: list[str] = field(default_factory=list)  # users another call is resolving
+    fresh: dict[tuple[bytes, int], None] = field(default_factory=dict)  # (row key, hour ms) it records, in order
 
 
 class SubjectStore:
@@ -230,23 +255,28 @@ class SubjectStore:
             if privacy.pseudonym_cache_size
             else None
         )
-        self._noted: LRUCache[tuple[bytes, int], bool] | None = (
+        # (row key, hour ms) -> True once written (or found) by this process, or the future of the call writing it
+        self._noted: LRUCache[tuple[bytes, int], Literal[True] | Future[dict[str, str]]] | None = (
             LRUCache(privacy.hours_dedupe_size) if privacy.hours_dedupe_size else None
         )
+        self._inflight: dict[str, Future[dict[str, str]]] = {}  # user -> the call resolving it now
         self._lock = threading.Lock()
         self._cluster: Cluster | None = None
         self._session = session
         self._owns_session = session is None
         self._statements: dict[str, Any] = {}
-        self._writes = threading.Condition()
-        self._pending = 0  # hour writes in flight
-        self._write_errors: list[str] = []
 
     # -- plumbing ---------------------------------------------------------------------------------------------
     def _sess(self) -> Session:
         if self._session is None:
-            self._cluster = make_cluster(self._settings)
-            self._session = self._cluster.connect()
+            cluster = make_cluster(self._settings)
+            try:
+                self._session = cluster.connect()
+            except Exception as exc:  # NoHostAvailable, auth, TLS: no pseudonym can be had
+                cluster.shutdown()
+                msg = f"cannot reach the subject store ({type(exc).__name__}): {exc}"
+                raise SubjectStoreError(msg) from exc
+            self._cluster = cluster
         return self._session
 
     def _stmt(self, template: str, table_name: str, *, idempotent: bool = True) -> Any:
@@ -265,89 +295,197 @@ class SubjectStore:
         """Return the hash of a user that ledgers and consoles show (see :class:`SubjectKeys`)."""
         return self.keys.subject_hash(user)
 
-    # -- pseudonyms -------------------------------------------------------------------------------------------
-    def pseudonyms(self, users: Iterable[str]) -> dict[str, str]:
-        """Return the pseudonym of each user, creating the missing ones; many users at once, cached.
+    # -- pseudonyms and hours ---------------------------------------------------------------------------------
+    def resolve(self, users: Iterable[str], hours: Iterable[tuple[str, int]] = ()) -> dict[str, str]:
+        """Return the pseudonym of each user, creating the missing ones, once every hour given is recorded.
 
-        Users not in the cache are read concurrently; the ones without a row get a random pseudonym through a
-        lightweight transaction each, concurrently, and whoever lost a race takes the winner's.
+        All of it in two rounds of concurrent requests: the reads (the users this process has not seen, and
+        whether their hours are recorded already), then the writes (a lightweight transaction per new user, a row
+        per unrecorded (subject, hour)). A user or an hour that another thread of this process is resolving is
+        waited for, not asked twice, so pipelined batches (:meth:`ingestion.pseudonyms.Pseudonymiser.table_async`)
+        share their work and every caller still returns only after what it needs is durable.
 
+        :arg hours: (user or pseudonym this store handed out, start of the UTC hour in epoch ms).
         :raises SubjectStoreError: when Cassandra does not answer (the caller must not fall back to the raw id).
         """
-        out: dict[str, str] = {}
-        missing: dict[str, bytes] = {}
-        cache = self._cache
-        for user in users:
-            if user in out or user in missing:
-                continue
-            if cache is not None:
-                with self._lock:
-                    found = cache.get(user)
+        claim = _Claim()
+        self._claim_users(claim, users)
+        self._claim_hours(claim, hours)
+        try:
+            made = self._read_then_write(claim.lookup, list(claim.fresh))
+        except BaseException as exc:
+            self._release(claim, None)
+            claim.mine.set_exception(exc)
+            raise
+        self._release(claim, made)
+        claim.mine.set_result(made)
+        claim.out.update(made)
+        for other in claim.waits.values():
+            try:
+                theirs = other.result()
+            except BaseException as exc:
+                msg = f"the subject store did not answer another batch of this process ({type(exc).__name__})"
+                raise SubjectStoreError(msg) from exc
+            claim.out.update((user, theirs[user]) for user in claim.waited if user in theirs)
+        return claim.out
+
+    def _claim_users(self, claim: _Claim, users: Iterable[str]) -> None:
+        """Answer users from the cache, wait for those another call is resolving, take on the rest."""
+        with self._lock:
+            for user in users:
+                if user in claim.out or user in claim.lookup:
+                    continue
+                found = self._cache.get(user) if self._cache is not None else None
                 if found is not None:
-                    out[user] = found[0]
+                    claim.out[user] = found[0]
                     self.stats.cache_hits += 1
                     continue
-            missing[user] = self.keys.subject_key(user)
-        if missing:
-            out.update(self._fetch_or_create(missing))
-        return out
+                other = self._inflight.get(user)
+                if other is not None:
+                    claim.waits[id(other)] = other
+                    claim.waited.append(user)
+                    continue
+                self._inflight[user] = claim.mine
+                claim.lookup[user] = b""  # the key is computed below, outside the lock
+        for user in claim.lookup:
+            claim.lookup[user] = self.keys.subject_key(user)
 
-    def _fetch_or_create(self, users: dict[str, bytes]) -> dict[str, str]:
-        names = list(users)
-        keys = [users[u] for u in names]
+    def _claim_hours(self, claim: _Claim, hours: Iterable[tuple[str, int]]) -> None:
+        """Skip the hours this process recorded, wait for those another call is recording, take on the rest."""
+        pairs = [(self._key_of(who, claim.lookup), hour_ms) for who, hour_ms in hours]
+        with self._lock:
+            for pair in pairs:
+                noted = self._noted.get(pair) if self._noted is not None else None
+                if noted is True or pair in claim.fresh:
+                    self.stats.hours_skipped += 1
+                elif noted is not None:
+                    claim.waits[id(noted)] = noted
+                else:
+                    claim.fresh[pair] = None
+                    if self._noted is not None:
+                        self._noted[pair] = claim.mine
+
+    def _release(self, claim: _Claim, made: dict[str, str] | None) -> None:
+        """Cache what a call made (nothing when it failed) and let other calls take its users and hours again."""
+        with self._lock:
+            for user, key in claim.lookup.items():
+                if made is not None and self._cache is not None and self._by_pseudonym is not None:
+                    self._cache[user] = (made[user], key)
+                    self._by_pseudonym[made[user]] = key
+                self._inflight.pop(user, None)
+            if self._noted is not None:
+                for pair in claim.fresh:
+                    if self._noted.get(pair) is claim.mine:
+                        if made is None:
+                            self._noted.pop(pair, None)
+                        else:
+                            self._noted[pair] = True
+
+    def _key_of(self, who: str, lookup: dict[str, bytes]) -> bytes:
+        """Return the row key of a user or of a pseudonym this store handed out."""
+        key = lookup.get(who)
+        if key:
+            return key
+        if self._cache is not None and self._by_pseudonym is not None:
+            with self._lock:
+                cached = self._cache.get(who)
+                key = cached[1] if cached is not None else self._by_pseudonym.get(who)
+            if key is not None:
+                return key
+        return self.keys.subject_key(who)
+
+    def _read_then_write(self, lookup: dict[str, bytes], fresh: list[tuple[bytes, int]]) -> dict[str, str]:
+        """Read the looked-up users' rows and hours, then create the missing ones; return user -> pseudonym."""
+        looked = set(lookup.values())
+        check = [pair for pair in fresh if pair[0] in looked]  # hours of subjects new to this process: maybe known
+        reads: list[tuple[Any, tuple[Any, ...]]] = []
+        if lookup:
+            select = self._stmt(SELECT_PSEUDONYMS, "subjects")
+            distinct = list(dict.fromkeys(lookup.values()))
+            reads += [(select, (distinct[i : i + READ_GROUP],)) for i in range(0, len(distinct), READ_GROUP)]
+        subject_reads = len(reads)
+        by_hour: dict[int, list[bytes]] = {}
+        for key, hour_ms in check:
+            by_hour.setdefault(hour_ms, []).append(key)
+        if by_hour:
+            select_hours = self._stmt(SELECT_KNOWN_HOURS, "subject_hours")
+            for hour_ms, hour_keys in by_hour.items():
+                hour = _hour(hour_ms)
+                reads += [
+                    (select_hours, (hour_keys[i : i + READ_GROUP], hour)) for i in range(0, len(hour_keys), READ_GROUP)
+                ]
         found: dict[bytes, str] = {}
-        # many partitions per read (IN): a round trip per READ_GROUP users rather than per user
-        select = self._stmt(SELECT_PSEUDONYMS, "subjects")
-        distinct = list(dict.fromkeys(keys))
-        groups = [(distinct[i : i + READ_GROUP],) for i in range(0, len(distinct), READ_GROUP)]
-        for rows in self._concurrent(select, groups, READ_PROFILE):
-            for row in rows:
-                found[row.subject_key] = row.pseudonym
-        self.stats.read += len(found)
-        absent = list(dict.fromkeys(k for k in keys if k not in found))
+        known: set[tuple[bytes, int]] = set()
+        results = self._concurrent(reads, READ_PROFILE)
+        for rows in results[:subject_reads]:
+            found.update((row.subject_key, row.pseudonym) for row in rows)
+        for rows in results[subject_reads:]:
+            known.update((row.subject_key, _hour_ms(row.hour)) for row in rows)
+        absent = [key for key in dict.fromkeys(lookup.values()) if key not in found]
+        write_hours = [pair for pair in fresh if pair not in known]
+        writes: list[tuple[Any, tuple[Any, ...] | None]] = []
+        candidates: list[str] = []
         if absent:
             insert = self._stmt(INSERT_SUBJECT, "subjects", idempotent=False)
             now = datetime.now(UTC)
             candidates = [new_pseudonym() for _ in absent]
-            params = [(k, p, now) for k, p in zip(absent, candidates, strict=True)]
-            results = self._concurrent(insert, params, WRITE_PROFILE)
-            for key, candidate, rows in zip(absent, candidates, results, strict=True):
-                row = rows.one()
-                if row is None or row.applied:
-                    found[key] = candidate
-                    self.stats.created += 1
-                else:  # another producer created it first: its pseudonym is the one
-                    found[key] = row.pseudonym
-                    self.stats.raced += 1
-        out = {u: found[k] for u, k in zip(names, keys, strict=True)}
+            writes += [(insert, (k, p, now)) for k, p in zip(absent, candidates, strict=True)]
+        writes += self._hour_batches(write_hours)
+        results = self._concurrent(writes, WRITE_PROFILE)
+        created = raced = 0
+        for key, candidate, rows in zip(absent, candidates, results, strict=False):
+            row = rows.one()
+            if row is None or row.applied:
+                found[key] = candidate
+                created += 1
+            else:  # another producer created it first: its pseudonym is the one
+                found[key] = row.pseudonym
+                raced += 1
         with self._lock:
-            if self._cache is not None and self._by_pseudonym is not None:
-                for user, key in users.items():
-                    self._cache[user] = (out[user], key)
-                    self._by_pseudonym[out[user]] = key
+            stats = self.stats
+            stats.read += len(lookup) - len(absent)
+            stats.created += created
+            stats.raced += raced
+            stats.hours_written += len(write_hours)
+            stats.hours_known += len(fresh) - len(write_hours)
+        return {user: found[key] for user, key in lookup.items()}
+
+    def _hour_batches(self, pairs: list[tuple[bytes, int]]) -> list[tuple[Any, None]]:
+        """Return the writes of these (row key, hour ms): unlogged batches of :data:`WRITE_GROUP` rows."""
+        from cassandra.query import BatchStatement, BatchType  # noqa: PLC0415
+
+        insert = self._stmt(INSERT_HOUR, "subject_hours")
+        out: list[tuple[Any, None]] = []
+        for i in range(0, len(pairs), WRITE_GROUP):
+            batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+            batch.is_idempotent = True
+            for key, hour_ms in pairs[i : i + WRITE_GROUP]:
+                batch.add(insert, (key, _hour(hour_ms)))
+            out.append((batch, None))
         return out
 
-    def _concurrent(self, stmt: Any, params: list[Any], profile: str) -> list[Any]:
-        """Run a statement for each parameter tuple concurrently; return the result sets in order.
+    def _concurrent(self, requests: list[tuple[Any, Any]], profile: str) -> list[Any]:
+        """Run requests (statement, parameters) concurrently; return their result sets in order.
 
-        A timed-out request is retried (with back-off) up to :data:`ATTEMPTS` times: reads are idempotent and
-        ``INSERT ... IF NOT EXISTS`` is too in effect (a retry of an applied insert reads back its own value).
-        Producers racing on the same new users contend in Paxos, and contention ends in such timeouts.
+        A timed-out request is retried (with back-off) up to :data:`ATTEMPTS` times: reads and hour rows are
+        idempotent and ``INSERT ... IF NOT EXISTS`` is too in effect (a retry of an applied insert reads back its
+        own value). Producers racing on the same new users contend in Paxos, and contention ends in such timeouts.
 
         :raises SubjectStoreError: when some request still fails.
         """
-        from cassandra.concurrent import execute_concurrent_with_args  # noqa: PLC0415
+        from cassandra.concurrent import execute_concurrent  # noqa: PLC0415
 
-        out: list[Any] = [None] * len(params)
-        todo = list(range(len(params)))
+        out: list[Any] = [None] * len(requests)
+        todo = list(range(len(requests)))
         error: BaseException | None = None
         for attempt in range(ATTEMPTS):
+            if not todo:
+                return out
             if attempt:
                 time.sleep(BACKOFF_S * 2**attempt * (0.5 + secrets.randbelow(1000) / 1000))
-            results = execute_concurrent_with_args(
+            results = execute_concurrent(
                 self._sess(),
-                stmt,
-                [params[i] for i in todo],
+                [requests[i] for i in todo],
                 concurrency=self._concurrency,
                 raise_on_first_error=False,
                 execution_profile=profile,
@@ -359,15 +497,20 @@ class SubjectStore:
                 else:
                     failed.append(i)
                     error = result
-            if not failed:
-                return out
-            logger.warning(
-                "subject store: %d of %d request(s) failed (%s), attempt %d of %d",
-                len(failed), len(todo), type(error).__name__, attempt + 1, ATTEMPTS,
-            )  # fmt: skip
+            if failed:
+                logger.warning(
+                    "subject store: %d of %d request(s) failed (%s), attempt %d of %d",
+                    len(failed), len(todo), type(error).__name__, attempt + 1, ATTEMPTS,
+                )  # fmt: skip
             todo = failed
+        if not todo:
+            return out
         msg = f"the subject store did not answer ({type(error).__name__}): {error}"
         raise SubjectStoreError(msg) from error
+
+    def pseudonyms(self, users: Iterable[str]) -> dict[str, str]:
+        """Return the pseudonym of each user, creating the missing ones (:meth:`resolve` without hours)."""
+        return self.resolve(users)
 
     def lookup(self, user: str) -> str | None:
         """Return the user's pseudonym as the store holds it now (never created, never from the cache)."""
@@ -379,85 +522,12 @@ class SubjectStore:
     def note_hours(self, pairs: Iterable[tuple[str, datetime]]) -> None:
         """Record that these hours hold events of these subjects (a user or a pseudonym this store handed out).
 
-        Each (subject, hour) is written once per process (up to ``privacy.hours_dedupe_size`` remembered);
-        writes are asynchronous, at most ``privacy.lookup_concurrency`` in flight: :meth:`flush` waits for them
-        and raises the first error.
+        Returns once they are written. Each (subject, hour) is written once per process (up to
+        ``privacy.hours_dedupe_size`` remembered).
+
+        :raises SubjectStoreError: when Cassandra does not answer.
         """
-        from cassandra.query import BatchStatement, BatchType  # noqa: PLC0415
-
-        insert = self._stmt(INSERT_HOUR, "subject_hours")
-        rows: list[tuple[bytes, datetime]] = []
-        for who, ts in pairs:
-            key = self._key_of(who)
-            hour_ms = (ts - _EPOCH) // _ONE_MS // _HOUR_MS * _HOUR_MS
-            if self._noted is not None:
-                with self._lock:
-                    seen = (key, hour_ms) in self._noted
-                    if not seen:
-                        self._noted[(key, hour_ms)] = True
-                if seen:
-                    self.stats.hours_skipped += 1
-                    continue
-            rows.append((key, datetime.fromtimestamp(hour_ms / 1000, UTC)))
-        self.stats.hours_written += len(rows)
-        for i in range(0, len(rows), WRITE_GROUP):
-            batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-            batch.is_idempotent = True
-            for row in rows[i : i + WRITE_GROUP]:
-                batch.add(insert, row)
-            self._write_async(batch, None)
-
-    def _key_of(self, who: str) -> bytes:
-        if self._cache is not None and self._by_pseudonym is not None:
-            with self._lock:
-                cached = self._cache.get(who)
-                key = cached[1] if cached is not None else self._by_pseudonym.get(who)
-            if key is not None:
-                return key
-        return self.keys.subject_key(who)
-
-    def _write_async(self, stmt: Any, params: tuple[Any, ...] | None) -> None:
-        with self._writes:
-            while self._pending >= self._concurrency:
-                self._writes.wait()
-            self._pending += 1
-        try:
-            future: ResponseFuture = self._sess().execute_async(stmt, params, execution_profile=WRITE_PROFILE)
-        except Exception:
-            self._one_done()
-            raise
-        future.add_callbacks(self._written, self._failed)
-
-    def _one_done(self) -> None:
-        with self._writes:
-            self._pending -= 1
-            self._writes.notify_all()
-
-    def _written(self, _rows: Any) -> None:
-        self._one_done()
-
-    def _failed(self, exc: BaseException) -> None:
-        with self._lock:
-            if len(self._write_errors) < 20:
-                self._write_errors.append(f"{type(exc).__name__}: {exc}")
-        self._one_done()
-
-    def flush(self) -> None:
-        """Wait for the hours written so far.
-
-        :raises SubjectStoreError: when some were not written (this process forgets having written any hour,
-            so they are written again).
-        """
-        with self._writes:
-            while self._pending:
-                self._writes.wait()
-        with self._lock:
-            errors, self._write_errors = self._write_errors, []
-            if errors and self._noted is not None:
-                self._noted.clear()
-        if errors:
-            msg = f"{len(errors)} subject hour(s) were not written; first: {errors[0]}"
-            raise SubjectStoreError(msg)
+        self.resolve((), ((who, (ts - _EPOCH) // _ONE_MS // _HOUR_MS * _HOUR_MS) for who, ts in pairs))
 
     def hours(self, user: str) -> list[datetime]:
         """Return the UTC hours that hold the user's events, oldest first."""
@@ -489,11 +559,7 @@ class SubjectStore:
         return Unlinked(self.keys.subject_hash(user), pseudonym, hours)
 
     def close(self) -> None:
-        """Wait for pending writes (errors are logged), then close the store's own connection."""
-        try:
-            self.flush()
-        except SubjectStoreError as exc:
-            logger.error("closing the subject store: %s", exc)
+        """Close the store's own connection (nothing is pending: every call returns once its writes are done)."""
         if self._owns_session and self._cluster is not None:
             self._cluster.shutdown()
             self._cluster = None

@@ -17,7 +17,6 @@ registry`), the outage test runs a private one on a port of its own.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import random
@@ -31,7 +30,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import fastavro
 import pytest
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
@@ -41,7 +39,7 @@ from infra.settings import Settings
 from ingestion.bridge import Bridge
 from ingestion.dlq import DeadLetter
 from ingestion.mapping import ColumnMapping
-from ingestion.wire import compile_proto, frame
+from ingestion.wire import AvroEncoder, compile_proto, frame
 from stack import control
 from stack.services.registry import Registry
 from tests.helpers import free_port
@@ -114,12 +112,6 @@ def env_of(settings: Settings, events: str, dlq: str, **more: str) -> dict[str, 
         "TRENDS_REGISTRY__URL": settings.registry.url,
         **more,
     }
-
-
-def avro_bytes(schema: dict[str, Any], record: dict[str, Any]) -> bytes:
-    out = io.BytesIO()
-    fastavro.schemaless_writer(out, fastavro.parse_schema(schema), record)
-    return out.getvalue()
 
 
 def produce(settings: Settings, topic: str, values: list[bytes | None]) -> list[tuple[int, int]]:
@@ -213,21 +205,20 @@ def test_avro_versions_protobuf_and_json_become_exact_events(registry: Settings,
 
     # -- Avro: v1 and v2 of one subject, interleaved; then an unknown id, a truncated payload, a plain value
     avro_topic = new_topic(3)
-    id1 = client.register_schema(f"{avro_topic}-value", Schema(json.dumps(CLICK_V1), "AVRO"))
-    id2 = client.register_schema(f"{avro_topic}-value", Schema(json.dumps(CLICK_V2), "AVRO"))
-    assert id1 != id2
+    v1, v2 = AvroEncoder(client, avro_topic, CLICK_V1), AvroEncoder(client, avro_topic, CLICK_V2)
+    assert v1.schema_id != v2.schema_id
     values: list[bytes | None] = []
     for i in range(300):
         ts = NOW - timedelta(seconds=i)
         rec: dict[str, Any] = {"event_id": f"a{i}", "ts": ts, "page": f"/p{i % 7}", "uid": f"u{i % 11}"}
         if i % 2:
-            values.append(frame(id1, avro_bytes(CLICK_V1, {**rec, "referrer": "r"})))
+            values.append(v1({**rec, "referrer": "r"}))
             expected.append(event_json(id=f"a{i}", ts=ts, item=f"/p{i % 7}", user=f"u{i % 11}"))
         else:
-            values.append(frame(id2, avro_bytes(CLICK_V2, {**rec, "latency": i / 4})))
+            values.append(v2({**rec, "latency": i / 4}))
             expected.append(event_json(id=f"a{i}", ts=ts, item=f"/p{i % 7}", user=f"u{i % 11}", value=i / 4))
-    good = avro_bytes(CLICK_V1, {"event_id": "x", "ts": NOW, "page": "/x", "uid": "u", "referrer": "r"})
-    bad = [frame(987_654, good), frame(id1, good[:-4]), b'{"event_id": "plain json"}']
+    good = v1.payload({"event_id": "x", "ts": NOW, "page": "/x", "uid": "u", "referrer": "r"})
+    bad = [frame(987_654, good), frame(v1.schema_id, good[:-4]), b'{"event_id": "plain json"}']
     where = produce(registry, avro_topic, [*values, *bad])
     stats = run_bridge(scoped(registry, events, dlq, f"g-{avro_topic}"), [avro_topic], "avro", AVRO_MAPPING)
     assert stats.records == 303
@@ -293,17 +284,16 @@ def test_avro_versions_protobuf_and_json_become_exact_events(registry: Settings,
 def avro_source(registry: Settings, topic: str) -> Callable[[int, int], list[bytes | None]]:
     """Return a maker of Avro records ``a{start}`` … ``a{stop-1}`` of the topic's subject (v1 and v2 alternating)."""
     client = SchemaRegistryClient(registry.registry.client_config())
-    id1 = client.register_schema(f"{topic}-value", Schema(json.dumps(CLICK_V1), "AVRO"))
-    id2 = client.register_schema(f"{topic}-value", Schema(json.dumps(CLICK_V2), "AVRO"))
+    v1, v2 = AvroEncoder(client, topic, CLICK_V1), AvroEncoder(client, topic, CLICK_V2)
 
     def make(start: int, stop: int) -> list[bytes | None]:
         out: list[bytes | None] = []
         for i in range(start, stop):
             rec = {"event_id": f"a{i}", "ts": NOW - timedelta(milliseconds=i), "page": f"/p{i % 50}", "uid": f"u{i}"}
             if i % 2:
-                out.append(frame(id1, avro_bytes(CLICK_V1, {**rec, "referrer": "r"})))
+                out.append(v1({**rec, "referrer": "r"}))
             else:
-                out.append(frame(id2, avro_bytes(CLICK_V2, {**rec, "latency": 1.0})))
+                out.append(v2({**rec, "latency": 1.0}))
         return out
 
     return make

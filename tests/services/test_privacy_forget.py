@@ -64,7 +64,6 @@ def test_forget_unlinks_at_once_and_answers_repeats(psettings: Settings) -> None
     with SubjectStore(psettings) as store:
         made = store.pseudonyms(["alice", "bob"])
         store.note_hours([("alice", T0), ("alice", T0 + timedelta(hours=3)), ("bob", T0)])
-        store.flush()
         first = forget(psettings, "alice", store=store)
         assert first.outcome == "forgotten" and first.request is not None
         assert (first.request.mode, first.request.state, len(first.request.hours)) == ("unlink", "done", 2)
@@ -105,7 +104,6 @@ def test_an_exclusion_whose_recompute_could_not_be_triggered_is_triggered_by_the
     with SubjectStore(psettings) as store:
         store.pseudonyms(["fay"])
         store.note_hours([("fay", T0)])
-        store.flush()
         with pytest.raises(AirflowError):
             forget(psettings, "fay", exclude=True, store=store, trigger=airflow_away)
         (stalled,) = [r for r in status(psettings).requests if r.pending]
@@ -122,7 +120,6 @@ def test_exclusion_stays_pending_until_recomputed_and_a_second_forget_waits(pset
     with SubjectStore(psettings) as store:
         pseudonym = store.pseudonyms(["dave"])["dave"]
         store.note_hours([("dave", T0), ("dave", T0 + timedelta(hours=1))])
-        store.flush()
         asked: list[Any] = []
         result = forget(psettings, "dave", exclude=True, store=store, trigger=lambda _s, r: asked.append(r) or [])
         assert result.outcome == "pending_recompute" and result.request is not None
@@ -225,7 +222,6 @@ def test_export_reads_only_the_subjects_hours_and_finds_nothing_after_a_forget(
                 events.append(e)
                 mine.append(e)
         store.note_hours([(e.user or "", e.ts) for e in events])
-        store.flush()
         _produce(psettings, topic, events)
         run_index(psettings, topic=topic)
         late = Event(ts=T0 + timedelta(hours=2, minutes=5), item="#late", user=pseudo["hank"])

@@ -13,6 +13,7 @@ import threading
 import time
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -156,6 +157,7 @@ def _settings(**collector: object) -> Settings:
             "kafka": base.kafka.model_copy(update={"bootstrap_servers": f"127.0.0.1:{free_port()}"}),  # nothing there
             "collector": base.collector.model_copy(update={"delivery_timeout_s": 1.0, **collector}),
             "serving": base.serving.model_copy(update={"api_token": SecretStr(TOKEN)}),
+            "privacy": base.privacy.model_copy(update={"pseudonymise": False}),  # no Cassandra in unit tests
         }
     )
 
@@ -197,6 +199,25 @@ def test_kafka_unreachable_is_a_503_with_retry_after(client: TestClient) -> None
     metrics = client.get("/metrics").text
     assert 'trends_collector_requests_total{status="503"} 1.0' in metrics
     assert 'trends_collector_events_total{outcome="accepted"} 0.0' in metrics
+
+
+def test_a_subject_store_that_does_not_answer_is_a_503_and_nothing_is_produced(tmp_path: Path) -> None:
+    """Users are pseudonymised on the request's thread: a store failure refuses the request before the producer."""
+    base = _settings()
+    settings = base.model_copy(
+        update={
+            "privacy": base.privacy.model_copy(
+                update={"pseudonymise": True, "subject_key_file": tmp_path / "missing.key"}
+            )
+        }
+    )
+    with TestClient(create_app(settings)) as c:
+        c.headers["Authorization"] = f"Bearer {TOKEN}"
+        status, answer, headers = post(c, json.dumps([EVENT]).encode())
+        assert status == 503 and "subject store" in answer["detail"], answer
+        assert headers["retry-after"] == "5"
+        assert c.app.state.collector.loop.producer.summary.produced == 0  # type: ignore[attr-defined]
+        assert post(c, json.dumps([{k: v for k, v in EVENT.items() if k != "user"}]).encode())[0] == 503  # Kafka
 
 
 def test_over_the_rate_limit_is_a_429_with_retry_after() -> None:

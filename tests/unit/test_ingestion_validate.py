@@ -248,3 +248,45 @@ def test_the_replay_encoding_is_the_validated_event_on_the_wire(
     outcome = validate_json(raw, ctx, 7)
     expected = outcome if isinstance(outcome, Reject) else (outcome.to_json(), outcome.key(key_field), outcome.ts_ms)
     assert encode_json(raw, ctx, key_field, 7) == expected
+
+
+def _near(rest: str) -> str:
+    """Return a record in the event's own layout, its time canonical: ``rest`` holds its other fields."""
+    return '{"ts":"2026-11-22T11:00:00.000Z",' + rest + "}"
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (_near('"item":"a\x7f"'), Reason.CONTROL_CHARACTER),  # ASCII, but DEL
+        (_near('"item":"a\\u0000"'), Reason.CONTROL_CHARACTER),  # an escape
+        (_near('"item":"a\u009b"'), Reason.CONTROL_CHARACTER),  # not ASCII
+        (_near('"item":""'), Reason.INVALID_FIELD),
+        (_near('"item":"' + "a" * 257 + '"'), Reason.OVERSIZE_FIELD),
+        (_near('"item":"a","user":""'), Reason.INVALID_FIELD),
+        (_near('"item":"a","dims":{"a b":"x"}'), Reason.INVALID_FIELD),
+        (_near('"item":"a","dims":{"k":""}'), Reason.INVALID_FIELD),
+        (_near('"item":"a","value":1e400'), Reason.NON_FINITE),
+        (_near('"item":"a","v":2'), Reason.UNSUPPORTED_VERSION),
+        ('{"ts":"2026-11-22T12:30:00.000Z","item":"a"}', Reason.FUTURE_TIME),  # canonical, after now + skew
+        ('{"ts":"1969-12-31T23:59:59.999Z","item":"a"}', Reason.BAD_TIME),
+        ('{"ts":"2026-02-30T11:00:00.000Z","item":"a"}', Reason.BAD_TIME),
+        (_near('"item":"' + "a" * 17_000 + '"'), Reason.OVERSIZE_RECORD),
+    ],
+)
+def test_records_near_the_raw_fast_path_are_rejected_as_the_model_rejects_them(raw: str, reason: Reason) -> None:
+    """A record that looks like the event's own form but is not valid gets the model's reason and detail."""
+    from ingestion.validate import encode_json
+
+    data = raw.encode()
+    model = validate_json(data, CTX, 3)
+    assert isinstance(model, Reject) and model.reason == reason, model
+    assert encode_json(data, CTX, "item", 3) == model
+
+
+def test_a_record_in_the_events_own_form_is_written_as_it_came() -> None:
+    from ingestion.validate import encode_json
+
+    event = Event(id="e1", ts=NOW - timedelta(hours=1), item="#a", user="u1", value=2.5, dims={"country": "DE"})
+    wire = event.to_json()
+    assert encode_json(wire, CTX, "user") == (wire, b"u1", event.ts_ms)

@@ -6,14 +6,12 @@ object that answers ``get_schema`` like confluent-kafka's client does (the real 
 
 from __future__ import annotations
 
-import io
 import json
 import struct
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
-import fastavro
 import pytest
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from hypothesis import given
@@ -24,6 +22,7 @@ from ingestion.mapping import ColumnMapping
 from ingestion.validate import Context, Reason, Reject, encode_fields, encoded, validate_fields
 from ingestion.wire import (
     AvroDecoder,
+    AvroEncoder,
     JsonDecoder,
     ProtobufDecoder,
     RegistryUnavailable,
@@ -92,6 +91,17 @@ class Registry:
         self.down = down
         self.asked: list[int] = []
 
+    def register_schema(self, subject: str, schema: Any) -> int:
+        """Register a schema (confluent-kafka's ``Schema``) as the registry does: the same one keeps its id."""
+        del subject
+        entry = (schema.schema_str, schema.schema_type)
+        found = [i for i, known in self.schemas.items() if known == entry]
+        if found:
+            return found[0]
+        schema_id = max(self.schemas, default=0) + 1
+        self.schemas[schema_id] = entry
+        return schema_id
+
     def get_schema(self, schema_id: int) -> Registered:
         self.asked.append(schema_id)
         if self.down:
@@ -117,20 +127,21 @@ V2 = {**V1, "fields": [*V1["fields"][:3], {"name": "latency", "type": ["null", "
 
 
 def avro(schema: dict[str, Any], record: dict[str, Any]) -> bytes:
-    out = io.BytesIO()
-    fastavro.schemaless_writer(out, fastavro.parse_schema(schema), record)
-    return out.getvalue()
+    return AvroEncoder(Registry({}), "t", schema).payload(record)
 
 
 def test_avro_decodes_each_record_with_its_writer_schema_fetched_once_per_id() -> None:
-    registry = Registry({1: (json.dumps(V1), "AVRO"), 2: (json.dumps(V2), "AVRO")})
+    registry = Registry({})
+    v1, v2 = AvroEncoder(registry, "clicks", V1), AvroEncoder(registry, "clicks", V2)
+    assert (v1.schema_id, v2.schema_id, AvroEncoder(registry, "clicks", V1).schema_id) == (1, 2, 1)
     decode = AvroDecoder(registry)
     ts = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
     old = {"event_id": "a", "ts": ts, "page": "/x", "referrer": "r"}
     new = {"event_id": "b", "ts": ts, "page": "/y", "latency": 2.5}
     for _ in range(3):
-        assert decode(frame(1, avro(V1, old))) == old
-        assert decode(frame(2, avro(V2, new))) == new
+        assert decode(v1(old)) == old
+        assert decode(v2(new)) == new
+    assert v1(old) == frame(1, v1.payload(old))
     assert registry.asked == [1, 2]
 
 

@@ -81,14 +81,11 @@ def test_the_cache_answers_until_its_ttl_then_asks_the_store_again() -> None:
     store = SubjectStore(_settings(pseudonym_cache_ttl_s=60), key=KEY, timer=lambda: now[0])
     asked: list[list[str]] = []
 
-    def fetch(users: dict[str, bytes]) -> dict[str, str]:
+    def fetch(users: dict[str, bytes], hours: list[tuple[bytes, int]]) -> dict[str, str]:
         asked.append(sorted(users))
-        found = {u: f"p_{len(asked)}{u}" for u in users}
-        for u, key in users.items():  # as the real one does: cache what it found
-            store._cache[u] = (found[u], key)  # type: ignore[index]
-        return found
+        return {u: f"p_{len(asked)}{u}" for u in users}
 
-    store._fetch_or_create = fetch  # type: ignore[method-assign]
+    store._read_then_write = fetch  # type: ignore[method-assign]
     assert store.pseudonyms(["a", "b", "a"]) == {"a": "p_1a", "b": "p_1b"}
     now[0] = 59.0
     assert store.pseudonyms(["a", "c"]) == {"a": "p_1a", "c": "p_2c"}
@@ -123,14 +120,9 @@ class _Table:
         self.table: dict[str, str] = {}
         self.hours: set[tuple[str, datetime]] = set()
 
-    def pseudonyms(self, users: Iterable[str]) -> dict[str, str]:
+    def resolve(self, users: Iterable[str], hours: Iterable[tuple[str, int]] = ()) -> dict[str, str]:
+        self.hours.update((u, datetime.fromtimestamp(ms // 1000, UTC)) for u, ms in hours)
         return {u: self.table.setdefault(u, new_pseudonym()) for u in users}
-
-    def note_hours(self, pairs: Iterable[tuple[str, datetime]]) -> None:
-        self.hours.update(pairs)
-
-    def flush(self) -> None:
-        pass
 
     def close(self) -> None:
         pass
@@ -165,6 +157,32 @@ def test_encoded_events_carry_the_pseudonym_in_json_key_and_content_id() -> None
     assert out[2] == raw[2]
     hours = sorted(h for _u, h in table.hours)
     assert hours == [datetime(2025, 5, 1, 10, tzinfo=UTC), datetime(2025, 5, 1, 11, tzinfo=UTC)]
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"ts": "2025-05-01T10:00:00.123Z", "item": "#a", "user": "alice", "value": 1e20},  # json writes this float
+        {"ts": "2025-05-01T10:00:00Z", "item": "#a", "user": "alice", "value": 1.5e-7, "dims": {"b": "y", "a": "x"}},
+        {"id": "c-not-derived", "ts": "2025-05-01T10:00:00Z", "item": "#a", "user": "alice"},  # kept as it is
+        {"ts": 1746093600, "item": "caf\u00e9", "user": "Ame\u0301lie", "value": -0.0},
+    ],
+)
+@pytest.mark.parametrize("key_field", ["item", "user", "id", "none"])
+def test_pseudonymised_bytes_are_the_model_paths(record: dict[str, Any], key_field: str) -> None:
+    """The rewrite skips validating the other fields again: it must still write what the model writes."""
+    pseudonymiser, table = _pseudonymiser()
+    ctx = Context(source="t", now=datetime(2026, 1, 1, tzinfo=UTC))
+    raw = json.dumps(record).encode()
+    encoded = cast("tuple[bytes, bytes | None, int]", encode_json(raw, ctx, key_field))
+    [(value, key, ts_ms)] = pseudonymiser.encoded([encoded], key_field)
+    original = Event.model_validate(record)
+    pseudonym = next(iter(table.table.values()))
+    update: dict[str, Any] = {"user": pseudonym}
+    if original.id == content_id(original.ts, original.item, original.user, original.value, original.dims):
+        update["id"] = content_id(original.ts, original.item, pseudonym, original.value, original.dims)
+    expected = original.model_copy(update=update)
+    assert (value, key, ts_ms) == (expected.to_json(), expected.key(key_field), expected.ts_ms)
 
 
 def test_the_model_path_pseudonymises_the_event() -> None:

@@ -18,6 +18,7 @@ from views.event import (
     Event,
     avro_schema,
     encode_fast,
+    encode_raw_fast,
     format_ts,
     parse_time,
     spark_schema,
@@ -318,3 +319,78 @@ def test_the_fast_path_agrees_with_the_model_at_every_limit(change: dict[str, ob
         assert fast == _wire(fields, "item")
     else:
         assert fast is None
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_RECORDS, _KEYS, st.booleans())
+def test_the_raw_fast_path_writes_the_models_event_or_defers_to_it(
+    fields: dict[str, object], key_field: str, ascii_only: bool
+) -> None:
+    """encode_raw_fast reads JSON bytes in C: whatever it takes, it writes as the model does."""
+    try:
+        raw = json.dumps(fields, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
+    except ValueError:  # NaN and infinities are not JSON
+        return
+    fast = encode_raw_fast(raw, key_field)
+    if fast is not None:
+        assert fast == _wire(json.loads(raw), key_field)
+
+
+@pytest.mark.parametrize(
+    ("change", "fast_path"),
+    [
+        ({}, True),
+        ({"v": 1, "id": "e-1", "user": "u", "value": 2.5, "dims": {"country": "DE"}}, True),
+        ({"dims": {"A" * 64: "v", **{f"k{i}": "v" for i in range(15)}}}, True),
+        ({"dims": {"A" * 65: "v"}}, False),
+        ({"dims": {f"k{i}": "v" for i in range(17)}}, False),
+        ({"dims": {"a b": "v"}}, False),
+        ({"dims": {"a\n": "v"}}, False),
+        ({"dims": {"k": ""}}, False),
+        ({"dims": {"k": 1}}, False),
+        ({"dims": {}}, True),
+        ({"value": 2**53}, True),
+        ({"value": 2**53 + 1}, False),
+        ({"value": True}, False),
+        ({"value": "1.5"}, False),
+        ({"value": 1e20}, True),
+        ({"id": "A" * 128}, True),
+        ({"id": "A" * 129}, False),
+        ({"id": 7}, False),
+        ({"id": None}, False),
+        ({"user": ""}, False),
+        ({"user": None}, True),
+        ({"item": "A" * 256}, True),
+        ({"item": "A" * 257}, False),
+        ({"item": "e\u0301"}, False),  # an escape: the other paths normalise it
+        ({"item": "caf\u00e9"}, False),
+        ({"item": "a\u007f"}, False),
+        ({"item": "a\u009b"}, False),
+        ({"ts": "2026-05-01T10:00:00Z"}, False),  # valid, but not the canonical layout
+        ({"ts": "2026-02-30T10:00:00.000Z"}, False),
+        ({"ts": "1969-12-31T23:59:59.999Z"}, False),
+        ({"ts": "1970-01-01T00:00:00.000Z"}, True),
+        ({"v": 2}, False),
+        ({"v": True}, False),
+        ({"extra": 1}, False),
+    ],
+)
+def test_the_raw_fast_path_agrees_with_the_model_at_every_limit(change: dict[str, object], fast_path: bool) -> None:
+    fields = {**_BASE, **change}
+    raw = json.dumps(fields, ensure_ascii=True).encode()
+    fast = encode_raw_fast(raw, "item")
+    if fast_path:
+        assert fast is not None
+        assert fast == _wire(fields, "item")
+    else:
+        assert fast is None
+
+
+def test_the_raw_fast_path_refuses_bytes_it_cannot_read_as_they_are() -> None:
+    good = json.dumps(_BASE).encode()
+    assert encode_raw_fast(good, "item") is not None
+    assert encode_raw_fast(good.replace(b'"x"', b'"x\x7f"'), "item") is None  # DEL
+    assert encode_raw_fast(good.replace(b'"x"', '"x\u00e9"'.encode()), "item") is None  # not ASCII
+    assert encode_raw_fast(good.replace(b'"x"', b'"x\t"'), "item") is None  # a raw tab: not JSON
+    assert encode_raw_fast(b"[" + good + b"]", "item") is None
+    assert encode_raw_fast(good, "value") is None
