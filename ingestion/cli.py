@@ -18,6 +18,7 @@ import click
 
 from infra.params import TIME_HELP, UTC_TIME
 from infra.settings import Settings
+from infra.settings_env import env_var, with_env_vars
 
 logger = logging.getLogger(__name__)
 
@@ -39,12 +40,12 @@ def scoped(
 
 
 def _topic_options(fn: Any) -> Any:
-    fn = click.option("--topic", help="Events topic (default: TRENDS_KAFKA__EVENTS_TOPIC).")(fn)
-    fn = click.option("--dlq-topic", help="Dead-letter topic (default: TRENDS_KAFKA__DLQ_TOPIC).")(fn)
+    fn = click.option("--topic", help=f"Events topic (default: {env_var('kafka.events_topic')}).")(fn)
+    fn = click.option("--dlq-topic", help=f"Dead-letter topic (default: {env_var('kafka.dlq_topic')}).")(fn)
     fn = click.option(
         "--key-field",
         type=click.Choice(["item", "user", "id", "none"]),
-        help="Field that keys the records (default: TRENDS_INGEST__KEY_FIELD).",
+        help=f"Field that keys the records (default: {env_var('ingest.key_field')}).",
     )(fn)
     return fn
 
@@ -415,6 +416,7 @@ Examples:
 )
 @_topic_options
 @click.pass_obj
+@with_env_vars
 def collect(
     settings: Settings,
     *,
@@ -430,7 +432,7 @@ def collect(
     The body is a JSON array of events (application/json) or JSON lines (application/x-ndjson), gzip allowed;
     each record is validated as `trends ingest file` does. The answer comes once Kafka acknowledged every record:
     200 with the accepted and rejected counts (rejects go to the dead-letter topic with their reason), or 503 with
-    Retry-After. Requests need TRENDS_SERVING__API_TOKEN when it is set; off loopback it must be set.
+    Retry-After. Requests need ${serving.api_token} when it is set; off loopback it must be set.
     `trends collect` and `trends ingest collect` are the same command.
     """
     from infra.errors import TrendsError
@@ -442,7 +444,11 @@ def collect(
     port = port if port is not None else settings.collector.port
     token = settings.serving.api_token.get_secret_value() if settings.serving.api_token is not None else None
     problem = exposure_problem(
-        "the collector", host, token, guard_var="TRENDS_SERVING__API_TOKEN", host_var="--host/TRENDS_COLLECTOR__HOST"
+        "the collector",
+        host,
+        token,
+        guard_var=env_var("serving.api_token"),
+        host_var=f"--host/{env_var('collector.host')}",
     )
     if problem and not insecure:
         msg = f"{problem} (--insecure serves it anyway)"
@@ -493,14 +499,14 @@ Examples:
     "sources",
     multiple=True,
     metavar="TOPIC",
-    help="A topic to read (repeatable), as the consumer group --group. Default: TRENDS_BRIDGE__SOURCES.",
+    help=f"A topic to read (repeatable), as the consumer group --group. Default: {env_var('bridge.sources')}.",
 )
 @click.option(
     "--format",
     "fmt",
     type=click.Choice(["json", "avro", "protobuf"]),
-    help="json: plain JSON; avro, protobuf: Confluent wire format, schemas from TRENDS_REGISTRY__URL. "
-    "Default: TRENDS_BRIDGE__FORMAT.",
+    help=f"json: plain JSON; avro, protobuf: Confluent wire format, schemas from {env_var('registry.url')}. "
+    f"Default: {env_var('bridge.format')}.",
 )
 @click.option(
     "-m",
@@ -519,7 +525,7 @@ Examples:
     help="auto (ISO with offset, epoch s/ms, Avro/Protobuf timestamps), iso, epoch_s/ms/us, or a pattern.",
 )
 @click.option("--assume-tz", help="IANA zone of times written without an offset (default: reject them).")
-@click.option("--group", help="Consumer group on the source topics (default: TRENDS_BRIDGE__GROUP_ID).")
+@click.option("--group", help=f"Consumer group on the source topics (default: {env_var('bridge.group_id')}).")
 @click.option(
     "--transactional-id",
     help="transactional.id of the producer (default: <group>.bridge); each bridge of one group needs its own.",
@@ -568,7 +574,7 @@ def kafka(
     settings = settings.model_copy(update={"bridge": settings.bridge.model_copy(update=bridge_update)})
     sources = sources or tuple(settings.bridge.sources)
     if not sources:
-        msg = "name the topics to read: --from TOPIC (or TRENDS_BRIDGE__SOURCES)"
+        msg = f"name the topics to read: --from TOPIC (or {env_var('bridge.sources')})"
         raise click.UsageError(msg)
     try:
         mapping = ColumnMapping.parse(
@@ -601,7 +607,7 @@ def kafka(
 
 
 @ingest.command(epilog=DLQ_EXAMPLES)
-@click.option("--topic", help="Dead-letter topic (default: TRENDS_KAFKA__DLQ_TOPIC).")
+@click.option("--topic", help=f"Dead-letter topic (default: {env_var('kafka.dlq_topic')}).")
 @click.option("--since", type=UTC_TIME, help=f"Only records rejected since: {TIME_HELP}.")
 @click.option("--reason", help="Only this reason code.")
 @click.option("--limit", type=click.IntRange(min=1), help="Read at most this many records.")

@@ -34,6 +34,7 @@ from typing import Any, Final
 from infra.dlq import REASON_HEADER, SOURCE_HEADER
 from infra.errors import TrendsError
 from infra.settings import Settings
+from infra.settings_env import env_var
 from ingestion.validate import Reason, Reject
 from views.event import format_ts, parse_time, ts_millis
 
@@ -167,7 +168,10 @@ def read_dead_letters(
             msg = f"cannot reach Kafka at {settings.kafka.bootstrap_servers}: {exc}"
             raise TrendsError(msg) from exc
         if meta is None or meta.error is not None or not meta.partitions:
-            msg = f"dead-letter topic {topic} does not exist (run `trends stack up` or check TRENDS_KAFKA__DLQ_TOPIC)"
+            msg = (
+                f"dead-letter topic {topic} does not exist (run `trends stack up` or check "
+                f"{env_var('kafka.dlq_topic')})"
+            )
             raise TrendsError(msg)
         partitions = sorted(meta.partitions)
         marks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s) for p in partitions}

@@ -16,7 +16,7 @@ import click
 from infra.params import UTC_TIME
 from infra.security import escape_text
 from infra.settings import Settings
-from infra.settings_env import to_env
+from infra.settings_env import env_var, to_env, with_env_vars
 
 if TYPE_CHECKING:
     from serving.plan import Resolution
@@ -139,10 +139,11 @@ def serve_command(app_module: str = "serving.api") -> click.Command:
         help="Worker processes on the port (default: serving.workers); they share nothing but Cassandra.",
     )
     @click.pass_obj
+    @with_env_vars
     def serve(settings: Settings, host: str | None, port: int | None, insecure: bool, workers: int | None) -> None:
         """Serve the HTTP API (/api/v1, /docs, /health, /ready, /metrics) and the dashboard (/).
 
-        Off loopback the API needs TRENDS_SERVING__API_TOKEN (16 characters or more) unless --insecure is given.
+        Off loopback the API needs ${serving.api_token} (16 characters or more) unless --insecure is given.
         With several workers, /metrics adds up all of them (Prometheus multiprocess mode, a fresh directory per start).
         """
         from infra.security import exposure_problem
@@ -153,7 +154,7 @@ def serve_command(app_module: str = "serving.api") -> click.Command:
         )
         token = settings.serving.api_token.get_secret_value() if settings.serving.api_token is not None else None
         problem = exposure_problem(
-            "the API", host, token, guard_var="TRENDS_SERVING__API_TOKEN", host_var="--host/TRENDS_SERVING__HOST"
+            "the API", host, token, guard_var=env_var("serving.api_token"), host_var=f"--host/{env_var('serving.host')}"
         )
         if problem and not insecure:
             msg = f"{problem} (--insecure serves it anyway)"

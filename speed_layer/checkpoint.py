@@ -15,6 +15,7 @@ from typing import Any
 
 from infra.errors import ConfigurationError
 from infra.settings import DedupeBy, Settings
+from infra.settings_env import env_var
 from views.definition import KLL_K, differences, fingerprint, view_definition
 
 __all__ = [
@@ -46,10 +47,11 @@ def refusal(checkpoint: str, recorded: dict[str, Any], current: dict[str, Any]) 
     return (
         f"the view definition changed since the speed checkpoint {checkpoint} was started "
         f"({'; '.join(differences(recorded, current))}). Its state holds sketches of the old definition, which "
-        "the job would merge with new ones. Either restore the settings (TRENDS_VIEWS__*), or start a new "
-        "checkpoint: stop the speed job, move the checkpoint folder aside (or set TRENDS_SPEED__QUERY_NAME to a new "
-        "name), start the job again with --from-watermark (or TRENDS_SPEED__FROM_WATERMARK=true: it starts at the "
-        "batch watermark, no gap above it; without it, it reads from TRENDS_SPEED__STARTING_OFFSETS), and "
+        f"the job would merge with new ones. Either restore the settings ({env_var('views.*')}), or start a new "
+        "checkpoint: stop the speed job, move the checkpoint folder aside (or set "
+        f"{env_var('speed.query_name')} to a new name), start the job again with --from-watermark (or "
+        f"{env_var('speed.from_watermark')}=true: it starts at the batch watermark, no gap above it; without it, "
+        f"it reads from {env_var('speed.starting_offsets')}), and "
         "recompute with `trends batch run --start ... --end ...` the hours to be served under the new definition. "
         "See docs/runbook.md, 'Upgrades'."
     )
@@ -143,8 +145,8 @@ def dedupe_of(spark: Any, settings: Settings, checkpoint: str) -> DedupeBy:
         found = DEDUPE_ID  # state without Spark's operator metadata: written before it kept one, by the dedupe by id
     if found is not None and found != wanted:
         logger.warning(
-            "the speed checkpoint %s keeps the dedupe by %s its state was started with; TRENDS_SPEED__DEDUPE_BY=%s "
+            "the speed checkpoint %s keeps the dedupe by %s its state was started with; %s=%s "
             "applies to a new checkpoint (docs/runbook.md, 'Upgrades')",
-            checkpoint, found, wanted,
+            checkpoint, found, env_var("speed.dedupe_by"), wanted,
         )  # fmt: skip
     return found or wanted

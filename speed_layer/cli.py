@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from infra.settings import Settings
+from infra.settings_env import env_var
 
 
 @click.group()
@@ -21,7 +22,7 @@ def speed() -> None:
     "--from-watermark/--no-from-watermark",
     default=None,
     help="Where a new checkpoint starts: at the batch watermark (offsets from the event-time index, indexed first; "
-    "records below it are skipped), or at --starting-offsets. Default: TRENDS_SPEED__FROM_WATERMARK (on); "
+    f"records below it are skipped), or at --starting-offsets. Default: {env_var('speed.from_watermark')} (on); "
     "ignored once a checkpoint exists.",
 )
 @click.option("--max-seconds", type=click.FloatRange(min=1), help="Stop gracefully after this many seconds.")

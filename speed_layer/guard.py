@@ -26,6 +26,7 @@ from typing import Any
 
 from infra.checkpoints import SPARK_METADATA, is_remnant
 from infra.errors import CheckpointLostError
+from infra.settings_env import env_var
 from speed_layer.checkpoint import CheckpointFiles
 
 logger = logging.getLogger(__name__)
@@ -98,8 +99,9 @@ class CheckpointGuard:
         msg = (
             f"the speed checkpoint {self.checkpoint} was lost under the running query {self.query_id} ({self.lost}). "
             "The query was stopped: what it wrote since is not a checkpoint it can resume. The next start moves "
-            "what is left aside and begins a new epoch (from the batch watermark with TRENDS_SPEED__FROM_WATERMARK="
-            "true, else at TRENDS_SPEED__STARTING_OFFSETS); the stack's supervisor restarts the job by itself. "
+            "what is left aside and begins a new epoch (from the batch watermark with "
+            f"{env_var('speed.from_watermark')}="
+            f"true, else at {env_var('speed.starting_offsets')}); the stack's supervisor restarts the job by itself. "
             "See docs/runbook.md, 'A lost speed checkpoint'."
         )
         return CheckpointLostError(msg)
