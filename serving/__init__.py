@@ -11,7 +11,8 @@ loads a window for it):
   and reading and merging only what moved);
 * answering — :mod:`serving.queries` (counts, users, quantiles, top, trending, series), :mod:`serving.status` (gap
   minutes, losses, a pin's effect), :mod:`serving.console` (the operator console;
-  :mod:`serving.console_sources` reads Airflow and the dead letters for it).
+  :mod:`serving.console_sources` reads Airflow and the dead letters for it; :mod:`serving.console_model` is its
+  answer's types).
 
 Around them: :mod:`serving.params` (what a query may ask, shared by the CLI and the API), :mod:`serving.cli`
 (``trends query``, ``trends serve``), and the HTTP API — :mod:`serving.api` (the app), :mod:`serving.routes`,

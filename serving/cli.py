@@ -251,7 +251,7 @@ def summary(
     click.echo(f"values  {qs}  (rank error ±{ans.quantile_rank_error:.2%})")
     click.echo(f"top items (count within [lower, upper]; unlisted items ≤ {ans.items_max_error}):")
     for t in ans.top_items:
-        click.echo(f"  {escape_text(t['item']):30} {t['estimate']:>8}  [{t['lower']}, {t['upper']}]")
+        click.echo(f"  {escape_text(t.item):30} {t.estimate:>8}  [{t.lower}, {t.upper}]")
     for line in _provenance_lines(ans.provenance):
         click.echo(escape_text(line))
 
