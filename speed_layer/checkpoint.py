@@ -16,7 +16,7 @@ from typing import Any
 from infra.errors import ConfigurationError
 from infra.settings import DedupeBy, Settings
 from infra.settings_env import env_var
-from views.definition import KLL_K, differences, fingerprint, view_definition
+from views.definition import KLL_K, Definition, differences, fingerprint, to_json, view_definition
 
 __all__ = [
     "KLL_K",
@@ -42,7 +42,7 @@ class ViewDefinitionChangedError(ConfigurationError):
     """The settings define the views differently from the speed checkpoint's state."""
 
 
-def refusal(checkpoint: str, recorded: dict[str, Any], current: dict[str, Any]) -> str:
+def refusal(checkpoint: str, recorded: dict[str, Any], current: Definition) -> str:
     """Return the message of a refused start: what changed and the two ways out."""
     return (
         f"the view definition changed since the speed checkpoint {checkpoint} was started "
@@ -110,9 +110,11 @@ def check_view_definition(spark: Any, settings: Settings, checkpoint: str) -> st
         logger.warning(
             "the speed checkpoint %s has no record of its view definition (started by an older version); "
             "recording the current one (%s), which cannot be checked against its state",
-            checkpoint, json.dumps(current),
+            checkpoint, to_json(current),
         )  # fmt: skip
-    files.write(DEFINITION_FILE, json.dumps({"fingerprint": fingerprint(current), "definition": current}, indent=1))
+    files.write(
+        DEFINITION_FILE, json.dumps({"fingerprint": fingerprint(current), "definition": current.as_json()}, indent=1)
+    )
     logger.info("speed checkpoint %s: view definition %s recorded", checkpoint, fingerprint(current))
     return fingerprint(current)
 
