@@ -16,9 +16,9 @@ from typing import IO, Any, BinaryIO, cast
 
 import click
 
-from infra.params import TIME_HELP, UTC_TIME
 from infra.settings import Settings
 from infra.settings_env import env_var, with_env_vars
+from infra.user_time import TIME_HELP, UTC_TIME
 
 logger = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from infra.params import UTC_TIME
 from infra.security import escape_text
 from infra.settings import Settings
 from infra.settings_env import env_var, to_env, with_env_vars
+from infra.user_time import UTC_TIME
 
 if TYPE_CHECKING:
     from serving.plan import Resolution

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from infra.checkpoints import CheckpointState, checkpoint_state
+from infra.speed_checkpoint import CheckpointState, checkpoint_state
 from serving import console_sources, params
 from serving.console_model import (
     AnswerInfo,

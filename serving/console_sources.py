@@ -130,7 +130,7 @@ def read_backfills(settings: Settings) -> Backfills | AirflowUnreachable:
 
 def read_dead_letters(settings: Settings) -> DeadLetters | KafkaUnreachable:
     """Return the newest dead letters counted by reason, or why Kafka could not be read."""
-    from infra.dlq import reason_counts  # noqa: PLC0415 - imports the Kafka client only when asked
+    from infra.dlq_reasons import reason_counts  # noqa: PLC0415 - imports the Kafka client only when asked
 
     topic = settings.kafka.dlq_topic
     try:

@@ -88,7 +88,7 @@ def run(
 def status(settings: Settings) -> None:
     """Show the speed view's freshness (newest event time written, watermark, last batch) and the checkpoint."""
     from infra.cassandra import session
-    from infra.checkpoints import checkpoint_state
+    from infra.speed_checkpoint import checkpoint_state
     from views.store.speed import SpeedRows
 
     click.echo(f"{settings.speed.query_name}: {checkpoint_state(settings).describe()}")

@@ -11,9 +11,9 @@ So the job watches its checkpoint (:class:`CheckpointGuard`): Spark writes the q
 starts a checkpoint and never again, so a ``metadata`` that is gone, or names another query, means the checkpoint
 was lost. The job then stops the query and fails loudly (:class:`CheckpointLostError`, exit status
 :data:`infra.errors.EXIT_CHECKPOINT_LOST`, naming the checkpoint); the stack's supervisor restarts it. On every
-start, a folder holding Spark's files without its ``metadata`` (:func:`infra.checkpoints.is_remnant`) is moved aside
-(``<checkpoint>.lost-<time>``, kept for a post-mortem), so the start is a new epoch — from the batch watermark with
-``speed.from_watermark``, or at ``speed.starting_offsets``.
+start, a folder holding Spark's files without its ``metadata`` (:func:`infra.speed_checkpoint.is_remnant`) is moved
+aside (``<checkpoint>.lost-<time>``, kept for a post-mortem), so the start is a new epoch — from the batch watermark
+with ``speed.from_watermark``, or at ``speed.starting_offsets``.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from infra.checkpoints import SPARK_METADATA, is_remnant
 from infra.errors import CheckpointLostError
 from infra.settings_env import env_var
-from speed_layer.checkpoint import CheckpointFiles
+from infra.speed_checkpoint import SPARK_METADATA, is_remnant
+from speed_layer.checkpoint_definition import CheckpointFiles
 
 logger = logging.getLogger(__name__)
 

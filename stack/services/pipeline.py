@@ -11,11 +11,11 @@ from pathlib import Path
 
 from typing_extensions import override
 
-from infra.checkpoints import checkpoint_state
 from infra.errors import StackError
 from infra.security import exposure_problem
 from infra.settings import SECRETS_DIR_ENV
 from infra.settings_env import env_var, secret_vars, to_env
+from infra.speed_checkpoint import checkpoint_state
 from stack.process import child_env, http_ok, write_private
 from stack.services.base import LoopbackProcess, ServiceStatus
 from stack.supervisor import SupervisorState

@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient
 
 from batch_layer import job, offsets
 from batch_layer.hours import hours_between
-from batch_layer.store import BatchStore
+from batch_layer.publish import BatchStore
 from infra import migrations
 from infra.cassandra import session, table
 from infra.settings import Settings

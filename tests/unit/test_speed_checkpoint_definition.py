@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from infra.settings import Settings
-from speed_layer.checkpoint import differences, fingerprint, refusal, view_definition
+from speed_layer.checkpoint_definition import differences, fingerprint, refusal, view_definition
 
 
 def _with(**views: object) -> Settings:

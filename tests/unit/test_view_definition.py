@@ -16,7 +16,7 @@ from views.definition import (
 
 
 def test_the_fingerprint_is_the_one_checkpoints_recorded_before_the_move() -> None:
-    # computed by speed_layer/checkpoint.py before the definition moved to views/: existing checkpoints match
+    # computed by speed_layer/checkpoint_definition.py before the definition moved to views/: existing checkpoints match
     assert fingerprint(definition_of([], 1024)) == "168d7f574dba9d9b"
     assert fingerprint(definition_of(["country"], 1024)) == "92fdacca06743583"
     assert fingerprint(definition_of(["device", "country"], 64)) == "580d78e35961ec4c"
