@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from infra.privacy.ledger import RequestInfo
+from serving.status import LossRecord
 
 SpeedState = Literal["covered", "expired", "started_after", "stopped", "not_yet_seen"]
 BatchState = Literal["completed", "empty", "stale", "incomplete", "missing"]
@@ -213,19 +214,9 @@ class AnswerInfo(_Body):
     gaps: int
 
 
-class LossInfo(_Body):
-    """Records removed from the events topic before the index read them (times as ISO-8601 text, as in the lineage)."""
+class LossInfo(LossRecord):
+    """A loss as ``/status`` shows it, and why the hours before its bound are incomplete."""
 
-    topic: str
-    partition: int
-    first_offset: int
-    last_offset: int
-    records: int
-    noticed_at: str | None
-    older_than: str | None
-    retention_ms: int | None
-    oldest_surviving: str | None
-    hours_before: str
     why: str
 
 
