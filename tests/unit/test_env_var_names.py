@@ -15,7 +15,7 @@ from infra.settings import Settings
 from infra.settings_env import env_var, setting_exists, with_env_vars
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("app", "batch_layer", "infra", "ingestion", "privacy", "serving", "speed_layer", "stack", "views")
+PACKAGES = ("app", "batch_layer", "dags", "infra", "ingestion", "privacy", "serving", "speed_layer", "stack", "views")
 # A variable name: a section's setting (TRENDS_KAFKA__SASL_PASSWORD) or one of the root's (TRENDS_SECRETS_DIR).
 HAND_TYPED = re.compile(r"TRENDS_(?:[A-Z]+__[A-Z0-9_*]+|SECRETS_DIR|CACHE_DIR|DATA_DIR|LOG_LEVEL)")
 # Where a hand-typed name stays, and why.
