@@ -83,7 +83,7 @@ test: setup $(BROWSER) $(PROMTOOL) lint docs-check
 	$(BIN)/pytest --durations=25
 
 test-unit: $(INSTALLED) $(PROMTOOL)
-	$(BIN)/pytest -m "not services and not spark"
+	$(BIN)/pytest -m "not services and not spark and not soak"
 
 # The slow suites of faults as they happen (marked `faults`; kept out of make test to hold it under 25 minutes):
 # speed rows lost and expired by TTL and a lost checkpoint (test_speed_coverage), a new checkpoint from the batch

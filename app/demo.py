@@ -30,6 +30,7 @@ from infra.cassandra import session
 from infra.dag_contract import BACKFILL_DAG, END_PARAM, START_PARAM
 from infra.errors import StackError
 from infra.settings import Settings
+from infra.settings_env import env_var
 from serving.reader import ViewReader
 from stack import control
 from stack.airflow.config import AirflowConfig
@@ -197,7 +198,7 @@ def _collect(settings: Settings) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])
-    env = {**_env(settings, "kafka", "cassandra"), "TRENDS_COLLECTOR__PORT": str(port)}
+    env = {**_env(settings, "kafka", "cassandra"), env_var("collector.port"): str(port)}
     url = f"http://127.0.0.1:{port}/api/v1/events"
     click.echo(f"trends collect  (POST {url})")
     proc = subprocess.Popen(_trends("collect"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # noqa: S603

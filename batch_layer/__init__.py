@@ -4,7 +4,8 @@ The recompute, one module per step: ``job`` (the run: closed hours, many per Spa
 split into passes), ``offsets`` (the offsets that hold them, from the event-time index, and whether they may be
 computed), ``horizon`` (whether an interval is closed yet), ``compute`` (the Spark side of a pass), ``transform``
 (Kafka records in, the minute view out: pure Spark), ``load`` (new versions, pointer swaps, rollups, lineage, into
-Cassandra), ``store`` (the run sequence over the views' storage), ``report`` (each hour's counts and a run's
+Cassandra), ``publish`` (a run's sequence over the views' storage: versioned writes, the
+pointer swap, re-merge, pruning), ``report`` (each hour's counts and a run's
 progress), ``code_version`` (the code a run records).
 
 Around it: ``submit`` (the ``spark-submit`` entry point of the DAGs' recompute), ``tasks`` (what the DAGs' other

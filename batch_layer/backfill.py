@@ -33,8 +33,8 @@ from infra.dag_contract import (
     is_chunk,
 )
 from infra.errors import TrendsError
-from infra.params import UTC_TIME
 from infra.settings import Settings
+from infra.user_time import UTC_TIME
 
 logger = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from infra.params import UTC_TIME
 from infra.settings import Settings
+from infra.user_time import UTC_TIME
 
 
 @click.group()
@@ -127,7 +127,7 @@ def status(settings: Settings, hours: int) -> None:
     Then the latest runs and the last reconciliation of the hours below the watermark.
     """
     from batch_layer.horizon import horizon
-    from batch_layer.store import BatchStore
+    from batch_layer.publish import BatchStore
     from batch_layer.tasks import stale_hours
     from infra.cassandra import session
     from views.buckets import HOUR

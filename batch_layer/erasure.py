@@ -17,7 +17,7 @@ from datetime import datetime
 
 from batch_layer import horizon, offsets
 from batch_layer.hours import chunks
-from batch_layer.store import BatchStore
+from batch_layer.publish import BatchStore
 from infra.cassandra import session
 from infra.privacy.ledger import Ledger
 from infra.settings import Settings

@@ -25,8 +25,8 @@ from batch_layer import compute, horizon, load, offsets
 from batch_layer.code_version import code_version
 from batch_layer.compute import Computed
 from batch_layer.hours import chunks, hours_of, taper
+from batch_layer.publish import BatchStore
 from batch_layer.report import RunProgress, RunResult
-from batch_layer.store import BatchStore
 from infra.cassandra import session
 from infra.privacy.exclusions import excluded_users
 from infra.settings import Settings

@@ -10,8 +10,8 @@ from datetime import date, datetime
 
 from batch_layer.compute import Computed
 from batch_layer.offsets import Plan
+from batch_layer.publish import BatchStore, new_run_id
 from batch_layer.report import RunResult, counts_of
-from batch_layer.store import BatchStore, new_run_id
 from views.buckets import HOUR
 from views.store.index import IndexStore
 from views.store.losses import Loss, losses_json

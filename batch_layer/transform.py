@@ -49,7 +49,7 @@ def transform(
     from pyspark.sql import functions as F  # noqa: PLC0415
 
     from views.aggregation import aggregate  # noqa: PLC0415
-    from views.events import EVENT_COLUMNS, parse_events, without_users  # noqa: PLC0415
+    from views.event_frames import EVENT_COLUMNS, parse_events, without_users  # noqa: PLC0415
 
     rec_hour = F.date_trunc("hour", F.col("timestamp"))
     wanted = records.select("value", "partition", "offset", rec_hour.alias("rec_hour")).where(

@@ -37,7 +37,7 @@ from typing import Any
 from confluent_kafka import Producer
 
 from batch_layer import offsets
-from batch_layer.store import BatchStore
+from batch_layer.publish import BatchStore
 from infra import migrations, topics
 from infra.airflow.client import AirflowClient
 from infra.cassandra import session

@@ -43,7 +43,7 @@ from confluent_kafka import Producer
 from speed_bench import event_json
 
 from batch_layer import compute, horizon, job, load, offsets, report, transform
-from batch_layer.store import BatchStore
+from batch_layer.publish import BatchStore
 from infra import migrations, topics
 from infra.cassandra import session
 from infra.settings import Settings
@@ -158,7 +158,7 @@ def stages(spark: Any, settings: Settings, hour: datetime) -> list[tuple[str, fl
     plan = step("plan from the index", lambda: plan_of(settings, hour))
     from pyspark.sql import functions as F
 
-    from views.events import EVENT_COLUMNS, parse_events
+    from views.event_frames import EVENT_COLUMNS, parse_events
 
     def digest(frame: Any) -> Any:  # touches every column, so no parsing is pruned away
         return frame.select(F.sum(F.hash(*(c for c in EVENT_COLUMNS if c != "dims"), F.map_values("dims")))).collect()

@@ -71,7 +71,7 @@ import httpx
 from batch_layer import load
 from batch_layer.compute import Computed
 from batch_layer.offsets import HourPlan, Plan
-from batch_layer.store import BatchStore
+from batch_layer.publish import BatchStore
 from infra import migrations
 from infra.cassandra import session
 from infra.settings import Settings

@@ -8,8 +8,8 @@ Run: ``.venv/bin/python bench/speed_bench.py [--events 1000000]`` with the stack
    ``availableNow`` and the same ``maxOffsetsPerTrigger``. Prints rows/s of each and the ratio (goal >= 0.6). The
    speed layer and the same with ``speed.write_rollups`` off run twice each, in turns (not in ``--smoke``): the
    better of each gives the cost of its rollups.
-   Two more queries bound what is reachable: Kafka -> the same decode (``views.events.parse_events``) -> noop, the
-   decode's ceiling (no consumer of the JSON events beats its ratio), and the same plus the speed layer's exact
+   Two more queries bound what is reachable: Kafka -> the same decode (``views.event_frames.parse_events``) -> noop,
+   the decode's ceiling (no consumer of the JSON events beats its ratio), and the same plus the speed layer's exact
    dedupe in RocksDB (no speed layer that dedupes does). Every query is timed warm: each ran once on a small topic
    first (JIT, code generation, connector classes), and all read the same N records from the same topic.
 2. Freshness: ``trends speed run`` with a 1 s trigger in its own process while events are produced at half the
@@ -23,7 +23,7 @@ Run: ``.venv/bin/python bench/speed_bench.py [--events 1000000]`` with the stack
 3. The events' format: the topic's records, read once in a batch and cached, are decoded in Spark three ways to the
    same event columns and aggregated the same way (a sum over every field, so every field is decoded): ``from_json``
    with ``views.event.spark_schema()`` and ``SPARK_JSON_OPTIONS``, the layers' own decode
-   (``views.events.parse_events``), and ``from_avro`` (spark-avro, its own bundle of the jar cache) of the same
+   (``views.event_frames.parse_events``), and ``from_avro`` (spark-avro, its own bundle of the jar cache) of the same
    events encoded as plain Avro binary of ``views.event.avro_schema()``. A bare scan summing the JSON's bytes is the
    baseline. All in one session, warm (one untimed run of each first), ``--decode-runs`` rounds taking each in turn;
    prints best and median rates and the ratios, and fails if the three decodes' sums differ. Runs first, its cache
@@ -183,7 +183,7 @@ def throughput(
 
     def floor(s: Settings, tag: str, dedupe: bool) -> object:
         """Kafka -> the speed layer's JSON parse (-> its exact dedupe in RocksDB) -> noop: no sketches, no sink."""
-        from views.events import parse_events, valid_events
+        from views.event_frames import parse_events, valid_events
 
         events = valid_events(parse_events(kafka(s)))  # type: ignore[arg-type]
         if dedupe:
@@ -256,7 +256,7 @@ def decode_formats(spark: Any, settings: Settings, count: int, runs: int, warm: 
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro, to_avro
 
-    from views.events import EVENT_COLUMNS, parse_events
+    from views.event_frames import EVENT_COLUMNS, parse_events
 
     schema = avro_schema()
     avsc = json.dumps(schema)

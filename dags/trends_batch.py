@@ -54,6 +54,7 @@ from infra.dag_contract import (
     WAIT_TASK,
     submit_script,
 )
+from infra.settings_env import env_var  # light: names the variables, reads no settings
 
 # The batch job's spark-submit entry point inside the installed package (found without importing it), and the
 # interpreter that has the package: the DAG processor's own, unless the worker's environment names another.
@@ -61,9 +62,9 @@ SUBMIT = str(submit_script())
 PYTHON = os.environ.get("PYSPARK_PYTHON", sys.executable)
 # Settings read from the environment at parse time without reading files (the defaults are those of
 # infra.settings.BatchSettings; tests/unit/test_dags.py checks they agree).
-SPARK_CONN_ID = os.environ.get("TRENDS_BATCH__SPARK_CONN_ID", "trends_spark")
-TASK_TIMEOUT = timedelta(seconds=int(os.environ.get("TRENDS_BATCH__TASK_TIMEOUT_S", "10800")))
-BACKFILL_PARALLELISM = int(os.environ.get("TRENDS_BATCH__BACKFILL_PARALLELISM", "2"))
+SPARK_CONN_ID = os.environ.get(env_var("batch.spark_conn_id"), "trends_spark")
+TASK_TIMEOUT = timedelta(seconds=int(os.environ.get(env_var("batch.task_timeout_s"), "10800")))
+BACKFILL_PARALLELISM = int(os.environ.get(env_var("batch.backfill_parallelism"), "2"))
 
 
 def connector_jars() -> str:
@@ -95,7 +96,7 @@ def _submit(task_id: str, **kwargs: Any) -> Any:
         "env_vars": {
             "PYSPARK_PYTHON": PYTHON,
             "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON", PYTHON),
-            "SPARK_LOCAL_IP": os.environ.get("TRENDS_SPARK__LOCAL_IP", "127.0.0.1"),
+            "SPARK_LOCAL_IP": os.environ.get(env_var("spark.local_ip"), "127.0.0.1"),
         },
         "pool_slots": 1,
     }

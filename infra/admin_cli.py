@@ -13,6 +13,7 @@ import click
 from infra import jars
 from infra.dag_contract import DAG_MODULE, dags_folder
 from infra.settings import Settings
+from infra.settings_env import with_env_vars
 
 # The one-line DAG file `admin dags --install` writes: Airflow parses files that name both "airflow" and "dag".
 DAG_FILE = "trends_dags.py"
@@ -80,8 +81,9 @@ def init(settings: Settings, apply_topic_config: bool, only: str | None) -> None
 @admin.command("jars")
 @click.option("--force", is_flag=True, help="Fetch again even if the cached jars are current.")
 @click.pass_obj
+@with_env_vars
 def fetch_jars(settings: Settings, force: bool) -> None:
-    """Fetch Spark's Kafka connector into the jar cache (TRENDS_CACHE_DIR) with Maven, once per machine.
+    """Fetch Spark's Kafka connector into the jar cache (${cache_dir}) with Maven, once per machine.
 
     Every machine that runs a Spark driver needs them: the speed job's, and each Airflow worker that runs the
     batch recompute. Spark ships them to its executors.

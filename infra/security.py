@@ -19,6 +19,8 @@ from urllib.parse import urlsplit
 
 from pydantic import SecretStr
 
+from infra.settings_env import env_var
+
 logger = logging.getLogger(__name__)
 
 # Passwords and tokens that guard a server bound off loopback are at least this long (a random 16-character
@@ -157,7 +159,7 @@ def refuse_exposure(what: str, host: str, token: SecretStr | None, *, host_var: 
     :raises click.UsageError: when the exposure is unsafe and ``insecure`` is not given.
     """
     secret = token.get_secret_value() if token is not None else None
-    problem = exposure_problem(what, host, secret, guard_var="TRENDS_SERVING__API_TOKEN", host_var=host_var)
+    problem = exposure_problem(what, host, secret, guard_var=env_var("serving.api_token"), host_var=host_var)
     if problem is None:
         return
     if not insecure:

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
+from infra.settings_env import env_var
+
 Consistency = Literal["ONE", "TWO", "THREE", "QUORUM", "ALL", "LOCAL_QUORUM", "EACH_QUORUM", "LOCAL_ONE", "ANY"]
 
 
@@ -80,7 +82,7 @@ class KafkaSettings(BaseModel):
     def _consistent_security(self) -> KafkaSettings:
         if self.security_protocol.startswith("SASL_"):
             missing = [
-                f"TRENDS_KAFKA__{name.upper()}"
+                env_var(f"kafka.{name}")
                 for name in ("sasl_mechanism", "sasl_username", "sasl_password")
                 if getattr(self, name) is None
             ]
@@ -88,7 +90,10 @@ class KafkaSettings(BaseModel):
                 msg = f"security_protocol {self.security_protocol} needs {', '.join(missing)}"
                 raise ValueError(msg)
         if (self.ssl_certificate_file is None) != (self.ssl_key_file is None):
-            msg = "a client certificate needs both TRENDS_KAFKA__SSL_CERTIFICATE_FILE and TRENDS_KAFKA__SSL_KEY_FILE"
+            msg = (
+                f"a client certificate needs both {env_var('kafka.ssl_certificate_file')} and "
+                f"{env_var('kafka.ssl_key_file')}"
+            )
             raise ValueError(msg)
         return self
 
@@ -174,7 +179,7 @@ class SchemaRegistrySettings(BaseModel):
     @model_validator(mode="after")
     def _consistent_auth(self) -> SchemaRegistrySettings:
         if (self.username is None) != (self.password is None):
-            msg = "registry basic auth needs both TRENDS_REGISTRY__USERNAME and TRENDS_REGISTRY__PASSWORD"
+            msg = f"registry basic auth needs both {env_var('registry.username')} and {env_var('registry.password')}"
             raise ValueError(msg)
         return self
 
@@ -271,8 +276,8 @@ class CassandraSettings(BaseModel):
     def _consistent_tls(self) -> CassandraSettings:
         if (self.ssl_certificate_file is None) != (self.ssl_key_file is None):
             msg = (
-                "a client certificate needs both TRENDS_CASSANDRA__SSL_CERTIFICATE_FILE and "
-                "TRENDS_CASSANDRA__SSL_KEY_FILE"
+                f"a client certificate needs both {env_var('cassandra.ssl_certificate_file')} and "
+                f"{env_var('cassandra.ssl_key_file')}"
             )
             raise ValueError(msg)
         return self

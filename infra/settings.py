@@ -46,6 +46,7 @@ from infra.service_settings import (
     SchemaRegistrySettings,
     SparkSettings,
 )
+from infra.settings_env import ENV_NESTED_DELIMITER, ENV_PREFIX, env_var
 
 __all__ = [
     "ENV_NESTED_DELIMITER",
@@ -69,11 +70,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-ENV_PREFIX = "TRENDS_"
-ENV_NESTED_DELIMITER = "__"
-SECRETS_DIR_ENV = "TRENDS_SECRETS_DIR"
-# How many times the stack's supervisor restarted a command so far (the speed job exports it as a metric).
-RESTARTS_ENV = "TRENDS_SUPERVISED_RESTARTS"
+SECRETS_DIR_ENV = env_var("secrets_dir")
+# How many times the stack's supervisor restarted a command so far (the speed job exports it as a metric); not a
+# setting (the supervisor sets it for its child), so named with the prefix rather than by env_var.
+RESTARTS_ENV = ENV_PREFIX + "SUPERVISED_RESTARTS"
 # Old name -> new name of settings moved between sections (the old one still works, with a deprecation warning).
 RENAMED = {("speed", "metrics_port"): ("metrics", "speed_port")}
 
@@ -162,7 +162,7 @@ class Settings(BaseSettings):
             if not isinstance(section, dict) or old_name not in section:
                 continue
             old, new = f"{old_section}.{old_name}", f"{new_section}.{new_name}"
-            msg = f"the setting {old} is deprecated: use {new} ({ENV_PREFIX}{new.upper().replace('.', '__')})"
+            msg = f"the setting {old} is deprecated: use {new} ({env_var(new)})"
             warnings.warn(msg, DeprecationWarning, stacklevel=2)
             logger.warning("%s", msg)
             data = {**data, old_section: {k: v for k, v in section.items() if k != old_name}}

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 from infra.errors import TrendsError
 from infra.settings import Settings
+from infra.settings_env import env_var
 from ingestion.mapping import DEFAULT_MAPPING, ColumnMapping
 from ingestion.producer import IngestSummary, producer_config
 from ingestion.pseudonyms import Pseudonymiser
@@ -311,7 +312,7 @@ class Bridge:
                 if elapsed >= self.settings.registry.max_wait_s:
                     msg = (
                         f"the schema registry at {self.settings.registry.url} did not answer for {elapsed:.0f} s "
-                        f"(TRENDS_REGISTRY__MAX_WAIT_S): stopped with nothing committed past "
+                        f"({env_var('registry.max_wait_s')}): stopped with nothing committed past "
                         f"{self._where(message)}; start the bridge again when the registry is back ({exc})"
                     )
                     raise BridgeError(msg) from exc

@@ -16,8 +16,9 @@ from typing import IO, Any, BinaryIO, cast
 
 import click
 
-from infra.params import TIME_HELP, UTC_TIME
 from infra.settings import Settings
+from infra.settings_env import env_var, with_env_vars
+from infra.user_time import TIME_HELP, UTC_TIME
 
 logger = logging.getLogger(__name__)
 
@@ -39,12 +40,12 @@ def scoped(
 
 
 def _topic_options(fn: Any) -> Any:
-    fn = click.option("--topic", help="Events topic (default: TRENDS_KAFKA__EVENTS_TOPIC).")(fn)
-    fn = click.option("--dlq-topic", help="Dead-letter topic (default: TRENDS_KAFKA__DLQ_TOPIC).")(fn)
+    fn = click.option("--topic", help=f"Events topic (default: {env_var('kafka.events_topic')}).")(fn)
+    fn = click.option("--dlq-topic", help=f"Dead-letter topic (default: {env_var('kafka.dlq_topic')}).")(fn)
     fn = click.option(
         "--key-field",
         type=click.Choice(["item", "user", "id", "none"]),
-        help="Field that keys the records (default: TRENDS_INGEST__KEY_FIELD).",
+        help=f"Field that keys the records (default: {env_var('ingest.key_field')}).",
     )(fn)
     return fn
 
@@ -442,6 +443,7 @@ Examples:
 )
 @_topic_options
 @click.pass_obj
+@with_env_vars
 def collect(
     settings: Settings,
     *,
@@ -457,7 +459,7 @@ def collect(
     The body is a JSON array of events (application/json) or JSON lines (application/x-ndjson), gzip allowed;
     each record is validated as `trends ingest file` does. The answer comes once Kafka acknowledged every record:
     200 with the accepted and rejected counts (rejects go to the dead-letter topic with their reason), or 503 with
-    Retry-After. Requests need TRENDS_SERVING__API_TOKEN when it is set; off loopback it must be set.
+    Retry-After. Requests need ${serving.api_token} when it is set; off loopback it must be set.
     `trends collect` and `trends ingest collect` are the same command.
     """
     from infra.errors import TrendsError
@@ -471,7 +473,7 @@ def collect(
         "the collector",
         host,
         settings.serving.api_token,
-        host_var="--host/TRENDS_COLLECTOR__HOST",
+        host_var=f"--host/{env_var('collector.host')}",
         insecure=insecure,
         risk="write events",
     )
@@ -519,17 +521,17 @@ Examples:
     "sources",
     multiple=True,
     metavar="TOPIC",
-    help="A topic to read (repeatable), as the consumer group --group. Default: TRENDS_BRIDGE__SOURCES.",
+    help=f"A topic to read (repeatable), as the consumer group --group. Default: {env_var('bridge.sources')}.",
 )
 @click.option(
     "--format",
     "fmt",
     type=click.Choice(["json", "avro", "protobuf"]),
-    help="json: plain JSON; avro, protobuf: Confluent wire format, schemas from TRENDS_REGISTRY__URL. "
-    "Default: TRENDS_BRIDGE__FORMAT.",
+    help=f"json: plain JSON; avro, protobuf: Confluent wire format, schemas from {env_var('registry.url')}. "
+    f"Default: {env_var('bridge.format')}.",
 )
 @_mapping_options("field")
-@click.option("--group", help="Consumer group on the source topics (default: TRENDS_BRIDGE__GROUP_ID).")
+@click.option("--group", help=f"Consumer group on the source topics (default: {env_var('bridge.group_id')}).")
 @click.option(
     "--transactional-id",
     help="transactional.id of the producer (default: <group>.bridge); each bridge of one group needs its own.",
@@ -578,7 +580,7 @@ def kafka(
     settings = settings.model_copy(update={"bridge": settings.bridge.model_copy(update=bridge_update)})
     sources = sources or tuple(settings.bridge.sources)
     if not sources:
-        msg = "name the topics to read: --from TOPIC (or TRENDS_BRIDGE__SOURCES)"
+        msg = f"name the topics to read: --from TOPIC (or {env_var('bridge.sources')})"
         raise click.UsageError(msg)
     try:
         mapping = ColumnMapping.parse(
@@ -611,7 +613,7 @@ def kafka(
 
 
 @ingest.command(epilog=DLQ_EXAMPLES)
-@click.option("--topic", help="Dead-letter topic (default: TRENDS_KAFKA__DLQ_TOPIC).")
+@click.option("--topic", help=f"Dead-letter topic (default: {env_var('kafka.dlq_topic')}).")
 @click.option("--since", type=UTC_TIME, help=f"Only records rejected since: {TIME_HELP}.")
 @click.option("--reason", help="Only this reason code.")
 @click.option("--limit", type=click.IntRange(min=1), help="Read at most this many records.")

@@ -13,8 +13,8 @@ lack both keys, and read back as -1).
 ``raw`` holds the original bytes exactly: as text when they are valid UTF-8, else base64 (``raw_encoding``).
 Records longer than :data:`MAX_DLQ_RAW_BYTES` keep only their start (``truncated``; ``raw_size`` is the whole
 size). Headers repeat ``reason`` and ``source`` for tools that do not parse values (their names live in
-:mod:`infra.dlq`, which readers outside ingestion import); the Kafka timestamp is the rejection time, so retention
-counts from then, not from a possibly year-old event time.
+:mod:`infra.dlq_reasons`, which readers outside ingestion import); the Kafka timestamp is the rejection time, so
+retention counts from then, not from a possibly year-old event time.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from infra.dlq import REASON_HEADER, SOURCE_HEADER
+from infra.dlq_reasons import REASON_HEADER, SOURCE_HEADER
 from infra.errors import TrendsError
 from infra.settings import Settings
+from infra.settings_env import env_var
 from ingestion.validate import Reason, Reject
 from views.event import format_ts, parse_time, ts_millis
 
@@ -167,7 +168,10 @@ def read_dead_letters(
             msg = f"cannot reach Kafka at {settings.kafka.bootstrap_servers}: {exc}"
             raise TrendsError(msg) from exc
         if meta is None or meta.error is not None or not meta.partitions:
-            msg = f"dead-letter topic {topic} does not exist (run `trends stack up` or check TRENDS_KAFKA__DLQ_TOPIC)"
+            msg = (
+                f"dead-letter topic {topic} does not exist (run `trends stack up` or check "
+                f"{env_var('kafka.dlq_topic')})"
+            )
             raise TrendsError(msg)
         partitions = sorted(meta.partitions)
         marks = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s) for p in partitions}

@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, StrictBool, StringConstraints
 
+from infra.privacy.ledger import RequestInfo
 from infra.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -82,23 +83,6 @@ class ForgetAnswer(BaseModel):
     hours: int = Field(description="Hours that held the user's events.")
     new_entries: list[int] = Field(description="Ledger entries written by this call.")
     runs: list[str] = Field(description="Recompute runs started by this call.")
-
-
-class RequestInfo(BaseModel):
-    """One erasure request as the ledger leaves it (hashes only)."""
-
-    request_id: str
-    subject_hash: str
-    mode: str
-    state: str
-    pending: bool
-    waiting_for: str | None
-    requested_at: str
-    updated_at: str
-    hours: int
-    runs: list[str]
-    reason: str | None
-    entries: list[int]
 
 
 class StatusAnswer(BaseModel):

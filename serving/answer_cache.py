@@ -1,5 +1,7 @@
 """The answer cache: merged windows kept by question, under the signature of what they rest on, and its algorithm.
 
+Every question passes through :func:`serving.answer.answer`, which asks this module when the cache is on.
+
 What a serving process keeps between requests is keyed by what makes it true, so nothing kept can be stale:
 
 * Rows (:class:`~serving.lru.RowCache`, held by the reader). Batch rows are keyed by the run they belong to
@@ -14,11 +16,10 @@ What a serving process keeps between requests is keyed by what makes it true, so
   and count. A repeated question whose signature is unchanged is a lookup (:func:`lookup`); when only the speed part
   moved, the merged batch part is kept, and so is the merged part of the speed minutes older than the speed layer's
   lateness (final for their epoch): only the newer minutes are merged again, and only those whose count changed are
-  read (:func:`answer`).
+  read (:func:`merge_cached`).
 
 A question whose rows are kept (a per-item series may be asked of them later), or asked with the cache off, is read
-whole and merged as its rows stream in. Either way :func:`answer` is the one way a question's rows are merged, and it
-goes one direction: the state of both layers, the plan, the cache or the reads, the merge.
+whole and merged as its rows stream in, by :func:`serving.answer.answer` without this cache.
 
 Provenance is never cached: every answer is described from the coverage read for it (:mod:`serving.provenance`).
 """
@@ -155,92 +156,6 @@ def speed_key(slice_: str, fields: frozenset[str], epoch: str, minute: datetime,
 Merge = tuple[list[Merged], frozenset[datetime]]  # each window merged, and the speed minutes answered as gaps
 
 
-class Answered(NamedTuple):
-    """A question's windows merged, with the coverage and the plans they were merged under.
-
-    :arg holes: speed minutes counted whose rows were missing or short (to be answered as gaps).
-    :arg rows: each window's rows, when the question kept them (else empty lists).
-    """
-
-    coverage: Coverage
-    plans: list[list[Span]]
-    merged: list[Merged]
-    holes: frozenset[datetime]
-    rows: list[list[Bucket]]
-
-
-def answer(reader: RowSource, question: Question, budget: ReadBudget | None, keep_rows: bool = False) -> Answered:
-    """Merge a question's windows: read the state of both layers, plan, answer from the cache or read, merge.
-
-    A state read moments ago (``serving.state_max_age_ms``) is enough to answer from the cache when nothing moved;
-    anything to read is planned on a coverage read anew. With ``keep_rows`` (or the cache off) every row of the plan
-    is read and merged as it streams in.
-    """
-    lo, hi = min(w[0] for w in question.windows), max(w[1] for w in question.windows)
-    cache = reader.answers if not keep_rows else None
-    recent = reader.recent_coverage(lo, hi, question.slice) if cache is not None else None
-    none: list[list[Bucket]] = [[] for _ in question.windows]
-    if cache is not None and recent is not None:
-        plans = [recent.plan(start, end, question.coarsest) for start, end in question.windows]
-        hit = lookup(cache, question, plans, recent, budget)
-        if hit is not None:
-            return Answered(recent, plans, hit[0], hit[1], none)
-    cov = reader.coverage(lo, hi, question.slice)
-    plans = [cov.plan(start, end, question.coarsest) for start, end in question.windows]
-    if cache is None:
-        return _read_whole(reader, question, plans, cov, keep_rows, budget)
-    merged, holes = _cached(reader, cache, question, plans, cov, budget)
-    return Answered(cov, plans, merged, holes, none)
-
-
-def _read_whole(
-    reader: RowSource,
-    question: Question,
-    plans: list[list[Span]],
-    cov: Coverage,
-    keep_rows: bool,
-    budget: ReadBudget | None,
-) -> Answered:
-    """Read every row of the plans and merge them as they stream in (no answer cache, or the rows are kept)."""
-    step = RESOLUTIONS[question.coarsest]
-    merged = [Merged(step, question.item) for _ in question.windows]
-    kept: list[list[Bucket]] = [[] for _ in question.windows]
-    found: set[datetime] = set()
-    holes: set[datetime] = set()  # speed rows holding fewer events than the speed layer counted there, or none
-    spans = [s for spans in plans for s in spans]
-    rollups = cov if question.coarsest != "minute" else None  # a ten-minute row never splits into minutes
-    rows = reader.stream(spans, question.slice, question.fields, budget, cov.runs, _query(cov), rollups)
-    for bucket in rows:
-        if bucket.layer == "speed":
-            if bucket.resolution == "minute":
-                found.add(bucket.start)
-                short = bucket.events < cov.speed.expected(bucket.start)
-            else:  # a rollup: read only when it holds exactly what its minutes counted
-                minutes = list(bucket.minutes())
-                found.update(minutes)
-                short = bucket.events < sum(cov.speed.expected(m) for m in minutes)
-            if short:
-                holes.add(bucket.start)
-                continue
-        for i, (start, end) in enumerate(question.windows):
-            if start <= bucket.start < end:
-                merged[i].add(bucket)
-                if keep_rows:
-                    kept[i].append(bucket)
-                break
-    speed_spans = [s for s in spans if s.layer == "speed"]
-    for (epoch, minute), events in cov.speed.counted.items():  # counted, in a speed span, owned, and no row read
-        if events > 0 and minute not in found and any(s.start <= minute < s.end for s in speed_spans):
-            owner = cov.speed.owner(minute)
-            if owner is not None and owner.id == epoch:
-                holes.add(minute)
-    if holes:
-        logger.warning(
-            "%d speed minute(s) counted by the speed layer have no (whole) row: answered as gaps", len(holes)
-        )
-    return Answered(cov, plans, merged, frozenset(holes), kept)
-
-
 def lookup(
     cache: AnswerCache, question: Question, plans: list[list[Span]], cov: Coverage, budget: ReadBudget | None
 ) -> Merge | None:
@@ -254,7 +169,7 @@ def lookup(
     return before.merged, before.holes
 
 
-def _cached(
+def merge_cached(
     reader: RowSource,
     cache: AnswerCache,
     question: Question,
@@ -293,14 +208,14 @@ def _cached(
     for part, spans, old in zip(parts, plans, olds, strict=True):
         versions = _speed_minutes([spans], cov)
         settled = tuple(v for v in versions if v[0] < settled_before)
-        sp = _settled_part(reader, question, settled, old, budget, _query(cov), rollups)
+        sp = _settled_part(reader, question, settled, old, budget, speed_query(cov), rollups)
         speed_parts.append(sp)
         holes |= sp.holes
         m = Merged(step, question.item)
         m.add_part(part)
         m.add_part(sp.part)
         fresh = versions[len(settled) :]
-        m.add_all(_speed_rows(reader, question, fresh, budget, holes, _query(cov)))  # merged as they stream in
+        m.add_all(_speed_rows(reader, question, fresh, budget, holes, speed_query(cov)))  # merged as they stream in
         speed_bytes += m.sketch_bytes - part.sketch_bytes
         merged.append(m)
     if holes:
@@ -356,7 +271,7 @@ def _signature(plans: list[list[Span]], cov: Coverage) -> tuple[Any, list[SpeedM
     return batch_signature, minutes, (batch_signature, others, tuple(minutes))
 
 
-def _query(cov: Coverage) -> str | None:
+def speed_query(cov: Coverage) -> str | None:
     """Return the speed query (view version) a coverage was read for."""
     return cov.version.query if cov.version is not None else None
 

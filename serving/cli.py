@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from infra.params import UTC_TIME
 from infra.security import escape_text
 from infra.settings import Settings
-from infra.settings_env import to_env
+from infra.settings_env import env_var, to_env, with_env_vars
+from infra.user_time import UTC_TIME
 
 if TYPE_CHECKING:
     from serving.plan import Resolution
@@ -139,10 +139,11 @@ def serve_command(app_module: str = "serving.api") -> click.Command:
         help="Worker processes on the port (default: serving.workers); they share nothing but Cassandra.",
     )
     @click.pass_obj
+    @with_env_vars
     def serve(settings: Settings, host: str | None, port: int | None, insecure: bool, workers: int | None) -> None:
         """Serve the HTTP API (/api/v1, /docs, /health, /ready, /metrics) and the dashboard (/).
 
-        Off loopback the API needs TRENDS_SERVING__API_TOKEN (16 characters or more) unless --insecure is given.
+        Off loopback the API needs ${serving.api_token} (16 characters or more) unless --insecure is given.
         With several workers, /metrics adds up all of them (Prometheus multiprocess mode, a fresh directory per start).
         """
         from infra.security import refuse_exposure
@@ -155,7 +156,7 @@ def serve_command(app_module: str = "serving.api") -> click.Command:
             "the API",
             host,
             settings.serving.api_token,
-            host_var="--host/TRENDS_SERVING__HOST",
+            host_var=f"--host/{env_var('serving.host')}",
             insecure=insecure,
             risk="query it",
         )
@@ -246,7 +247,7 @@ def summary(
     click.echo(f"values  {qs}  (rank error ±{ans.quantile_rank_error:.2%})")
     click.echo(f"top items (count within [lower, upper]; unlisted items ≤ {ans.items_max_error}):")
     for t in ans.top_items:
-        click.echo(f"  {escape_text(t['item']):30} {t['estimate']:>8}  [{t['lower']}, {t['upper']}]")
+        click.echo(f"  {escape_text(t.item):30} {t.estimate:>8}  [{t.lower}, {t.upper}]")
     for line in _provenance_lines(ans.provenance):
         click.echo(escape_text(line))
 

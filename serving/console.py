@@ -24,10 +24,33 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, Literal
+from typing import Final
 
-from infra.checkpoints import CheckpointState, checkpoint_state
+from infra.speed_checkpoint import CheckpointState, checkpoint_state
 from serving import console_sources, params
+from serving.console_model import (
+    AnswerInfo,
+    BatchInfo,
+    BoundaryInfo,
+    CheckpointInfo,
+    ConsoleAnswer,
+    EpochInfo,
+    GapInfo,
+    HorizonInfo,
+    HourStrip,
+    LossInfo,
+    PartitionInfo,
+    PinInfo,
+    PinMove,
+    QueryVersion,
+    Reconciliation,
+    ServedSpan,
+    ServingVersionInfo,
+    SpeedInfo,
+    SpeedSegmentInfo,
+    SpeedState,
+    Versions,
+)
 from serving.plan import NOT_YET_SEEN, SPEED_ROWS_GONE, STARTED_AFTER, STOPPED_INSIDE, Span, SpeedCoverage
 from serving.reader import ViewReader
 from serving.window import load
@@ -54,7 +77,6 @@ RANGE_RULES = (
     f"{MAX_HOURS} hours keeps its last {MAX_HOURS}."
 )
 
-SpeedState = Literal["covered", "expired", "started_after", "stopped", "not_yet_seen"]
 STATE_OF_REASON: dict[str, SpeedState] = {
     SPEED_ROWS_GONE: "expired",
     STARTED_AFTER: "started_after",
@@ -90,14 +112,14 @@ def _ceil_hour(t: datetime) -> datetime:
 
 
 # -- the batch layer's records ----------------------------------------------------------------------------------------
-def index_losses(reader: ViewReader) -> list[dict[str, Any]] | str:
+def index_losses(reader: ViewReader) -> list[LossInfo]:
     """Return the records removed from the events topic before the index read them, each with its bound and why."""
     return [
-        {
+        LossInfo(
             **loss.to_json(),
-            "why": f"{loss.describe()}: the hours before {loss.hours_end:%Y-%m-%dT%H:%MZ} may miss them and are "
+            why=f"{loss.describe()}: the hours before {loss.hours_end:%Y-%m-%dT%H:%MZ} may miss them and are "
             "incomplete until a recompute accepts the loss (trends batch run --accept-loss)",
-        }
+        )
         for loss in reader.loss_store.losses(reader.settings.kafka.events_topic)
     ]
 
@@ -108,14 +130,14 @@ def incomplete_hours(reader: ViewReader, start: datetime, end: datetime) -> dict
     return {hour: [loss.describe() for loss in losses] for hour, losses in found.items()}
 
 
-def last_reconciliations(reader: ViewReader, hours: Sequence[datetime]) -> dict[datetime, dict[str, Any]] | str:
+def last_reconciliations(reader: ViewReader, hours: Sequence[datetime]) -> dict[datetime, Reconciliation] | str:
     """Return each hour's last reconciliation of the batch view against the speed view (hours never checked: none).
 
     ``beyond_bound``: the largest difference beyond the sketches' bounds, in events (0: the views agree within them).
     """
     found = Checks(reader.settings, reader.sess).of_hours(hours)
     return {
-        hour: {"run_id": str(c.run_id), "checked_at": c.checked_at, "beyond_bound": c.beyond_bound, "ok": c.ok}
+        hour: Reconciliation(run_id=str(c.run_id), checked_at=c.checked_at, beyond_bound=c.beyond_bound, ok=c.ok)
         for hour, c in found.items()
     }
 
@@ -131,17 +153,17 @@ class SpeedSegment:
     epoch: str | None
     events: int  # events in the speed rows read (covered minutes), or counted there (expired ones)
 
-    def json(self) -> dict[str, Any]:
-        """Return the segment as the console's JSON shows it."""
-        return {
-            "start": self.start,
-            "end": self.end,
-            "state": self.state,
-            "epoch": self.epoch,
-            "events": self.events,
-            "minutes": int((self.end - self.start) / MINUTE),
-            "why": speed_why(self),
-        }
+    def info(self) -> SpeedSegmentInfo:
+        """Return the segment as the console's answer shows it."""
+        return SpeedSegmentInfo(
+            start=self.start,
+            end=self.end,
+            state=self.state,
+            epoch=self.epoch,
+            events=self.events,
+            minutes=int((self.end - self.start) / MINUTE),
+            why=speed_why(self),
+        )
 
 
 def speed_why(s: SpeedSegment) -> str:
@@ -241,7 +263,7 @@ def clip_spans(spans: Iterable[Span], start: datetime, end: datetime) -> list[Sp
 
 
 # -- the answer -----------------------------------------------------------------------------------------------------
-def build(reader: ViewReader, start: datetime, end: datetime, now: datetime | None = None) -> dict[str, Any]:
+def build(reader: ViewReader, start: datetime, end: datetime, now: datetime | None = None) -> ConsoleAnswer:
     """Assemble the console's answer for the whole hours ``[start, end)``.
 
     :raises: the driver's errors when Cassandra cannot answer (the API makes them a 503).
@@ -277,70 +299,68 @@ def build(reader: ViewReader, start: datetime, end: datetime, now: datetime | No
     parts = read_index_state(settings, reader.sess, settings.kafka.events_topic)
     horizon = index_horizon(parts, now, timedelta(seconds=settings.batch.idle_partition_s))
     newest = speed.fresh_until
-    return {
-        "start": start,
-        "end": end,
-        "now": now,
-        "max_hours": MAX_HOURS,
-        "refresh_s": settings.serving.dashboard_refresh_s,
-        "boundary": {
-            "boundary": cov.boundary,
-            "watermark": mark.mark,
-            "low": mark.low,
-            "pinned": mark.pinned,
-            "pin": _pin(reader, mark.pinned, mark.mark),
-            "why": _boundary_why(mark.low, mark.mark, mark.pinned),
-        },
-        "horizon": {
-            "topic": settings.kafka.events_topic,
-            "closed_at": horizon.closed_at,
-            "held_by": horizon.held_by,
-            "idle": list(horizon.idle),
-            "idle_after_s": settings.batch.idle_partition_s,
-            "partitions": [
-                {
-                    "partition": p.partition,
-                    "next_offset": p.next_offset,
-                    "max_ts": p.max_ts,
-                    "last_record_at": p.last_record_at,
-                }
+    return ConsoleAnswer(
+        start=start,
+        end=end,
+        now=now,
+        max_hours=MAX_HOURS,
+        refresh_s=settings.serving.dashboard_refresh_s,
+        boundary=BoundaryInfo(
+            boundary=cov.boundary,
+            watermark=mark.mark,
+            low=mark.low,
+            pinned=mark.pinned,
+            pin=_pin(reader, mark.pinned, mark.mark),
+            why=_boundary_why(mark.low, mark.mark, mark.pinned),
+        ),
+        horizon=HorizonInfo(
+            topic=settings.kafka.events_topic,
+            closed_at=horizon.closed_at,
+            held_by=horizon.held_by,
+            idle=list(horizon.idle),
+            idle_after_s=settings.batch.idle_partition_s,
+            partitions=[
+                PartitionInfo(
+                    partition=p.partition, next_offset=p.next_offset, max_ts=p.max_ts, last_record_at=p.last_record_at
+                )
                 for p in parts
             ],
-            "why": _horizon_why(horizon.closed_at, horizon.held_by, horizon.idle, bool(parts)),
-        },
-        "versions": view_versions(reader, now),
-        "speed": {
-            "query": query or settings.speed.query_name,
-            "checkpoint": _checkpoint(checkpoint_state(settings)),
-            "fresh_until": newest,
-            "newest_event": cov.speed_newest_event,
-            "updated_at": cov.speed_updated_at,
-            "lag_s": None if newest is None else round((now - newest).total_seconds(), 1),
-            "epochs": [
-                {
-                    "id": e.id,
-                    "started_at": e.started_at,
-                    "covered_from": e.covered_from,
-                    "counts_from": e.counts_from,
-                    "seen_until": e.seen_until,
-                    "starting_offsets": e.starting_offsets,
-                    "last_batch_id": e.last_batch_id,
-                }
+            why=_horizon_why(horizon.closed_at, horizon.held_by, horizon.idle, bool(parts)),
+        ),
+        versions=view_versions(reader, now),
+        speed=SpeedInfo(
+            query=query or settings.speed.query_name,
+            checkpoint=_checkpoint(checkpoint_state(settings)),
+            fresh_until=newest,
+            newest_event=cov.speed_newest_event,
+            updated_at=cov.speed_updated_at,
+            lag_s=None if newest is None else round((now - newest).total_seconds(), 1),
+            epochs=[
+                EpochInfo(
+                    id=e.id,
+                    started_at=e.started_at,
+                    covered_from=e.covered_from,
+                    counts_from=e.counts_from,
+                    seen_until=e.seen_until,
+                    starting_offsets=e.starting_offsets,
+                    last_batch_id=e.last_batch_id,
+                )
                 for e in speed.epochs
             ],
-        },
-        "answer": {"events": window.merged.events, "gaps": len(window.provenance.gaps)},
-        "hours": strips,
-        "losses": index_losses(reader),
-        "erasures": console_sources.read_erasures(settings, reader.sess, now),
-        **slow.collect(),
-    }
+        ),
+        answer=AnswerInfo(events=window.merged.events, gaps=len(window.provenance.gaps)),
+        hours=strips,
+        losses=index_losses(reader),
+        erasures=console_sources.read_erasures(settings, reader.sess, now),
+        airflow=slow.airflow_section(),
+        dead_letters=slow.dead_letter_section(),
+    )
 
 
 RECENT_VERSION = timedelta(hours=1)  # another speed query with an epoch updated this recently is shown beside
 
 
-def view_versions(reader: ViewReader, now: datetime) -> dict[str, Any]:
+def view_versions(reader: ViewReader, now: datetime) -> Versions:
     """Return the view versions: the serving speed query and every other one with a recent epoch, with progress.
 
     Each with its definition, its current epoch's ``counts_from`` and ``seen_until``; and the hours below the
@@ -356,15 +376,15 @@ def view_versions(reader: ViewReader, now: datetime) -> dict[str, Any]:
         if q != serving.query and not recent:
             continue
         out.append(
-            {
-                "query": q,
-                "serving": q == serving.query,
-                "definition": epoch.definition if epoch is not None else None,
-                "epoch": epoch.id if epoch is not None else None,
-                "counts_from": epoch.counts_from if epoch is not None else None,
-                "seen_until": epoch.seen_until if epoch is not None else None,
-                "updated_at": epoch.updated_at if epoch is not None else None,
-            }
+            QueryVersion(
+                query=q,
+                serving=q == serving.query,
+                definition=epoch.definition if epoch is not None else None,
+                epoch=epoch.id if epoch is not None else None,
+                counts_from=epoch.counts_from if epoch is not None else None,
+                seen_until=epoch.seen_until if epoch is not None else None,
+                updated_at=epoch.updated_at if epoch is not None else None,
+            )
         )
     mark = reader.pointer_store.watermark()
     old: dict[datetime, str] = {}
@@ -372,22 +392,22 @@ def view_versions(reader: ViewReader, now: datetime) -> dict[str, Any]:
         lo = max(mark.low or mark.mark, floor(mark.mark - settings.metrics.batch_scan_days * DAY, HOUR))
         pointers = reader.pointer_store.pointers_indexed(days_between(lo, mark.mark))
         old = other_definition_hours({h: p for h, p in pointers.items() if h >= lo}, serving.fingerprint, mark.mark)
-    return {
-        "serving": {
-            "query": serving.query, "fingerprint": serving.fingerprint, "previous_query": serving.previous_query,
-            "promoted_at": serving.promoted_at,
-        },
-        "queries": out,
-        "old_definition_hours": len(old),
-        "old_definition_first": min(old, default=None),
-        "old_definition_last": max(old, default=None),
-    }  # fmt: skip
+    return Versions(
+        serving=ServingVersionInfo(
+            query=serving.query, fingerprint=serving.fingerprint, previous_query=serving.previous_query,
+            promoted_at=serving.promoted_at,
+        ),
+        queries=out,
+        old_definition_hours=len(old),
+        old_definition_first=min(old, default=None),
+        old_definition_last=max(old, default=None),
+    )  # fmt: skip
 
 
-def _checkpoint(st: CheckpointState) -> dict[str, Any]:
+def _checkpoint(st: CheckpointState) -> CheckpointInfo:
     """Return the speed checkpoint as this host sees it (none: the next start is a new epoch, from where)."""
-    return {"location": st.location, "exists": st.exists, "last_batch": st.last_batch,
-            "from_watermark": st.from_watermark, "next_start": st.next_start, "why": st.describe()}  # fmt: skip
+    return CheckpointInfo(location=st.location, exists=st.exists, last_batch=st.last_batch,
+                          from_watermark=st.from_watermark, next_start=st.next_start, why=st.describe())  # fmt: skip
 
 
 def _strip(
@@ -397,42 +417,42 @@ def _strip(
     records_since: int | None,
     boundary: datetime | None,
     incomplete: dict[datetime, list[str]] | str,
-    checks: dict[datetime, dict[str, Any]] | str,
+    checks: dict[datetime, Reconciliation] | str,
     segments: list[SpeedSegment],
     spans: list[Span],
     gaps: list[Span],
     answered: int,
-) -> dict[str, Any]:
+) -> HourStrip:
     """One hour: its batch state, its speed coverage, the answer's sources and gaps, each explained."""
     below = boundary is not None and hour < boundary
     lost = UNKNOWN if isinstance(incomplete, str) else incomplete.get(hour, [])
     batch = _batch(hour, pointer, events, records_since, below, lost)
-    served = [{"start": s.start, "end": s.end, "layer": s.layer, "resolution": s.resolution} for s in spans]
+    served = [ServedSpan(start=s.start, end=s.end, layer=s.layer, resolution=s.resolution) for s in spans]
     gap_list = [
-        {"start": g.start, "end": g.end, "reason": g.reason, "minutes": int((g.end - g.start) / MINUTE)} for g in gaps
+        GapInfo(start=g.start, end=g.end, reason=g.reason, minutes=int((g.end - g.start) / MINUTE)) for g in gaps
     ]
-    why = [batch["why"]]
+    why = [batch.why]
     sources = ", ".join(f"{s.start:%H:%M}-{s.end:%H:%M} {s.layer} ({s.resolution} rows)" for s in spans)
     why.append(f"answer: {answered} events" + (f" from {sources}" if sources else " (nothing served)"))
-    why += [f"gap {g['start']:%H:%M}-{g['end']:%H:%M}: {g['reason']}" for g in gap_list]
+    why += [f"gap {g.start:%H:%M}-{g.end:%H:%M}: {g.reason}" for g in gap_list]
     if below:
         why.append("speed coverage below the boundary is shown for comparison: the batch view answers here")
-    return {
-        "hour": hour,
-        "below_boundary": below,
-        "batch": batch,
-        "speed": [s.json() for s in segments],
-        "served": served,
-        "gaps": gap_list,
-        "events": answered,
-        "reconciliation": checks if isinstance(checks, str) else checks.get(hour),
-        "why": why,
-    }
+    return HourStrip(
+        hour=hour,
+        below_boundary=below,
+        batch=batch,
+        speed=[s.info() for s in segments],
+        served=served,
+        gaps=gap_list,
+        events=answered,
+        reconciliation=checks if isinstance(checks, str) else checks.get(hour),
+        why=why,
+    )
 
 
 def _batch(
     hour: datetime, pointer: Pointer | None, events: int, since: int | None, below: bool, lost: list[str] | str
-) -> dict[str, Any]:
+) -> BatchInfo:
     where = (
         "below the boundary: the batch view answers" if below else "at or above the boundary: the speed view answers"
     )
@@ -441,8 +461,8 @@ def _batch(
         why = f"no completed batch run; {where}" + (" (a gap: no completed batch run for this hour)" if below else "")
         if state == "incomplete":
             why += "; records that may belong here were lost: " + "; ".join(lost)
-        return {"state": state, "run_id": None, "events": None, "indexed": None, "records_since": None,
-                "incomplete": lost, "why": why}  # fmt: skip
+        return BatchInfo(state=state, run_id=None, events=None, indexed=None, records_since=None,
+                         incomplete=lost, why=why)  # fmt: skip
     run = str(pointer.run_id)
     indexed = f" ({pointer.indexed} records indexed when it ran)" if pointer.indexed is not None else ""
     if lost and not isinstance(lost, str):
@@ -458,17 +478,17 @@ def _batch(
         state, what = "empty", f"run {run[:8]} completed with no events{indexed}"
     else:
         state, what = "completed", f"run {run[:8]} holds {events} events{indexed}"
-    return {"state": state, "run_id": run, "events": events, "indexed": pointer.indexed, "records_since": since,
-            "incomplete": lost, "why": f"{what}; {where}"}  # fmt: skip
+    return BatchInfo(state=state, run_id=run, events=events, indexed=pointer.indexed, records_since=since,
+                     incomplete=lost, why=f"{what}; {where}")  # fmt: skip
 
 
-def _pin(reader: ViewReader, pinned: datetime | None, mark: datetime | None) -> dict[str, Any] | None:
+def _pin(reader: ViewReader, pinned: datetime | None, mark: datetime | None) -> PinInfo | None:
     """Say what the pin moves between the views, and whether the speed view still holds what it moves there."""
     if pinned is None:
         return None
     if mark is None or pinned >= mark:
         moved = "nothing" if mark is not None and pinned == mark else "hours above the watermark to the batch view"
-        return {"moves_to_speed": None, "why": f"pinned at {pinned:%Y-%m-%d %H:%M}: moves {moved}"}
+        return PinInfo(moves_to_speed=None, why=f"pinned at {pinned:%Y-%m-%d %H:%M}: moves {moved}")
     hi = min(mark, pinned + PIN_MAX_HOURS * HOUR)
     segments = segments_of(speed_minutes(reader, read_speed_coverage(reader, pinned, hi), pinned, hi))
     minutes = int((mark - pinned) / MINUTE)
@@ -476,7 +496,7 @@ def _pin(reader: ViewReader, pinned: datetime | None, mark: datetime | None) -> 
     for s in segments:
         by_state[s.state] = by_state.get(s.state, 0) + int((s.end - s.start) / MINUTE)
     covered = by_state.get("covered", 0)
-    holes = [s.json() for s in segments if s.state != "covered"]
+    holes = [s.info() for s in segments if s.state != "covered"]
     checked = "" if hi == mark else f" (the first {PIN_MAX_HOURS} hours checked)"
     why = (
         f"pinned at {pinned:%Y-%m-%d %H:%M}, below the watermark {mark:%Y-%m-%d %H:%M}: {minutes} minutes move to "
@@ -486,11 +506,11 @@ def _pin(reader: ViewReader, pinned: datetime | None, mark: datetime | None) -> 
         why += "; the others are gaps: " + ", ".join(
             f"{n} minutes {REASON_OF_STATE[st]}" for st, n in by_state.items() if st != "covered"
         )
-    return {
-        "moves_to_speed": {"start": pinned, "end": mark, "minutes": minutes, "covered": covered,
-                           "by_state": by_state, "holes": holes[:50]},
-        "why": why,
-    }  # fmt: skip
+    return PinInfo(
+        moves_to_speed=PinMove(start=pinned, end=mark, minutes=minutes, covered=covered, by_state=by_state,
+                               holes=holes[:50]),
+        why=why,
+    )  # fmt: skip
 
 
 def _boundary_why(low: datetime | None, mark: datetime | None, pinned: datetime | None) -> str:

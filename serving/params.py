@@ -10,8 +10,8 @@ import re
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
-from infra.params import parse_utc
 from infra.settings import Settings
+from infra.user_time import parse_utc
 from views.buckets import MINUTE, floor
 from views.definition import GLOBAL_SLICE
 
@@ -68,7 +68,7 @@ def parse_time(param: str, text: str) -> datetime:
     """Parse an ISO-8601 time that carries an offset (``Z`` or ``+hh:mm``), years 1970-2999 (:data:`TIME_PATTERN`).
 
     The API documents this pattern and refuses what it does not match; what matches is read by the one parser of
-    user times, :func:`infra.params.parse_utc`.
+    user times, :func:`infra.user_time.parse_utc`.
     """
     if _TIME.fullmatch(text) is None:
         if _TIME_FIELDS.fullmatch(text + "Z") is not None:

@@ -15,11 +15,12 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import NotRequired
 
 import datasketches as ds
+from typing_extensions import TypedDict
 
 from serving.plan import RESOLUTIONS
 from serving.provenance import Provenance
@@ -27,6 +28,7 @@ from serving.reader import SKETCH_FIELDS
 from serving.window import Window
 from views import sketches
 from views.buckets import floor
+from views.sketches import ItemCount
 
 # The sketches each answer reads (the count is always read).
 NEEDS: dict[str, tuple[str, ...]] = {
@@ -55,7 +57,7 @@ class Summary:
     users_rse: float
     quantiles: dict[str, float | None]
     quantile_rank_error: float
-    top_items: list[dict[str, Any]]
+    top_items: list[ItemCount]
     items_max_error: int
     provenance: Provenance
 
@@ -75,7 +77,7 @@ def summary(w: Window, ranks: Sequence[float] = (0.5, 0.9, 0.99), top_n: int = 1
         users_rse=sketches.HLL_RSE,
         quantiles={str(r): q for r, q in zip(ranks, merged.quantiles(ranks), strict=True)},
         quantile_rank_error=merged.rank_error(),
-        top_items=[asdict(t) for t in sketches.frequent(merged.items, top_n)],
+        top_items=sketches.frequent(merged.items, top_n),
         items_max_error=sketches.items_max_error(merged.items),
         provenance=w.provenance,
     )
@@ -143,7 +145,7 @@ class Top:
     start: datetime
     end: datetime
     slice: str
-    items: list[dict[str, Any]]
+    items: list[ItemCount]
     items_max_error: int
     provenance: Provenance
 
@@ -151,7 +153,7 @@ class Top:
 def top(w: Window, limit: int = 10) -> Top:
     """Answer the top-N items from the merged frequent-items sketches."""
     fi = w.merged.sketches.items
-    items = [asdict(t) for t in sketches.frequent(fi, limit)]
+    items = sketches.frequent(fi, limit)
     return Top(w.start, w.end, w.slice, items, sketches.items_max_error(fi), w.provenance)
 
 
@@ -229,6 +231,14 @@ def _rank(recent: Window, baseline: Window, limit: int, min_support: int) -> tup
     return items, max_error
 
 
+class SeriesPoint(TypedDict):
+    """One point of a series: its count, or None when nothing answered there; ``gap`` only where gaps cut into it."""
+
+    start: datetime
+    count: int | None
+    gap: NotRequired[bool]
+
+
 @dataclass
 class Series:
     """Counts per bucket at a chosen resolution (of one item, or of all events)."""
@@ -238,7 +248,7 @@ class Series:
     slice: str
     resolution: str
     item: str | None
-    points: list[dict[str, Any]]
+    points: list[SeriesPoint]
     provenance: Provenance
 
 
@@ -264,14 +274,16 @@ def series(w: Window, resolution: str = "hour", item: str | None = None) -> Seri
         msg = f"the window was merged for item {w.merged.item!r}, not {item!r}, and its rows were not kept"
         raise ValueError(msg)
     gaps = [(g["start"], g["end"]) for g in w.provenance.gaps]
-    points: list[dict[str, Any]] = []
+    points: list[SeriesPoint] = []
     t = floor(w.start, step)
     while t < w.end:
         lo, hi = max(t, w.start), min(t + step, w.end)
         gap = sum(((min(hi, b) - max(lo, a)) for a, b in gaps if a < hi and lo < b), timedelta())
         if gap >= hi - lo:  # nothing answered here: no count, never a zero
-            points.append({"start": t, "count": None, "gap": True})
+            points.append(SeriesPoint(start=t, count=None, gap=True))
+        elif gap:
+            points.append(SeriesPoint(start=t, count=counts.get(t, 0), gap=True))
         else:
-            points.append({"start": t, "count": counts.get(t, 0), **({"gap": True} if gap else {})})
+            points.append(SeriesPoint(start=t, count=counts.get(t, 0)))
         t += step
     return Series(w.start, w.end, w.slice, resolution, item, points, w.provenance)

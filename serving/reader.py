@@ -2,7 +2,7 @@
 
 All statements are prepared once per reader and bound; every read uses the read consistency profile. A reader
 holds one session, its statements and its caches, and no state of a request: the API keeps one for its lifetime and
-every request uses it. The read path goes one way (:func:`serving.answer_cache.answer` drives it):
+every request uses it. The read path goes one way (:func:`serving.answer.answer` drives it):
 :meth:`ViewReader.coverage` reads the state of both layers (with the current run of every hour of the window),
 :func:`serving.plan.plan` splits the window, :meth:`ViewReader.stream` reads the rows of the plan's spans under the
 runs of that same coverage (scheduled by :mod:`serving.read_schedule`), and :mod:`serving.merge` merges them.

@@ -17,12 +17,14 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.responses import HTMLResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
+from pydantic import BaseModel
 
 from infra.security import bearer_refusal
 from infra.settings import Settings
 from serving import console, params, queries, window
 from serving.backend import Backend
 from serving.budget import ReadBudget, ReadBudgetExceededError
+from serving.console_model import ConsoleAnswer
 from serving.errors import BAD_REQUEST, QUERY_ERRORS, UNAVAILABLE_503, CassandraUnavailableError, driver_errors, reason
 from serving.metrics import Metrics, forget_dead_workers, multiprocess
 from serving.openapi import API_PREFIX, WINDOW_RULES
@@ -276,7 +278,7 @@ def status(ctx: Context) -> Status:
     )
 
 
-@router.get("/console", responses=BAD_REQUEST, description=console.RANGE_RULES)
+@router.get("/console", response_model=ConsoleAnswer, responses=BAD_REQUEST, description=console.RANGE_RULES)
 def console_answer(
     ctx: Context,
     start: Annotated[
@@ -285,7 +287,7 @@ def console_answer(
     end: Annotated[
         str | None, Query(description="End (exclusive, rounded up to an hour), ISO-8601; with `start`.")
     ] = None,
-) -> dict[str, Any]:
+) -> ConsoleAnswer:
     """Explain each hour of a range (the operator console): batch run, speed coverage, gaps, and what feeds them."""
     try:
         lo, hi = console.hour_range(start, end, datetime.now(UTC))
@@ -300,18 +302,24 @@ def console_answer(
 ops = APIRouter(tags=["ops"])
 
 
-@ops.get("/health")
-def health() -> dict[str, str]:
+class Health(BaseModel):
+    """Liveness or readiness: what the process says of itself."""
+
+    status: Literal["ok", "ready"]
+
+
+@ops.get("/health", response_model=Health)
+def health() -> Health:
     """Liveness: the process answers."""
-    return {"status": "ok"}
+    return Health(status="ok")
 
 
-@ops.get("/ready", responses=UNAVAILABLE_503)
-def ready(ctx: Context) -> dict[str, str]:
+@ops.get("/ready", response_model=Health, responses=UNAVAILABLE_503)
+def ready(ctx: Context) -> Health:
     """Readiness: the views can be read (a 503 says only that; the reason goes to the server log)."""
     ctx.backend.ping()
     ctx.metrics.cassandra_up.set(1)
-    return {"status": "ready"}
+    return Health(status="ready")
 
 
 @ops.get(

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from pydantic import BaseModel, ConfigDict
+
 from serving.plan import GAP_REASONS, runs
 from serving.reader import ViewReader
 from serving.window import load
@@ -50,9 +52,14 @@ class PinEffect:
     gaps: list[GapSpan]
 
 
-@dataclass(frozen=True)
-class LossRecord:
-    """Records removed from Kafka before the index read them (times as ISO-8601 text, as in the lineage)."""
+class LossRecord(BaseModel):
+    """Records removed from Kafka before the index read them (times as ISO-8601 text, as in the lineage).
+
+    A pydantic model rather than a dataclass like its neighbours: the console's :class:`~serving.console_model.LossInfo`
+    extends it with its explanation.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     topic: str
     partition: int

@@ -1,6 +1,6 @@
-"""Load query windows: their rows merged (:func:`serving.answer_cache.answer`), then their provenance described.
+"""Load query windows: their rows merged (:func:`serving.answer.answer`), then their provenance described.
 
-Two steps, one direction: :func:`~serving.answer_cache.answer` reads the state of both layers
+Two steps, one direction: :func:`~serving.answer.answer` reads the state of both layers
 (:meth:`~serving.reader.ViewReader.coverage`), plans each window with the merge rule (:mod:`serving.plan`), answers
 from the answer cache or reads (:meth:`~serving.reader.ViewReader.stream`) and merges (:mod:`serving.merge`) only
 what moved; then each window is described (:class:`~serving.provenance.Provenance`) from this request's coverage,
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from serving import answer_cache
+from serving import answer
 from serving.answer_cache import Question
 from serving.bucket import Bucket
 from serving.budget import ReadBudget
@@ -83,7 +83,7 @@ def load_many(
     if keep_rows is None:
         keep_rows = "items_fi" in fields and coarsest != "day" and item is None
     question = Question(tuple(windows), slice_, coarsest, frozenset(fields), item)
-    got = answer_cache.answer(reader, question, budget, keep_rows)
+    got = answer.answer(reader, question, budget, keep_rows)
     return [
         Window(start, end, slice_, Provenance.of(spans, got.coverage, got.holes), merged, rows)
         for (start, end), spans, merged, rows in zip(windows, got.plans, got.merged, got.rows, strict=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from infra.settings import Settings
+from infra.settings_env import env_var
 
 
 @click.group()
@@ -21,7 +22,7 @@ def speed() -> None:
     "--from-watermark/--no-from-watermark",
     default=None,
     help="Where a new checkpoint starts: at the batch watermark (offsets from the event-time index, indexed first; "
-    "records below it are skipped), or at --starting-offsets. Default: TRENDS_SPEED__FROM_WATERMARK (on); "
+    f"records below it are skipped), or at --starting-offsets. Default: {env_var('speed.from_watermark')} (on); "
     "ignored once a checkpoint exists.",
 )
 @click.option("--max-seconds", type=click.FloatRange(min=1), help="Stop gracefully after this many seconds.")
@@ -87,7 +88,7 @@ def run(
 def status(settings: Settings) -> None:
     """Show the speed view's freshness (newest event time written, watermark, last batch) and the checkpoint."""
     from infra.cassandra import session
-    from infra.checkpoints import checkpoint_state
+    from infra.speed_checkpoint import checkpoint_state
     from views.store.speed import SpeedRows
 
     click.echo(f"{settings.speed.query_name}: {checkpoint_state(settings).describe()}")

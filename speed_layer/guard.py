@@ -11,9 +11,9 @@ So the job watches its checkpoint (:class:`CheckpointGuard`): Spark writes the q
 starts a checkpoint and never again, so a ``metadata`` that is gone, or names another query, means the checkpoint
 was lost. The job then stops the query and fails loudly (:class:`CheckpointLostError`, exit status
 :data:`infra.errors.EXIT_CHECKPOINT_LOST`, naming the checkpoint); the stack's supervisor restarts it. On every
-start, a folder holding Spark's files without its ``metadata`` (:func:`infra.checkpoints.is_remnant`) is moved aside
-(``<checkpoint>.lost-<time>``, kept for a post-mortem), so the start is a new epoch — from the batch watermark with
-``speed.from_watermark``, or at ``speed.starting_offsets``.
+start, a folder holding Spark's files without its ``metadata`` (:func:`infra.speed_checkpoint.is_remnant`) is moved
+aside (``<checkpoint>.lost-<time>``, kept for a post-mortem), so the start is a new epoch — from the batch watermark
+with ``speed.from_watermark``, or at ``speed.starting_offsets``.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from infra.checkpoints import SPARK_METADATA, is_remnant
 from infra.errors import CheckpointLostError
-from speed_layer.checkpoint import CheckpointFiles
+from infra.settings_env import env_var
+from infra.speed_checkpoint import SPARK_METADATA, is_remnant
+from speed_layer.checkpoint_definition import CheckpointFiles
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +99,9 @@ class CheckpointGuard:
         msg = (
             f"the speed checkpoint {self.checkpoint} was lost under the running query {self.query_id} ({self.lost}). "
             "The query was stopped: what it wrote since is not a checkpoint it can resume. The next start moves "
-            "what is left aside and begins a new epoch (from the batch watermark with TRENDS_SPEED__FROM_WATERMARK="
-            "true, else at TRENDS_SPEED__STARTING_OFFSETS); the stack's supervisor restarts the job by itself. "
+            "what is left aside and begins a new epoch (from the batch watermark with "
+            f"{env_var('speed.from_watermark')}="
+            f"true, else at {env_var('speed.starting_offsets')}); the stack's supervisor restarts the job by itself. "
             "See docs/runbook.md, 'A lost speed checkpoint'."
         )
         return CheckpointLostError(msg)

@@ -21,12 +21,12 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from infra.cassandra import session
-from infra.checkpoints import speed_checkpoint
 from infra.errors import CheckpointLostError
 from infra.privacy.exclusions import excluded_users
 from infra.settings import DedupeBy, Settings
 from infra.spark import get_spark, kafka_options
-from speed_layer.checkpoint import DEDUPE_ID, check_view_definition, dedupe_of
+from infra.speed_checkpoint import speed_checkpoint
+from speed_layer.checkpoint_definition import DEDUPE_ID, check_view_definition, dedupe_of
 from speed_layer.exclusions import ExclusionWatch
 from speed_layer.guard import CheckpointGuard
 from speed_layer.metrics import PARSE_METRICS, BatchMetrics, MetricsRegistry, serve_metrics
@@ -81,7 +81,7 @@ def transform(
     from pyspark.sql import functions as F  # noqa: PLC0415
 
     from views.aggregation import aggregate  # noqa: PLC0415
-    from views.events import parse_events, valid_events, without_users  # noqa: PLC0415
+    from views.event_frames import parse_events, valid_events, without_users  # noqa: PLC0415
 
     # The event-time guard: an event beyond now + the ingest skew (written around ingestion, or by a broken clock)
     # would move the watermark into the future and drop every real event as late. It is counted, not aggregated.
@@ -112,8 +112,8 @@ def dedupe(events: DataFrame, settings: Settings, by: DedupeBy | None = None) ->
     every batch for expired ids: the speed job's largest cost per batch at a steady rate (docs/history.md, "The soak").
     The batch layer dedupes by id alone, exactly.
 
-    :arg by: the checkpoint's dedupe (:func:`speed_layer.checkpoint.dedupe_of`): Spark resumes state only under
-        the operator that wrote it. None: ``speed.dedupe_by`` (a new checkpoint).
+    :arg by: the checkpoint's dedupe (:func:`speed_layer.checkpoint_definition.dedupe_of`): Spark resumes state only
+        under the operator that wrote it. None: ``speed.dedupe_by`` (a new checkpoint).
     """
     watermarked = events.withWatermark("ts", f"{settings.speed.allowed_lateness_s} seconds")
     if (by or settings.speed.dedupe_by) == DEDUPE_ID:
@@ -268,7 +268,7 @@ def start(
     """Start the streaming query (processing-time trigger, or ``availableNow`` to drain what is there and stop).
 
     :arg begin: the checkpoint's start from the batch watermark (:mod:`speed_layer.start`), if it has one.
-    :arg dedupe_by: the checkpoint's dedupe (:func:`speed_layer.checkpoint.dedupe_of`).
+    :arg dedupe_by: the checkpoint's dedupe (:func:`speed_layer.checkpoint_definition.dedupe_of`).
     :arg excluded: the erased subjects' pseudonyms, left out of every micro-batch.
     """
     view = transform(extract(spark, settings, begin), settings, begin.since if begin else None, dedupe_by, excluded)
@@ -304,8 +304,8 @@ def stop_gracefully(query: StreamingQuery, timeout_s: float) -> None:
 def run(settings: Settings, *, available_now: bool = False, max_seconds: float | None = None) -> RunSummary:
     """Run the speed job until SIGTERM/Ctrl-C, ``max_seconds``, or (``available_now``) the topic is drained.
 
-    :raises speed_layer.checkpoint.ViewDefinitionChangedError: when the checkpoint was started with another view
-        definition (:mod:`speed_layer.checkpoint`).
+    :raises speed_layer.checkpoint_definition.ViewDefinitionChangedError: when the checkpoint was started with another
+        view definition (:mod:`speed_layer.checkpoint_definition`).
     :raises infra.errors.CheckpointLostError: when the checkpoint vanished under the running query
         (:mod:`speed_layer.guard`; the next start moves what is left aside and begins a new epoch).
     :raises pyspark.errors.StreamingQueryException: when the query fails (e.g. Cassandra unreachable): the

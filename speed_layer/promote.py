@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from infra.settings import Settings
+from infra.settings_env import env_var
 from views.store.definitions import DefinitionStore, ServingVersion
 from views.store.speed import Epoch, SpeedRows
 
@@ -57,8 +58,8 @@ def promote_problems(
         return [f"{query} already serves answers"]
     if green is None:
         return [
-            f"{query} has no speed epoch: start it first (TRENDS_SPEED__QUERY_NAME={query} with the new "
-            "TRENDS_VIEWS__* settings, `trends speed run --from-watermark`)"
+            f"{query} has no speed epoch: start it first ({env_var('speed.query_name')}={query} with the new "
+            f"{env_var('views.*')} settings, `trends speed run --from-watermark`)"
         ]
     problems = []
     if green.definition is None:

@@ -24,9 +24,9 @@ from datetime import datetime
 from typing import Any
 
 from infra.cassandra import session
-from infra.checkpoints import START_FILE
 from infra.settings import Settings
-from speed_layer.checkpoint import CheckpointFiles
+from infra.speed_checkpoint import START_FILE
+from speed_layer.checkpoint_definition import CheckpointFiles
 from views.buckets import HOUR, floor, utc
 from views.store.index import IndexedPartition, IndexStore, OffsetSpan, read_index_state
 from views.store.pointers import PointerStore

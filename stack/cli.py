@@ -11,6 +11,7 @@ from infra import jars
 from infra.admin_cli import init_clusters
 from infra.errors import StackError
 from infra.settings import Settings
+from infra.settings_env import with_env_vars
 from stack import control
 from stack.airflow.config import AirflowConfig
 from stack.airflow.service import Airflow
@@ -190,11 +191,12 @@ def reset(settings: Settings, services: tuple[str, ...], with_airflow: bool, yes
 
 @stack.command("airflow-env")
 @click.pass_obj
+@with_env_vars
 def airflow_env(settings: Settings) -> None:
     """Print `export` lines that point the `airflow` CLI at this stack's Airflow.
 
     Use: eval "$(trends stack airflow-env)"; airflow dags list. Secrets are never printed: the keys and a database
-    URL stay in $AIRFLOW_HOME/airflow.cfg, and secret-looking entries of TRENDS_AIRFLOW__CONFIG (passwords, keys,
+    URL stay in $AIRFLOW_HOME/airflow.cfg, and secret-looking entries of ${airflow.config} (passwords, keys,
     tokens, AIRFLOW_CONN_*, URIs with a password) go to a private file that the printed `.` line reads.
     """
     airflow = AirflowConfig(settings)

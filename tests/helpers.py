@@ -47,9 +47,14 @@ def iso(t: datetime) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def run_trends(venv: Path, env: dict[str, str], *args: str, timeout: float = 600, cwd: Path | None = None) -> str:
-    """Run a venv's ``trends``; return its output, failing the test with it when the command fails."""
-    proc = subprocess.run(
+VENV = Path(sys.executable).parent.parent  # the venv running the tests, whose ``trends`` the suites run
+
+
+def call_trends(
+    venv: Path, env: dict[str, str], *args: str, timeout: float = 600, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run a venv's ``trends`` as an operator does; return the finished process, whatever its status."""
+    return subprocess.run(
         [str(venv / "bin" / "trends"), *args],
         env=env,
         cwd=cwd,
@@ -58,8 +63,23 @@ def run_trends(venv: Path, env: dict[str, str], *args: str, timeout: float = 600
         timeout=timeout,
         check=False,
     )
+
+
+def run_trends(
+    venv: Path,
+    env: dict[str, str],
+    *args: str,
+    timeout: float = 600,
+    cwd: Path | None = None,
+    stdout_only: bool = False,
+) -> str:
+    """Run a venv's ``trends``; return its output, failing the test with it when the command fails.
+
+    :arg stdout_only: return standard output alone (an answer to parse, without the logs of standard error).
+    """
+    proc = call_trends(venv, env, *args, timeout=timeout, cwd=cwd)
     assert proc.returncode == 0, f"trends {' '.join(args)}: {proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    return proc.stdout + proc.stderr
+    return proc.stdout if stdout_only else proc.stdout + proc.stderr
 
 
 def drop_keyspace(settings: Settings, keyspace: str) -> None:
@@ -242,13 +262,32 @@ def produce_history(settings: Settings, config: GeneratorConfig, truth: Truth, r
     return n
 
 
-def produce_events(settings: Settings, events: list[Event], partitions: int | None = None) -> None:
-    """Produce events keyed by item (or round-robin over ``partitions`` partitions, so every one moves on)."""
+def produce_events(
+    settings: Settings,
+    events: list[Event],
+    partitions: int | None = None,
+    *,
+    partition: int | None = None,
+    topic: str | None = None,
+    duplicate_every: int = 0,
+) -> None:
+    """Produce events as ingestion does (keyed by item, record timestamp = event time), idempotently; all delivered.
+
+    :arg partitions: round-robin over this many partitions, so every one moves on (default: by key).
+    :arg partition: all into this one partition.
+    :arg topic: another topic than ``kafka.events_topic``.
+    :arg duplicate_every: send every n-th event twice (duplicates the layers must drop).
+    """
     p = producer(settings)
     for i, e in enumerate(events):
-        where = {"partition": i % partitions} if partitions else {}
-        p.produce(settings.kafka.events_topic, key=e.item, value=e.to_json(), timestamp=e.ts_ms, **where)
-    assert p.flush(30) == 0
+        where = (
+            {"partition": i % partitions} if partitions else {"partition": partition} if partition is not None else {}
+        )
+        for _ in range(2 if duplicate_every and i % duplicate_every == 0 else 1):
+            p.produce(topic or settings.kafka.events_topic, key=e.item, value=e.to_json(), timestamp=e.ts_ms, **where)
+        if i % 5000 == 0:
+            p.poll(0)
+    assert p.flush(60) == 0
 
 
 def history_config(start: datetime, days: int, rate: float = 0.006) -> GeneratorConfig:

@@ -13,6 +13,10 @@ dimension — so adding a dimension keeps the fingerprint of the global slice an
 hours computed before stay servable), while changing a sketch parameter changes every slice's. A slice the
 definition does not slice by has no fingerprint (None): it is not defined there.
 
+:class:`Definition` is frozen: a fingerprint names one definition, and a definition read from ``view_definitions``
+is shared by every request that serves with it. Its canonical JSON (:func:`to_json`, what the table stores and the
+fingerprints hash) is the same bytes the dict it replaced gave, so every stored fingerprint still matches.
+
 Pure: no Spark, no Cassandra. The Spark aggregation (:mod:`views.aggregation`) takes its constants from here.
 """
 
@@ -20,8 +24,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
 
 from views.buckets import MINUTE
 
@@ -45,20 +51,40 @@ VIEW_COLUMNS = (
 )
 SLICE_DIMS = "slice_dims"  # the one part of a definition that says which slices exist, not how one is computed
 
-Definition = dict[str, Any]
+
+class Definition(BaseModel):
+    """What every view row depends on; built by :func:`definition_of`, read back by :func:`from_json`.
+
+    Extra fields are kept, not refused: a definition registered by a later release (with a part this one does not
+    know) still reads, and its fingerprint is still computed over all of it.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    bucket: str
+    global_slice: str
+    slice_dims: tuple[str, ...]  # sorted: the order of the setting does not change a slice
+    top_k_items: int
+    hll_lg_k: int
+    kll_k: int
+    columns: tuple[str, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        """Return the definition as the JSON object it is stored as (lists for the tuples)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.model_dump().items()}
 
 
 def definition_of(slice_dims: Sequence[str], top_k_items: int) -> Definition:
     """Return the definition of views sliced by ``slice_dims`` with a frequent-items sketch of ``top_k_items``."""
-    return {
-        "bucket": BUCKET,
-        "global_slice": GLOBAL_SLICE,
-        SLICE_DIMS: sorted(slice_dims),  # the order of the setting does not change a slice
-        "top_k_items": int(top_k_items),
-        "hll_lg_k": HLL_LG_K,
-        "kll_k": KLL_K,
-        "columns": list(VIEW_COLUMNS),
-    }
+    return Definition(
+        bucket=BUCKET,
+        global_slice=GLOBAL_SLICE,
+        slice_dims=tuple(sorted(slice_dims)),
+        top_k_items=int(top_k_items),
+        hll_lg_k=HLL_LG_K,
+        kll_k=KLL_K,
+        columns=VIEW_COLUMNS,
+    )
 
 
 def view_definition(settings: Settings) -> Definition:
@@ -66,9 +92,13 @@ def view_definition(settings: Settings) -> Definition:
     return definition_of(settings.views.slice_dims, settings.views.top_k_items)
 
 
-def fingerprint(definition: Mapping[str, Any]) -> str:
+def _hash(obj: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def fingerprint(definition: Definition) -> str:
     """Return a short hash of a definition (canonical JSON): the name of a version of the views."""
-    return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()[:16]
+    return _hash(definition.as_json())
 
 
 def dimension_of(slice_: str) -> str:
@@ -76,27 +106,27 @@ def dimension_of(slice_: str) -> str:
     return GLOBAL_SLICE if slice_ == GLOBAL_SLICE else slice_.split("=", 1)[0]
 
 
-def slice_definition(definition: Mapping[str, Any], slice_: str) -> Definition | None:
-    """Return what one slice's rows depend on under a definition (None: the definition has no such slice).
+def slice_definition(definition: Definition, slice_: str) -> dict[str, Any] | None:
+    """Return what one slice's rows depend on under a definition, as JSON (None: the definition has no such slice).
 
     Everything but the list of dimensions, plus the slice's own dimension: independent of the other slices.
     """
     dim = dimension_of(slice_)
-    if dim != GLOBAL_SLICE and dim not in definition.get(SLICE_DIMS, ()):
+    if dim != GLOBAL_SLICE and dim not in definition.slice_dims:
         return None
-    out = {k: v for k, v in definition.items() if k != SLICE_DIMS}
+    out = {k: v for k, v in definition.as_json().items() if k != SLICE_DIMS}
     out["slice_dim"] = dim
     return out
 
 
-def slice_fingerprint(definition: Mapping[str, Any], slice_: str) -> str | None:
+def slice_fingerprint(definition: Definition, slice_: str) -> str | None:
     """Return the fingerprint of one slice's aggregation under a definition (None: the slice is not defined)."""
     sliced = slice_definition(definition, slice_)
-    return None if sliced is None else fingerprint(sliced)
+    return None if sliced is None else _hash(sliced)
 
 
 def slice_matcher(
-    serving: Mapping[str, Any], serving_fp: str | None, slice_: str, lookup: Callable[[str], Definition | None]
+    serving: Definition, serving_fp: str | None, slice_: str, lookup: Callable[[str], Definition | None]
 ) -> tuple[str | None, Callable[[str | None], bool]]:
     """Return the slice's fingerprint under the serving definition, and a test whether a definition is servable.
 
@@ -118,26 +148,26 @@ def slice_matcher(
     return mine, servable
 
 
-def differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """Return ``key: old -> new`` for every part of the definition that changed."""
-    keys = sorted(set(recorded) | set(current))
-    return [f"{k}: {recorded.get(k)!r} -> {current.get(k)!r}" for k in keys if recorded.get(k) != current.get(k)]
+def differences(recorded: dict[str, Any], current: Definition) -> list[str]:
+    """Return ``key: old -> new`` for every part of the definition that changed (``recorded``: its stored JSON)."""
+    now = current.as_json()
+    keys = sorted(set(recorded) | set(now))
+    return [f"{k}: {recorded.get(k)!r} -> {now.get(k)!r}" for k in keys if recorded.get(k) != now.get(k)]
 
 
-def to_json(definition: Mapping[str, Any]) -> str:
+def to_json(definition: Definition) -> str:
     """Return the canonical JSON of a definition (what ``view_definitions`` stores)."""
-    return json.dumps(definition, sort_keys=True)
+    return json.dumps(definition.as_json(), sort_keys=True)
 
 
 def from_json(text: str) -> Definition:
     """Read a definition stored by :func:`to_json`."""
-    out: Definition = json.loads(text)
-    return out
+    return Definition.model_validate_json(text)
 
 
-def with_definition(settings: Settings, definition: Mapping[str, Any]) -> Settings:
+def with_definition(settings: Settings, definition: Definition) -> Settings:
     """Return the settings with ``views.*`` set to what a definition says (the batch layer runs a recorded one)."""
     views = settings.views.model_copy(
-        update={"slice_dims": list(definition[SLICE_DIMS]), "top_k_items": int(definition["top_k_items"])}
+        update={"slice_dims": list(definition.slice_dims), "top_k_items": definition.top_k_items}
     )
     return settings.model_copy(update={"views": views})

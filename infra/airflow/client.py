@@ -22,6 +22,7 @@ from typing import Any
 
 from infra.errors import AirflowError
 from infra.settings import Settings
+from infra.settings_env import env_var
 
 logger = logging.getLogger(__name__)
 
@@ -107,11 +108,13 @@ class AirflowClient:
             msg = f"logging in to Airflow at {self.url} as {user or self.conf.admin_user} failed: {exc} {detail}"
             if status in {401, 403}:
                 msg += (
-                    " (check TRENDS_AIRFLOW__API_USER / TRENDS_AIRFLOW__API_PASSWORD, or set TRENDS_AIRFLOW__API_TOKEN)"
+                    f" (check {env_var('airflow.api_user')} / {env_var('airflow.api_password')}, "
+                    f"or set {env_var('airflow.api_token')})"
                 )
             elif status in {404, 405}:
                 msg += (
-                    f" (this Airflow's auth manager has no {TOKEN_PATH} login endpoint: set TRENDS_AIRFLOW__API_TOKEN "
+                    f" (this Airflow's auth manager has no {TOKEN_PATH} login endpoint: set "
+                    f"{env_var('airflow.api_token')} "
                     "to a token it issued)"
                 )
             raise AirflowAPIError(msg, status) from exc
@@ -164,8 +167,8 @@ class AirflowClient:
             invalid = exc.status == 401 or (exc.status == 403 and "Invalid JWT" in str(exc))
             if static and invalid:
                 msg = (
-                    f"Airflow at {self.url} refused the token of TRENDS_AIRFLOW__API_TOKEN ({exc.status}: expired, "
-                    f"or not issued by this Airflow's auth manager): {exc}"
+                    f"Airflow at {self.url} refused the token of {env_var('airflow.api_token')} ({exc.status}: "
+                    f"expired, or not issued by this Airflow's auth manager): {exc}"
                 )
                 raise AirflowAPIError(msg, exc.status) from exc
             if exc.status == 403 and not invalid:

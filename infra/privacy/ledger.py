@@ -30,6 +30,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from pydantic import BaseModel
+
 from infra.cassandra import READ_PROFILE, table
 from infra.errors import TrendsError
 from infra.privacy.exclusions import TABLE as ERASED_TABLE
@@ -200,6 +202,23 @@ def _problem(e: Entry, expected: int, prev_hash: str, before: str | None) -> str
     if before is not None and e.state not in NEXT[before]:
         return f"entry {e.seq} moves its request from {before} to {e.state}, which no erasure does"
     return None
+
+
+class RequestInfo(BaseModel):
+    """One erasure request as the API and the console show it (hashes only): the shape of ``Request.to_json``."""
+
+    request_id: str
+    subject_hash: str
+    mode: str
+    state: str
+    pending: bool
+    waiting_for: str | None
+    requested_at: str
+    updated_at: str
+    hours: int
+    runs: list[str]
+    reason: str | None
+    entries: list[int]
 
 
 @dataclass

@@ -30,6 +30,7 @@ from infra.errors import StackError
 from infra.security import MIN_SECRET_CHARS, exposure_problem, has_userinfo, is_loopback, is_secret_key
 from infra.service_settings import LOCAL_ADMIN_PASSWORD
 from infra.settings import Settings
+from infra.settings_env import env_var
 from stack.process import child_env, tail, write_private
 
 logger = logging.getLogger(__name__)
@@ -305,26 +306,28 @@ class AirflowConfig:
         host = self.api_host
         if not is_loopback(host):
             password = self.conf.admin_password.get_secret_value()
-            where = "TRENDS_AIRFLOW__HOST" + (
-                " and AIRFLOW__API__HOST in TRENDS_AIRFLOW__CONFIG" if "AIRFLOW__API__HOST" in self.conf.config else ""
+            where = env_var("airflow.host") + (
+                f" and AIRFLOW__API__HOST in {env_var('airflow.config')}"
+                if "AIRFLOW__API__HOST" in self.conf.config
+                else ""
             )
             if password == LOCAL_ADMIN_PASSWORD:
                 msg = (
                     f"refusing to serve Airflow on {host or 'every interface'} (not loopback) with the default admin "
-                    f"password: set TRENDS_AIRFLOW__ADMIN_PASSWORD (at least {MIN_SECRET_CHARS} characters), or keep "
-                    f"{where} on 127.0.0.1."
+                    f"password: set {env_var('airflow.admin_password')} (at least {MIN_SECRET_CHARS} characters), or "
+                    f"keep {where} on 127.0.0.1."
                 )
                 raise StackError(msg)
             problem = exposure_problem(
-                "Airflow", host, password, guard_var="TRENDS_AIRFLOW__ADMIN_PASSWORD", host_var=where
+                "Airflow", host, password, guard_var=env_var("airflow.admin_password"), host_var=where
             )
             if problem:
                 raise StackError(problem)
             if "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE" in self.conf.config:
                 msg = (
                     f"refusing to serve Airflow on {host or 'every interface'} (not loopback) with "
-                    "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE in TRENDS_AIRFLOW__CONFIG: the passwords in "
-                    "that file cannot be checked; set TRENDS_AIRFLOW__ADMIN_PASSWORD instead."
+                    f"AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE in {env_var('airflow.config')}: the passwords "
+                    f"in that file cannot be checked; set {env_var('airflow.admin_password')} instead."
                 )
                 raise StackError(msg)
             all_admins = self.airflow_env().get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "")
@@ -335,7 +338,7 @@ class AirflowConfig:
                 )
                 raise StackError(msg)
         if not self.dags_folder.is_dir():
-            msg = f"the DAGs folder {self.dags_folder} does not exist (TRENDS_AIRFLOW__DAGS_FOLDER)."
+            msg = f"the DAGs folder {self.dags_folder} does not exist ({env_var('airflow.dags_folder')})."
             raise StackError(msg)
 
     def check_driver(self) -> None:
@@ -350,7 +353,8 @@ class AirflowConfig:
         if importlib.util.find_spec(module) is None:
             msg = (
                 f"the metadata DB URL needs the Python module {module!r}, which is not installed in this venv "
-                "(for PostgreSQL: the psycopg2-binary package). Install it, or unset TRENDS_AIRFLOW__DATABASE_URL "
+                "(for PostgreSQL: the psycopg2-binary package). Install it, or unset "
+                f"{env_var('airflow.database_url')} "
                 "to use SQLite."
             )
             raise StackError(msg)
@@ -358,7 +362,7 @@ class AirflowConfig:
     def login_hint(self) -> str:
         """Return how to log in to the UI (the password itself only when it is the documented default)."""
         password = self.conf.admin_password.get_secret_value()
-        shown = password if password == LOCAL_ADMIN_PASSWORD else "the value of TRENDS_AIRFLOW__ADMIN_PASSWORD"
+        shown = password if password == LOCAL_ADMIN_PASSWORD else f"the value of {env_var('airflow.admin_password')}"
         return f"UI {self.url}  login {self.conf.admin_user} / {shown}"
 
     def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:

@@ -26,6 +26,7 @@ from typing import Any
 
 from infra.airflow.client import AirflowClient
 from infra.errors import StackError
+from infra.settings_env import env_var
 from stack.airflow.config import API_SERVER, COMPONENTS, AirflowConfig, Component, airflow_executable
 from stack.process import PidFile, ensure_port_free, family_rss_mib, launch, stop_groups, tail
 from stack.services.base import ServiceStatus
@@ -118,7 +119,7 @@ class Airflow(AirflowConfig):
             return int(pids[API_SERVER.name] or 0)
         self.check_safe()
         if pids[API_SERVER.name] is None:
-            ensure_port_free(self.api_host, self.api_port, "airflow (API server)", "TRENDS_AIRFLOW__API_PORT")
+            ensure_port_free(self.api_host, self.api_port, "airflow (API server)", env_var("airflow.api_port"))
         env = self.process_env()
         seconds = self.init_db()
         logger.info("airflow metadata DB ready in %.1f s", seconds)
@@ -237,8 +238,9 @@ class Airflow(AirflowConfig):
         """
         if self.conf.database_url is not None:
             logger.warning(
-                "the metadata DB at TRENDS_AIRFLOW__DATABASE_URL is left alone; to wipe it run "
-                "`airflow db reset` with the environment of `trends stack airflow-env`"
+                "the metadata DB at %s is left alone; to wipe it run "
+                "`airflow db reset` with the environment of `trends stack airflow-env`",
+                env_var("airflow.database_url"),
             )
             return []
         return [self.data_dir]

@@ -25,6 +25,7 @@ from typing_extensions import override
 from infra import jars
 from infra.errors import StackError
 from infra.settings import Settings
+from infra.settings_env import env_var
 from stack.process import (
     PidFile,
     cmdline,
@@ -151,7 +152,7 @@ def find_java(settings: Settings, minimum: int = MIN_JAVA, home: Path | None = N
             return found
         msg = (
             f"Java was not found: the servers need a JDK {minimum} or newer. Install one (e.g. Debian's "
-            f"openjdk-{minimum}-jre-headless) or set TRENDS_STACK__JAVA_HOME / JAVA_HOME."
+            f"openjdk-{minimum}-jre-headless) or set {env_var('stack.java_home')} / JAVA_HOME."
         )
         raise StackError(msg)
     major = java_major(java)
@@ -161,7 +162,7 @@ def find_java(settings: Settings, minimum: int = MIN_JAVA, home: Path | None = N
         return found
     msg = f"{java} is Java {major or 'unknown'}; this server needs Java {minimum} or newer."
     if minimum > MIN_JAVA:
-        msg += f" Install a JDK {minimum}+ under /usr/lib/jvm or set TRENDS_STACK__REGISTRY_JAVA_HOME."
+        msg += f" Install a JDK {minimum}+ under /usr/lib/jvm or set {env_var('stack.registry_java_home')}."
     raise StackError(msg)
 
 

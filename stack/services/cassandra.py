@@ -17,6 +17,7 @@ from infra.cassandra import ssl_context
 from infra.errors import StackError
 from infra.security import MIN_SECRET_CHARS, is_loopback, too_short
 from infra.settings import Settings
+from infra.settings_env import env_var
 from stack.certificates import ensure_stack_tls
 from stack.process import port_is_open, process_alive, tail
 from stack.services.base import CONF_DIR, Service, find_java, render
@@ -84,9 +85,9 @@ class Cassandra(Service):
     def ports(self) -> list[tuple[int, str, str]]:
         stack = self.settings.stack
         return [
-            (self.client_port, "CQL clients", "TRENDS_CASSANDRA__PORT"),
-            (stack.cassandra_storage_port, "storage", "TRENDS_STACK__CASSANDRA_STORAGE_PORT"),
-            (self.jmx_port, "JMX", "TRENDS_STACK__CASSANDRA_JMX_PORT"),
+            (self.client_port, "CQL clients", env_var("cassandra.port")),
+            (stack.cassandra_storage_port, "storage", env_var("stack.cassandra_storage_port")),
+            (self.jmx_port, "JMX", env_var("stack.cassandra_jmx_port")),
         ]
 
     @property
@@ -101,11 +102,14 @@ class Cassandra(Service):
         cfg = self.settings.cassandra
         where = f"{self.name} on {self.host}:{self.client_port}"
         if bool(cfg.username) != (cfg.password is not None and bool(cfg.password.get_secret_value())):
-            msg = f"refusing to start {where}: set both TRENDS_CASSANDRA__USERNAME and TRENDS_CASSANDRA__PASSWORD."
+            msg = (
+                f"refusing to start {where}: set both {env_var('cassandra.username')} and "
+                f"{env_var('cassandra.password')}."
+            )
             raise StackError(msg)
         if self.auth_enabled and not re.fullmatch(r"[a-z][a-z0-9_]{0,47}", cfg.username or ""):
             msg = (
-                f"refusing to start {where}: for the local stack TRENDS_CASSANDRA__USERNAME must be a lower-case "
+                f"refusing to start {where}: for the local stack {env_var('cassandra.username')} must be a lower-case "
                 "identifier (letters, digits, _), as the role it creates is named after it."
             )
             raise StackError(msg)
@@ -116,15 +120,16 @@ class Cassandra(Service):
         if not self.auth_enabled:
             msg = (
                 f"refusing to start {where}, which is not a loopback address, without authentication "
-                "(AllowAllAuthenticator). Keep TRENDS_CASSANDRA__CONTACT_POINTS on 127.0.0.x, or let the stack run "
-                "it with PasswordAuthenticator: set TRENDS_CASSANDRA__USERNAME and TRENDS_CASSANDRA__PASSWORD (at "
+                f"(AllowAllAuthenticator). Keep {env_var('cassandra.contact_points')} on 127.0.0.x, or let the stack "
+                f"run it with PasswordAuthenticator: set {env_var('cassandra.username')} and "
+                f"{env_var('cassandra.password')} (at "
                 f"least {MIN_SECRET_CHARS} characters); the stack creates that superuser role and disables the "
-                "default cassandra/cassandra one. Client traffic is not encrypted unless TRENDS_STACK__TLS=true "
+                f"default cassandra/cassandra one. Client traffic is not encrypted unless {env_var('stack.tls')}=true "
                 "(client_encryption_options; docs/deploy.md): set it on an untrusted network."
             )
             raise StackError(msg)
         short = too_short(
-            "TRENDS_CASSANDRA__PASSWORD", cfg.password.get_secret_value() if cfg.password is not None else ""
+            env_var("cassandra.password"), cfg.password.get_secret_value() if cfg.password is not None else ""
         )
         if short:
             msg = f"refusing to start {where}, which is not a loopback address: {short}"
@@ -136,15 +141,15 @@ class Cassandra(Service):
         missing = [
             var
             for var, ok in (
-                ("TRENDS_CASSANDRA__SSL=true", cfg.ssl),
-                ("TRENDS_CASSANDRA__USERNAME", self.auth_enabled),
-                ("TRENDS_CASSANDRA__PASSWORD", self.auth_enabled),
+                (f"{env_var('cassandra.ssl')}=true", cfg.ssl),
+                (env_var("cassandra.username"), self.auth_enabled),
+                (env_var("cassandra.password"), self.auth_enabled),
             )
             if not ok
         ]
         if missing:
             msg = (
-                f"refusing to start {where} with TRENDS_STACK__TLS=true: its clients need {', '.join(missing)} "
+                f"refusing to start {where} with {env_var('stack.tls')}=true: its clients need {', '.join(missing)} "
                 "(the TLS stack runs client encryption with PasswordAuthenticator)."
             )
             raise StackError(msg)
@@ -316,8 +321,8 @@ class Cassandra(Service):
         user = self.settings.cassandra.username
         msg = (
             f"{self.name} did not accept the role {user} within {self.start_timeout:.0f} s; stopped it. If the node "
-            "already has roles, TRENDS_CASSANDRA__PASSWORD must be that role's password (the stack creates the role "
-            f"only on a node that still has the default superuser).\n{logs}"
+            f"already has roles, {env_var('cassandra.password')} must be that role's password (the stack creates the "
+            f"role only on a node that still has the default superuser).\n{logs}"
         )
         raise StackError(msg)
 

@@ -14,6 +14,7 @@ from infra import jars
 from infra.errors import StackError
 from infra.security import MIN_SECRET_CHARS, is_loopback, too_short
 from infra.settings import Settings
+from infra.settings_env import env_var
 from stack.certificates import ensure_stack_tls
 from stack.services.base import CONF_DIR, Service, render
 
@@ -65,8 +66,8 @@ class Kafka(Service):
     @override
     def ports(self) -> list[tuple[int, str, str]]:
         return [
-            (self.client_port, "clients", "TRENDS_KAFKA__BOOTSTRAP_SERVERS"),
-            (self.controller_port, "controller", "TRENDS_STACK__KAFKA_CONTROLLER_PORT"),
+            (self.client_port, "clients", env_var("kafka.bootstrap_servers")),
+            (self.controller_port, "controller", env_var("stack.kafka_controller_port")),
         ]
 
     @override
@@ -83,16 +84,16 @@ class Kafka(Service):
             self._check_tls(where)
             if kafka.security_protocol == "SASL_SSL" and not is_loopback(self.host):
                 password = kafka.sasl_password.get_secret_value() if kafka.sasl_password is not None else ""
-                short = too_short("TRENDS_KAFKA__SASL_PASSWORD", password)
+                short = too_short(env_var("kafka.sasl_password"), password)
                 if short:
                     msg = f"refusing to start {where}, which is not a loopback address: {short}"
                     raise StackError(msg)
             return
         if kafka.security_protocol not in ("PLAINTEXT", "SASL_PLAINTEXT"):
             msg = (
-                f"refusing to start {where}: TRENDS_KAFKA__SECURITY_PROTOCOL={kafka.security_protocol} needs TLS: "
-                "set TRENDS_STACK__TLS=true (the stack then generates a CA and certificates), or run PLAINTEXT "
-                "(loopback only) or SASL_PLAINTEXT with TRENDS_KAFKA__SASL_MECHANISM=PLAIN."
+                f"refusing to start {where}: {env_var('kafka.security_protocol')}={kafka.security_protocol} needs TLS: "
+                f"set {env_var('stack.tls')}=true (the stack then generates a CA and certificates), or run PLAINTEXT "
+                f"(loopback only) or SASL_PLAINTEXT with {env_var('kafka.sasl_mechanism')}=PLAIN."
             )
             raise StackError(msg)
         if kafka.security_protocol == "SASL_PLAINTEXT":
@@ -102,16 +103,17 @@ class Kafka(Service):
         if kafka.security_protocol == "PLAINTEXT":
             msg = (
                 f"refusing to start {where}, which is not a loopback address, without authentication (PLAINTEXT "
-                "listeners). Keep TRENDS_KAFKA__BOOTSTRAP_SERVERS on 127.0.0.x, or let the stack run its brokers "
-                "with SASL: set TRENDS_KAFKA__SECURITY_PROTOCOL=SASL_PLAINTEXT, TRENDS_KAFKA__SASL_MECHANISM=PLAIN, "
-                "TRENDS_KAFKA__SASL_USERNAME and TRENDS_KAFKA__SASL_PASSWORD (at least "
+                f"listeners). Keep {env_var('kafka.bootstrap_servers')} on 127.0.0.x, or let the stack run its brokers "
+                f"with SASL: set {env_var('kafka.security_protocol')}=SASL_PLAINTEXT, "
+                f"{env_var('kafka.sasl_mechanism')}=PLAIN, "
+                f"{env_var('kafka.sasl_username')} and {env_var('kafka.sasl_password')} (at least "
                 f"{MIN_SECRET_CHARS} characters). SASL_PLAINTEXT sends that password unencrypted: on an untrusted "
-                "network let the stack run TLS (TRENDS_STACK__TLS=true with SASL_SSL and SCRAM-SHA-512; "
+                f"network let the stack run TLS ({env_var('stack.tls')}=true with SASL_SSL and SCRAM-SHA-512; "
                 "docs/deploy.md), or run your own brokers and point the pipeline at them."
             )
             raise StackError(msg)
         short = too_short(
-            "TRENDS_KAFKA__SASL_PASSWORD",
+            env_var("kafka.sasl_password"),
             kafka.sasl_password.get_secret_value() if kafka.sasl_password is not None else "",
         )
         if short:
@@ -128,10 +130,10 @@ class Kafka(Service):
         kafka = self.settings.kafka
         if kafka.security_protocol not in ("SSL", "SASL_SSL"):
             msg = (
-                f"refusing to start {where} with TRENDS_STACK__TLS=true and TRENDS_KAFKA__SECURITY_PROTOCOL="
+                f"refusing to start {where} with {env_var('stack.tls')}=true and {env_var('kafka.security_protocol')}="
                 f"{kafka.security_protocol}: the TLS stack listens with SSL or SASL_SSL; set "
-                "TRENDS_KAFKA__SECURITY_PROTOCOL=SASL_SSL (with TRENDS_KAFKA__SASL_MECHANISM=SCRAM-SHA-512, "
-                "TRENDS_KAFKA__SASL_USERNAME and TRENDS_KAFKA__SASL_PASSWORD) or SSL."
+                f"{env_var('kafka.security_protocol')}=SASL_SSL (with {env_var('kafka.sasl_mechanism')}=SCRAM-SHA-512, "
+                f"{env_var('kafka.sasl_username')} and {env_var('kafka.sasl_password')}) or SSL."
             )
             raise StackError(msg)
         if kafka.security_protocol == "SASL_SSL":
@@ -143,16 +145,16 @@ class Kafka(Service):
         missing = [
             var
             for var, ok in (
-                (f"TRENDS_KAFKA__SASL_MECHANISM={'|'.join(mechanisms)}", kafka.sasl_mechanism in mechanisms),
-                ("TRENDS_KAFKA__SASL_USERNAME", bool(kafka.sasl_username)),
-                ("TRENDS_KAFKA__SASL_PASSWORD", bool(password)),
+                (f"{env_var('kafka.sasl_mechanism')}={'|'.join(mechanisms)}", kafka.sasl_mechanism in mechanisms),
+                (env_var("kafka.sasl_username"), bool(kafka.sasl_username)),
+                (env_var("kafka.sasl_password"), bool(password)),
             )
             if not ok
         ]
         if missing:
             msg = (
                 f"refusing to start {where} with {kafka.security_protocol}: the local stack sets up one user of "
-                f"{' or '.join(mechanisms)}; set {', '.join(missing)} (SCRAM needs TRENDS_STACK__TLS=true and "
+                f"{' or '.join(mechanisms)}; set {', '.join(missing)} (SCRAM needs {env_var('stack.tls')}=true and "
                 "SASL_SSL)."
             )
             raise StackError(msg)
@@ -160,9 +162,9 @@ class Kafka(Service):
             c in password for c in '"\\\n\r,[]='
         ):
             msg = (
-                "for the local stack TRENDS_KAFKA__SASL_USERNAME must be letters, digits, `_`, `.` or `-`, and "
-                "TRENDS_KAFKA__SASL_PASSWORD must not contain quotes, backslashes, line breaks, `,`, `[`, `]` or `=` "
-                "(both go into a JAAS config and kafka-storage's --add-scram)."
+                f"for the local stack {env_var('kafka.sasl_username')} must be letters, digits, `_`, `.` or `-`, and "
+                f"{env_var('kafka.sasl_password')} must not contain quotes, backslashes, line breaks, `,`, `[`, `]` "
+                "or `=` (both go into a JAAS config and kafka-storage's --add-scram)."
             )
             raise StackError(msg)
 

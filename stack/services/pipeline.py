@@ -11,11 +11,11 @@ from pathlib import Path
 
 from typing_extensions import override
 
-from infra.checkpoints import checkpoint_state
 from infra.errors import StackError
 from infra.security import exposure_problem
 from infra.settings import SECRETS_DIR_ENV
-from infra.settings_env import secret_vars, to_env
+from infra.settings_env import env_var, secret_vars, to_env
+from infra.speed_checkpoint import checkpoint_state
 from stack.process import child_env, http_ok, write_private
 from stack.services.base import LoopbackProcess, ServiceStatus
 from stack.supervisor import SupervisorState
@@ -117,7 +117,7 @@ class SpeedService(PipelineService):
     @override
     def ports(self) -> list[tuple[int, str, str]]:
         port = self.settings.metrics.speed_port
-        return [(port, "metrics", "TRENDS_METRICS__SPEED_PORT")] if port else []
+        return [(port, "metrics", env_var("metrics.speed_port"))] if port else []
 
     @override
     def is_ready(self) -> bool:
@@ -146,7 +146,7 @@ class BridgeService(SpeedService):
     @override
     def check_safe(self) -> None:
         if not self.settings.bridge.sources:
-            msg = "the bridge service needs its source topics: set TRENDS_BRIDGE__SOURCES (a JSON list)"
+            msg = f"the bridge service needs its source topics: set {env_var('bridge.sources')} (a JSON list)"
             raise StackError(msg)
 
     @override
@@ -165,7 +165,7 @@ class BridgeService(SpeedService):
     @override
     def ports(self) -> list[tuple[int, str, str]]:
         port = self.client_port
-        return [(port, "metrics", "TRENDS_METRICS__INGEST_PORT")] if port else []
+        return [(port, "metrics", env_var("metrics.ingest_port"))] if port else []
 
 
 class ApiService(PipelineService):
@@ -188,7 +188,7 @@ class ApiService(PipelineService):
 
     @override
     def ports(self) -> list[tuple[int, str, str]]:
-        return [(self.client_port, "HTTP", "TRENDS_SERVING__PORT")]
+        return [(self.client_port, "HTTP", env_var("serving.port"))]
 
     @override
     def accepts_clients(self) -> bool:
@@ -201,8 +201,8 @@ class ApiService(PipelineService):
             "the API",
             self.settings.serving.host,
             token.get_secret_value() if token is not None else None,
-            guard_var="TRENDS_SERVING__API_TOKEN",
-            host_var="TRENDS_SERVING__HOST",
+            guard_var=env_var("serving.api_token"),
+            host_var=env_var("serving.host"),
         )
         if problem:
             raise StackError(problem)

@@ -14,6 +14,7 @@ from string import Template
 from typing_extensions import override
 
 from infra.settings import Settings
+from infra.settings_env import env_var
 from stack import gotools
 from stack.process import http_ok, write_private
 from stack.services.base import LoopbackProcess
@@ -81,7 +82,7 @@ class BatchExporterService(PipelineService):
 
     @override
     def ports(self) -> list[tuple[int, str, str]]:
-        return [(self.client_port, "metrics", "TRENDS_METRICS__BATCH_EXPORTER_PORT")]
+        return [(self.client_port, "metrics", env_var("metrics.batch_exporter_port"))]
 
     @override
     def accepts_clients(self) -> bool:
@@ -112,7 +113,7 @@ class PrometheusService(LoopbackProcess):
 
     @override
     def ports(self) -> list[tuple[int, str, str]]:
-        return [(self.client_port, "HTTP", "TRENDS_METRICS__PROMETHEUS_PORT")]
+        return [(self.client_port, "HTTP", env_var("metrics.prometheus_port"))]
 
     @override
     def render_config(self) -> Path:

@@ -16,6 +16,7 @@ from typing_extensions import override
 from infra import jars
 from infra.errors import StackError
 from infra.security import is_loopback
+from infra.settings_env import env_var
 from stack.process import http_ok, write_private
 from stack.services.base import Service, find_java
 
@@ -50,7 +51,7 @@ class Registry(Service):
 
     @override
     def ports(self) -> list[tuple[int, str, str]]:
-        return [(self.client_port, "REST API", "TRENDS_REGISTRY__URL")]
+        return [(self.client_port, "REST API", env_var("registry.url"))]
 
     @override
     def check_safe(self) -> None:
@@ -58,8 +59,8 @@ class Registry(Service):
         if not is_loopback(self.host):
             msg = (
                 f"refusing to start the schema registry on {self.host}:{self.client_port}, which is not a loopback "
-                "address: the local registry has no authentication. Keep TRENDS_REGISTRY__URL on 127.0.0.1, or run "
-                "your own registry and point TRENDS_REGISTRY__URL at it."
+                f"address: the local registry has no authentication. Keep {env_var('registry.url')} on 127.0.0.1, or "
+                f"run your own registry and point {env_var('registry.url')} at it."
             )
             raise StackError(msg)
 

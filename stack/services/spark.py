@@ -14,6 +14,7 @@ from typing import Any
 from typing_extensions import override
 
 from infra.settings import Settings
+from infra.settings_env import env_var
 from stack.services.base import LoopbackProcess
 
 
@@ -82,8 +83,8 @@ class SparkMaster(SparkDaemon):
     def ports(self) -> list[tuple[int, str, str]]:
         st = self.settings.stack
         return [
-            (st.spark_master_port, "RPC", "TRENDS_STACK__SPARK_MASTER_PORT"),
-            (st.spark_master_webui_port, "web UI", "TRENDS_STACK__SPARK_MASTER_WEBUI_PORT"),
+            (st.spark_master_port, "RPC", env_var("stack.spark_master_port")),
+            (st.spark_master_webui_port, "web UI", env_var("stack.spark_master_webui_port")),
         ]
 
     @override
@@ -129,7 +130,7 @@ class SparkWorker(SparkDaemon):
 
     @override
     def ports(self) -> list[tuple[int, str, str]]:
-        return [(self.webui_port, "web UI", "TRENDS_STACK__SPARK_WORKER_WEBUI_PORT")]
+        return [(self.webui_port, "web UI", env_var("stack.spark_worker_webui_port"))]
 
     @override
     def command(self, java: str, config: Path) -> list[str]:

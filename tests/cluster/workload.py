@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import sys
 import time
 from collections import Counter
 from datetime import datetime, timedelta
@@ -19,9 +17,9 @@ from infra.settings_env import to_env
 from serving import queries, window
 from serving.reader import ViewReader
 from stack.services.spark import SparkMaster
+from tests.helpers import VENV, run_trends
 from views.event import Event
 
-TRENDS = str(Path(sys.executable).parent / "trends")
 HOUR = timedelta(hours=1)
 MINUTE = timedelta(minutes=1)
 
@@ -101,9 +99,7 @@ def wait_apps(settings: Settings, before: Counter[str], want: Counter[str], time
 def trends(settings: Settings, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 600) -> str:
     """Run a ``trends`` command with exactly these settings; return its output, failing with its tail."""
     env = {**os.environ, **to_env(settings), **(extra_env or {})}
-    proc = subprocess.run([TRENDS, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return proc.stdout
+    return run_trends(VENV, env, *args, timeout=timeout, stdout_only=True)
 
 
 def scoped(base: Settings, topic: str, keyspace: str, tmp: Path) -> Settings:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from infra.settings import Settings
 from stack.services.kafka import Kafka
@@ -85,11 +85,19 @@ def wait_until(check: Any, timeout_s: float, poll_s: float = 0.5) -> float | Non
 Fault = tuple[str, Callable[[Toxiproxy], None], float]  # what the table calls it, how to inject it, for how long
 
 
-def five_faults(proxy: str, heavy: Stream) -> list[Fault]:
-    """The issue's five faults on one proxy, 30 s each (the black hole 60 s).
+def five_faults(
+    proxy: str,
+    heavy: Stream | Literal["both"],
+    *,
+    seconds: float = 30.0,
+    black_hole_s: float = 60.0,
+    reset: Stream = "downstream",
+) -> list[Fault]:
+    """The five faults every link is put through, on one proxy: ``seconds`` each (the black hole ``black_hole_s``).
 
     :arg heavy: the direction that carries the component's data (its writes upstream, its reads downstream), which
-        the bandwidth cap throttles.
+        the bandwidth cap throttles; ``both`` caps both ways (a request and its answer alike).
+    :arg reset: the direction whose connections are reset.
     """
 
     def latency(api: Toxiproxy) -> None:
@@ -100,20 +108,22 @@ def five_faults(proxy: str, heavy: Stream) -> list[Fault]:
         api.timeout(proxy, 0, stream="upstream")
 
     def reset_peer(api: Toxiproxy) -> None:
-        api.reset_peer(proxy, 0)
+        api.reset_peer(proxy, 0, stream=reset)
 
     def bandwidth(api: Toxiproxy) -> None:
-        api.bandwidth(proxy, 10, stream=heavy)
+        for stream in ("downstream", "upstream") if heavy == "both" else (heavy,):
+            api.bandwidth(proxy, 10, stream=stream)
 
     def slicer(api: Toxiproxy) -> None:
         api.slicer(proxy, 64, 32, 200)
 
+    capped = "both ways" if heavy == "both" else heavy
     return [
-        ("latency 1 s ± 500 ms, 30 s", latency, 30.0),
-        ("black hole (timeout toxic, both ways) 60 s", black_hole, 60.0),
-        ("reset_peer (every connection reset), 30 s", reset_peer, 30.0),
-        (f"bandwidth 10 KB/s ({heavy}), 30 s", bandwidth, 30.0),
-        ("slicer 64 ± 32 B every 200 µs, 30 s", slicer, 30.0),
+        (f"latency 1 s ± 500 ms, {seconds:g} s", latency, seconds),
+        (f"black hole (timeout toxic, both ways) {black_hole_s:g} s", black_hole, black_hole_s),
+        (f"reset_peer (every connection reset), {seconds:g} s", reset_peer, seconds),
+        (f"bandwidth 10 KB/s ({capped}), {seconds:g} s", bandwidth, seconds),
+        (f"slicer 64 ± 32 B every 200 µs, {seconds:g} s", slicer, seconds),
     ]
 
 

@@ -43,7 +43,7 @@ from infra.settings import Settings
 from stack.toxiproxy import Toxiproxy
 from tests.airflow_stack import DAY, TRENDS, Backfill, private_backfill
 from tests.helpers import GAP_EVERY, free_port
-from tests.network.proxies import Proxies, wait_until
+from tests.network.proxies import Proxies, five_faults, wait_until
 from tests.network.table import record
 
 pytestmark = [pytest.mark.network, pytest.mark.services, pytest.mark.spark, pytest.mark.timeout(2400)]
@@ -55,39 +55,9 @@ DAYS = 13  # ten cases of a day with events each (every 5th day of the history h
 RUN_TIMEOUT_S = 600.0
 CASSANDRA_WORDS = ("cassandra", "nohostavailable", "operationtimedout", "unable to connect", "connection refused")
 
-Fault = tuple[str, Callable[[Toxiproxy, str], None], float]
-
-
-def _latency(api: Toxiproxy, proxy: str) -> None:
-    api.latency(proxy, 1000, 500)
-
-
-def _bandwidth(api: Toxiproxy, proxy: str) -> None:
-    api.bandwidth(proxy, 10, stream="downstream")
-    api.bandwidth(proxy, 10, stream="upstream")
-
-
-def _black_hole(api: Toxiproxy, proxy: str) -> None:
-    api.timeout(proxy, 0, stream="downstream")
-    api.timeout(proxy, 0, stream="upstream")
-
-
-def _reset_peer(api: Toxiproxy, proxy: str) -> None:
-    api.reset_peer(proxy, 0)
-
-
-def _slicer(api: Toxiproxy, proxy: str) -> None:
-    api.slicer(proxy, 64, 32, 200)
-
-
-FAULTS: list[Fault] = [
-    ("latency 1 s ± 500 ms, 30 s", _latency, 30.0),
-    ("bandwidth 10 KB/s (both ways), 30 s", _bandwidth, 30.0),
-    ("black hole (timeout toxic, both ways) 60 s", _black_hole, 60.0),
-    ("reset_peer (every connection reset), 30 s", _reset_peer, 30.0),
-    ("slicer 64 ± 32 B every 200 µs, 30 s", _slicer, 30.0),
-]
-IDS = [f[0].split(" ")[0] for f in FAULTS]
+API_FAULTS = five_faults(API_PROXY, "both")  # the CLI's requests and Airflow's answers alike
+TASK_FAULTS = five_faults(TASKS_CASSANDRA_PROXY, "both")
+IDS = [f[0].split(" ")[0] for f in API_FAULTS]
 
 
 @dataclass
@@ -136,7 +106,7 @@ def airflow_net(stack_up: Settings, proxies: Proxies, tmp_path_factory: pytest.T
     ) as bf:
         api_port = proxies.front(API_PROXY, f"127.0.0.1:{bf.settings.airflow.api_port}")
         net = AirflowNet(bf, {"TRENDS_AIRFLOW__API_URL": f"http://127.0.0.1:{api_port}"}, _ranges(bf))
-        assert len(net.ranges) >= 2 * len(FAULTS), (net.ranges, GAP_EVERY)
+        assert len(net.ranges) >= 2 * len(API_FAULTS), (net.ranges, GAP_EVERY)
         yield net
 
 
@@ -193,9 +163,9 @@ class Followed:
         return found.group(1) if found else None
 
 
-def _fault_window(api: Toxiproxy, proxy: str, inject: Callable[[Toxiproxy, str], None], duration_s: float) -> float:
+def _fault_window(api: Toxiproxy, proxy: str, inject: Callable[[Toxiproxy], None], duration_s: float) -> float:
     """Put the fault on the proxy for ``duration_s``, heal it; return when (monotonic) it was healed."""
-    inject(api, proxy)
+    inject(api)
     time.sleep(duration_s)
     api.clear(proxy)
     return time.monotonic()
@@ -231,12 +201,12 @@ def _range_args(window: tuple[datetime, datetime]) -> list[str]:
     return ["--start", window[0].isoformat(), "--end", window[1].isoformat()]
 
 
-@pytest.mark.parametrize(("fault", "inject", "duration_s"), FAULTS, ids=IDS)
+@pytest.mark.parametrize(("fault", "inject", "duration_s"), API_FAULTS, ids=IDS)
 def test_backfill_cli_with_airflow_under_fault(
     airflow_net: AirflowNet,
     proxies: Proxies,
     fault: str,
-    inject: Callable[[Toxiproxy, str], None],
+    inject: Callable[[Toxiproxy], None],
     duration_s: float,
 ) -> None:
     net, bf = airflow_net, airflow_net.bf
@@ -281,12 +251,12 @@ def _clear_failed(client: AirflowClient, run_id: str) -> None:
     client.api("POST", f"/api/v2/dags/{BACKFILL_DAG}/clearTaskInstances", body)
 
 
-@pytest.mark.parametrize(("fault", "inject", "duration_s"), FAULTS, ids=IDS)
+@pytest.mark.parametrize(("fault", "inject", "duration_s"), TASK_FAULTS, ids=IDS)
 def test_airflow_task_with_cassandra_under_fault(
     airflow_net: AirflowNet,
     proxies: Proxies,
     fault: str,
-    inject: Callable[[Toxiproxy, str], None],
+    inject: Callable[[Toxiproxy], None],
     duration_s: float,
 ) -> None:
     net, bf = airflow_net, airflow_net.bf

@@ -27,7 +27,7 @@ from infra import migrations, topics
 from infra.settings import Settings
 from stack.toxiproxy import Toxiproxy
 from tests.helpers import drop_keyspace, serve
-from tests.network.proxies import Proxies, wait_until
+from tests.network.proxies import Proxies, five_faults, wait_until
 from tests.network.table import record
 from views.event import Event
 
@@ -115,34 +115,7 @@ def served(
         topics.delete_topics(stack_up.kafka, [topic])
 
 
-def _latency(api: Toxiproxy) -> None:
-    api.latency(PROXY, 1000, 500)
-
-
-def _black_hole(api: Toxiproxy) -> None:
-    api.timeout(PROXY, 0, stream="downstream")
-    api.timeout(PROXY, 0, stream="upstream")
-
-
-def _reset_peer(api: Toxiproxy) -> None:
-    api.reset_peer(PROXY, 0)
-
-
-def _bandwidth(api: Toxiproxy) -> None:
-    api.bandwidth(PROXY, 10)
-
-
-def _slicer(api: Toxiproxy) -> None:
-    api.slicer(PROXY, 64, 32, 200)
-
-
-CASES: list[tuple[str, Callable[[Toxiproxy], None], float]] = [
-    ("latency 1 s ± 500 ms", _latency, FAULT_S),
-    (f"black hole (timeout toxic, both ways) {BLACK_HOLE_S:.0f} s", _black_hole, BLACK_HOLE_S),
-    ("reset_peer (every connection reset)", _reset_peer, FAULT_S),
-    ("bandwidth 10 KB/s", _bandwidth, FAULT_S),
-    ("slicer 64 ± 32 B every 200 µs", _slicer, FAULT_S),
-]
+CASES = five_faults(PROXY, "downstream", seconds=FAULT_S, black_hole_s=BLACK_HOLE_S)  # the API reads
 
 
 @pytest.mark.parametrize(("fault", "inject", "duration_s"), CASES, ids=[c[0].split(" ")[0] for c in CASES])
@@ -187,7 +160,8 @@ def test_api_under_slicer_with_protocol_v4(served: Served, proxies: Proxies, tmp
     with serve(v4, tmp_path / "serve-v4.log") as url:
         other = Served(v4, url, tmp_path / "serve-v4.log", served.expected)
         assert other.ask()[0] == "exact"
-        _slicer(proxies.api)
+        (slicer,) = [inject for name, inject, _ in CASES if name.startswith("slicer")]
+        slicer(proxies.api)
         outcomes: Counter[str] = Counter()
         began = time.monotonic()
         while time.monotonic() - began < FAULT_S:

@@ -28,7 +28,7 @@ from infra import topics
 from infra.settings import Settings
 from infra.settings_env import to_env
 from stack.toxiproxy import Toxiproxy
-from tests.network.proxies import KAFKA_PROXY, Proxies
+from tests.network.proxies import KAFKA_PROXY, Proxies, five_faults
 from tests.network.table import record
 from tests.pipeline import read_topic
 from views.event import Event
@@ -41,34 +41,7 @@ SPAN_S = 60  # event time of the file; --speed 1 replays it in about as long
 FAULT_AT_S = 10.0
 
 
-def _latency(api: Toxiproxy) -> None:
-    api.latency(KAFKA_PROXY, 1000, 500)
-
-
-def _black_hole(api: Toxiproxy) -> None:
-    api.timeout(KAFKA_PROXY, 0, stream="downstream")
-    api.timeout(KAFKA_PROXY, 0, stream="upstream")
-
-
-def _reset_peer(api: Toxiproxy) -> None:
-    api.reset_peer(KAFKA_PROXY, 0, stream="upstream")
-
-
-def _bandwidth(api: Toxiproxy) -> None:
-    api.bandwidth(KAFKA_PROXY, 10, stream="upstream")
-
-
-def _slicer(api: Toxiproxy) -> None:
-    api.slicer(KAFKA_PROXY, 64, 32, 200)
-
-
-CASES: list[tuple[str, Callable[[Toxiproxy], None], float]] = [
-    ("latency 1 s ± 500 ms, 20 s", _latency, 20.0),
-    ("black hole (timeout toxic, both ways) 60 s", _black_hole, 60.0),
-    ("reset_peer (every connection reset), 20 s", _reset_peer, 20.0),
-    ("bandwidth 10 KB/s (to the broker), 20 s", _bandwidth, 20.0),
-    ("slicer 64 ± 32 B every 200 µs, 20 s", _slicer, 20.0),
-]
+CASES = five_faults(KAFKA_PROXY, "upstream", seconds=20.0, reset="upstream")  # the producer writes to the broker
 
 
 @pytest.mark.parametrize(("fault", "inject", "duration_s"), CASES, ids=[c[0].split(" ")[0] for c in CASES])

@@ -24,15 +24,15 @@ from typing import Any
 
 import pytest
 import yaml
-from confluent_kafka import Producer
 
 from batch_layer import horizon
 from infra import migrations
 from infra.cassandra import session
 from infra.settings import Settings
 from stack.services.prometheus import RULES_FILE, BatchExporterService, PrometheusService
-from tests.helpers import free_port
+from tests.helpers import free_port, produce_events
 from views.buckets import HOUR, closed_until
+from views.event import Event
 from views.indexing import indexer
 from views.store.pointers import PointerStore
 
@@ -69,13 +69,8 @@ def monitored(keyspace_settings: Settings, new_topic: Callable[..., str], tmp_pa
 
 def _produce_recent_records(settings: Settings, at: datetime, per_partition: int = 5) -> None:
     """Write records with event time ``at`` into every partition (the indexer reads only their timestamps)."""
-    producer = Producer(settings.kafka.client_config())
-    ts_ms = int(at.timestamp() * 1000)
-    for partition in (0, 1):
-        for i in range(per_partition):
-            value = json.dumps({"id": f"{partition}-{i}", "ts": at.isoformat(), "item": "x", "user": "u"})
-            producer.produce(settings.kafka.events_topic, value.encode(), partition=partition, timestamp=ts_ms)
-    assert producer.flush(30) == 0
+    events = [Event(id=f"{i % 2}-{i // 2}", ts=at, item="x", user="u") for i in range(2 * per_partition)]
+    produce_events(settings, events, partitions=2)
 
 
 def _api(prom: PrometheusService, path: str, **query: str) -> Any:

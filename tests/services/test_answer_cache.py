@@ -25,7 +25,7 @@ import httpx
 import psutil
 import pytest
 
-from batch_layer.store import BatchStore
+from batch_layer.publish import BatchStore
 from infra import migrations
 from infra.cassandra import session
 from infra.settings import Settings

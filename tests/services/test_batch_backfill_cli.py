@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from batch_layer.store import BatchStore
+from batch_layer.publish import BatchStore
 from infra.airflow.client import AirflowClient
 from infra.cassandra import session
 from infra.settings import Settings

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
 
-from batch_layer.store import BatchStore
+from batch_layer.publish import BatchStore
 from infra import migrations
 from infra.airflow.client import AirflowClient
 from infra.cassandra import session, table
@@ -26,7 +25,7 @@ from stack import control
 from stack.airflow.config import AirflowConfig
 from stack.airflow.service import Airflow
 from stack.process import tail
-from tests.helpers import Truth, drop_keyspace, free_port, history_config, produce_history
+from tests.helpers import Truth, drop_keyspace, free_port, history_config, produce_events, produce_history
 from views.buckets import month_key
 from views.event import Event
 from views.store.batch import BatchRows
@@ -38,13 +37,6 @@ HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
 HISTORY = datetime(2025, 9, 1, tzinfo=UTC)  # a month of sparse history, older than the hours above
 HISTORY_DAYS = 32
-
-
-def produce(settings: Settings, events: list[Event], partitions: int) -> None:
-    producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True, "acks": "all"})
-    for i, e in enumerate(events):
-        producer.produce(settings.kafka.events_topic, value=e.to_json(), timestamp=e.ts_ms, partition=i % partitions)
-    assert producer.flush(30) == 0
 
 
 def api(af: AirflowClient, token: str, path: str) -> Any:
@@ -105,16 +97,13 @@ def dag_env(
 def test_scheduler_driven_backfill_and_reprocess(dag_env: tuple[Settings, AirflowClient]) -> None:
     settings, af = dag_env
     sizes = [120, 80, 100]
-    producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True, "acks": "all"})
-    for h, n in enumerate(sizes):
-        for i in range(n):
-            e = Event(id=f"d{h}-{i}", ts=H0 + h * HOUR + timedelta(seconds=i * 29), item=f"#i{i % 4}", user=f"u{i % 9}",
-                      dims={"origin": "JFK"})  # fmt: skip
-            producer.produce(settings.kafka.events_topic, key=e.item, value=e.to_json(), timestamp=e.ts_ms)
-    for p in (0, 1):  # every partition moves past the last hour's end + grace
-        e = Event(id=f"closer{p}", ts=H0 + 5 * HOUR, item="#c")
-        producer.produce(settings.kafka.events_topic, value=e.to_json(), timestamp=e.ts_ms, partition=p)
-    assert producer.flush(30) == 0
+    produce_events(settings, [
+        Event(id=f"d{h}-{i}", ts=H0 + h * HOUR + timedelta(seconds=i * 29), item=f"#i{i % 4}", user=f"u{i % 9}",
+              dims={"origin": "JFK"})
+        for h, n in enumerate(sizes) for i in range(n)
+    ])  # fmt: skip
+    # every partition moves past the last hour's end + grace
+    produce_events(settings, [Event(id=f"closer{p}", ts=H0 + 5 * HOUR, item="#c") for p in (0, 1)], partitions=2)
 
     token = af.token()
     deadline = time.monotonic() + 90
@@ -203,7 +192,7 @@ def test_hourly_runs_compute_empty_missing_and_stale_hours(
         for i in range(n)
     ]
     events += [Event(id=f"closer{p}", ts=h0 + 9 * HOUR, item="#c") for p in (0, 1)]
-    produce(settings, events, partitions=2)
+    produce_events(settings, events, partitions=2)
     af = Airflow(settings)
 
     def dag_test(hour: datetime) -> None:
@@ -242,7 +231,7 @@ def test_hourly_runs_compute_empty_missing_and_stale_hours(
 
         # Late events of hour 1 arrive; the next scheduled run finds the hour stale and recomputes it.
         late = [Event(id=f"late{i}", ts=h0 + HOUR + timedelta(minutes=5 * i), item="#late") for i in range(6)]
-        produce(settings, late, partitions=2)
+        produce_events(settings, late, partitions=2)
         dag_test(h0 + 6 * HOUR)
         with session(settings) as sess:
             store = BatchStore(settings, sess)

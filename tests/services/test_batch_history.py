@@ -20,7 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from batch_layer import job, tasks
-from batch_layer.store import BatchStore
+from batch_layer.publish import BatchStore
 from infra import migrations
 from infra.cassandra import session, table
 from infra.settings import Settings

@@ -12,16 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from batch_layer import job, offsets
 from batch_layer.hours import hours_between
-from batch_layer.store import BatchStore
+from batch_layer.publish import BatchStore
 from infra import migrations
 from infra.cassandra import session, table
 from infra.settings import Settings
-from tests.helpers import speed_drain
+from tests.helpers import produce_events, speed_drain
 from views import sketches
 from views.event import Event
 from views.indexing import indexer
@@ -37,13 +37,7 @@ class BatchEnv:
     settings: Settings
 
     def produce(self, events: list[Event], partition: int | None = None) -> None:
-        producer = Producer({**self.settings.kafka.client_config(), "enable.idempotence": True, "acks": "all"})
-        for e in events:
-            kwargs: dict[str, Any] = {"partition": partition} if partition is not None else {}
-            producer.produce(
-                self.settings.kafka.events_topic, key=e.item, value=e.to_json(), timestamp=e.ts_ms, **kwargs
-            )
-        assert producer.flush(30) == 0
+        produce_events(self.settings, events, partition=partition)
 
     def hour_rows(self, hour: datetime, slice_: str = "*") -> Any:
         with session(self.settings) as sess:

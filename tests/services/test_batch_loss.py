@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -20,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from batch_layer import job, offsets, tasks
@@ -29,7 +27,17 @@ from infra.cassandra import session, table
 from infra.dag_contract import dags_folder
 from infra.settings import Settings
 from stack.airflow.service import Airflow
-from tests.helpers import chromium, drop_keyspace, free_port, iso, serve, speed_drain
+from tests.helpers import (
+    VENV,
+    call_trends,
+    chromium,
+    drop_keyspace,
+    free_port,
+    iso,
+    produce_events,
+    serve,
+    speed_drain,
+)
 from views.event import Event
 from views.indexing import indexer
 from views.store.checks import Checks
@@ -44,11 +52,11 @@ MS = timedelta(milliseconds=1)
 
 
 def produce(settings: Settings, partition: int, hour: datetime, n: int, tag: str) -> None:
-    producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True, "acks": "all"})
-    for i in range(n):
-        e = Event(id=f"{tag}-{i}", ts=hour + timedelta(seconds=i * 53 % 3600), item=f"#i{i % 4}", user=f"u{i % 30}")
-        producer.produce(settings.kafka.events_topic, value=e.to_json(), timestamp=e.ts_ms, partition=partition)
-    assert producer.flush(30) == 0
+    events = [
+        Event(id=f"{tag}-{i}", ts=hour + timedelta(seconds=i * 53 % 3600), item=f"#i{i % 4}", user=f"u{i % 30}")
+        for i in range(n)
+    ]
+    produce_events(settings, events, partition=partition)
 
 
 def delete_before(settings: Settings, partition: int, offset: int) -> None:
@@ -82,10 +90,7 @@ def env_of(settings: Settings) -> dict[str, str]:
 
 def trends(settings: Settings, *args: str) -> tuple[int, str]:
     """Run the ``trends`` console command as an operator does; return its exit status and output (both streams)."""
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "trends"), *args],
-        env=env_of(settings), capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+    proc = call_trends(VENV, env_of(settings), *args)
     return proc.returncode, proc.stdout + proc.stderr
 
 

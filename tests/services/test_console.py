@@ -36,7 +36,7 @@ from ingestion.validate import Reason, Reject
 from serving import window
 from serving.plan import NO_BATCH_RUN, SPEED_ROWS_GONE, STARTED_AFTER
 from serving.reader import ViewReader
-from tests.helpers import chromium, free_port, iso, serve, speed_drain
+from tests.helpers import chromium, free_port, iso, produce_events, serve, speed_drain
 from views.buckets import HOUR, MINUTE, floor
 from views.event import Event
 from views.store.pointers import PointerStore
@@ -54,13 +54,6 @@ def events(start: datetime, minutes: int, per_minute: int, prefix: str) -> list[
         for m in range(minutes)
         for i in range(per_minute)
     ]  # fmt: skip
-
-
-def produce(settings: Settings, evs: list[Event]) -> None:
-    producer = Producer({**settings.kafka.client_config(), "enable.idempotence": True, "acks": "all"})
-    for e in evs:
-        producer.produce(settings.kafka.events_topic, key=e.item, value=e.to_json(), timestamp=e.ts_ms)
-    assert producer.flush(60) == 0
 
 
 def covers(note: str, m: datetime) -> bool:
@@ -106,14 +99,15 @@ def test_the_console_explains_each_hour_with_the_faults_visible(
     now = datetime.now(UTC)
     h0 = floor(now, HOUR)
     batch_hour = h0 - 4 * HOUR  # recomputed by the batch job; the hour after it is recomputed empty
-    produce(settings, events(batch_hour + 10 * MINUTE, 3, 40, "h"))  # 120 events
+    produce_events(settings, events(batch_hour + 10 * MINUTE, 3, 40, "h"))  # 120 events
     # Fault 0: speed rows that expire (a 60 s TTL) in the first hour above the watermark
     e0 = h0 - 2 * HOUR + 20 * MINUTE
-    produce(settings, events(e0, 3, 30, "e"))
+    produce_events(settings, events(e0, 3, 30, "e"))
     speed_drain(settings, tmp_path, lateness_s=4 * 3600, TRENDS_SPEED__VIEW_TTL_S=str(TTL_S))
     expired_at = time.monotonic() + TTL_S
     a0 = floor(now, MINUTE) - 30 * MINUTE
-    produce(settings, events(a0, 8, 50, "a"))  # counted by the speed layer's first epoch, kept for the default TTL
+    # counted by the speed layer's first epoch, kept for the default TTL
+    produce_events(settings, events(a0, 8, 50, "a"))
     speed_drain(settings, tmp_path, lateness_s=3600)
     job.run(settings, batch_hour, batch_hour + 2 * HOUR, spark=spark)
 
@@ -129,7 +123,7 @@ def test_the_console_explains_each_hour_with_the_faults_visible(
     # Fault 2: the checkpoint is lost; events arrive while no job runs; the job restarts at latest
     shutil.rmtree(checkpoints)
     b0 = floor(now, MINUTE) - 12 * MINUTE
-    produce(settings, events(b0, 4, 50, "b"))  # never read by anyone: a gap, not a zero
+    produce_events(settings, events(b0, 4, 50, "b"))  # never read by anyone: a gap, not a zero
     proc = subprocess.Popen(
         [TRENDS, "speed", "run"],
         env={**env, "TRENDS_SPEED__STARTING_OFFSETS": "latest"},
@@ -142,7 +136,7 @@ def test_the_console_explains_each_hour_with_the_faults_visible(
             time.sleep(1)
         assert initial is not None, (tmp_path / "speed.log").read_text()[-3000:]
         c0 = floor(datetime.fromtimestamp(initial.stat().st_mtime, UTC), MINUTE) + MINUTE
-        produce(settings, events(c0, 2, 50, "c"))
+        produce_events(settings, events(c0, 2, 50, "c"))
         with session(settings) as sess:
             reader = ViewReader(settings, sess)
             while window.load(reader, c0, c0 + 2 * MINUTE, "*").merged.events < 100:

@@ -28,7 +28,7 @@ from infra.settings import Settings
 from privacy.cli import privacy
 from privacy.erasure import forget, record_recompute, status
 from privacy.export import export
-from tests.helpers import producer
+from tests.helpers import produce_events
 from views.event import Event
 from views.indexing.indexer import run_index
 
@@ -197,13 +197,6 @@ def test_the_ledger_command_prints_hashes_and_verify_finds_an_edited_row(psettin
     assert gone.exit_code == 1 and "entry 4 found where entry 3 belongs" in gone.output, gone.output
 
 
-def _produce(settings: Settings, topic: str, events: list[Event]) -> None:
-    p = producer(settings)
-    for e in events:
-        p.produce(topic, key=e.item, value=e.to_json(), timestamp=e.ts_ms)
-    assert p.flush(60) == 0
-
-
 def test_export_reads_only_the_subjects_hours_and_finds_nothing_after_a_forget(
     psettings: Settings, new_topic: Any, artifacts_dir: Path
 ) -> None:
@@ -222,10 +215,10 @@ def test_export_reads_only_the_subjects_hours_and_finds_nothing_after_a_forget(
                 events.append(e)
                 mine.append(e)
         store.note_hours([(e.user or "", e.ts) for e in events])
-        _produce(psettings, topic, events)
+        produce_events(psettings, events, topic=topic)
         run_index(psettings, topic=topic)
         late = Event(ts=T0 + timedelta(hours=2, minutes=5), item="#late", user=pseudo["hank"])
-        _produce(psettings, topic, [late])  # not indexed yet: the tail past the index's checkpoint
+        produce_events(psettings, [late], topic=topic)  # not indexed yet: the tail past the index's checkpoint
         mine.append(late)
 
         lines: list[bytes] = []

@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka import Producer
 
 from batch_layer import job
-from batch_layer.store import BatchStore
+from batch_layer.publish import BatchStore
 from infra import migrations
 from infra.cassandra import session
 from infra.settings import Settings

@@ -24,7 +24,7 @@ from infra.cassandra import session
 from infra.errors import EXIT_CONFIG
 from infra.settings import Settings
 from ingestion.producer import EventProducer
-from speed_layer.checkpoint import DEFINITION_FILE, fingerprint, view_definition
+from speed_layer.checkpoint_definition import DEFINITION_FILE, fingerprint, view_definition
 from views.event import Event
 
 pytestmark = [pytest.mark.spark, pytest.mark.install]  # make test-install (installs and upgrades)

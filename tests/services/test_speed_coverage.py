@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
 from fastapi.testclient import TestClient
 
 from infra import migrations
@@ -36,7 +35,7 @@ from serving import queries, window
 from serving.api import create_app
 from serving.plan import NOT_YET_SEEN, SPEED_ROWS_GONE, STARTED_AFTER, STOPPED_INSIDE
 from serving.reader import ViewReader
-from tests.helpers import iso, speed_drain
+from tests.helpers import iso, produce_events, speed_drain
 from views.buckets import MINUTE, floor
 from views.event import Event
 
@@ -56,11 +55,9 @@ class Env:
     truth: Counter[datetime]
 
     def produce(self, events: list[Event]) -> None:
-        producer = Producer({**self.settings.kafka.client_config(), "enable.idempotence": True, "acks": "all"})
+        produce_events(self.settings, events)
         for e in events:
-            producer.produce(self.settings.kafka.events_topic, key=e.item, value=e.to_json(), timestamp=e.ts_ms)
             self.truth[floor(e.ts, MINUTE)] += 1
-        assert producer.flush(60) == 0
 
     def drain(self, **extra: str) -> None:
         speed_drain(self.settings, self.logs, lateness_s=3600, **extra)

@@ -196,7 +196,7 @@ def skipped_metric(data_dir: Path, query: str) -> int:
 def console_checkpoint(settings: Settings) -> dict[str, Any]:
     with session(settings) as sess:
         answer = console.build(ViewReader(settings, sess), H0, H0 + 6 * HOUR)
-    return answer["speed"]["checkpoint"]  # type: ignore[no-any-return]
+    return answer.speed.checkpoint.model_dump()
 
 
 def assert_exact_above_watermark(

@@ -22,12 +22,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
 
 from infra.cassandra import session, table
 from infra.settings import Settings
 from serving import window
 from serving.reader import ViewReader
+from tests.helpers import produce_events
 from views import sketches
 from views.buckets import SPEED_ROLLUP
 from views.event import Event
@@ -65,14 +65,7 @@ class SpeedEnv:
     logs: Path
 
     def produce(self, events: list[Event], duplicate_every: int = 0) -> None:
-        producer = Producer({**self.settings.kafka.client_config(), "enable.idempotence": True, "acks": "all"})
-        for i, e in enumerate(events):
-            copies = 2 if duplicate_every and i % duplicate_every == 0 else 1
-            for _ in range(copies):
-                producer.produce(self.settings.kafka.events_topic, key=e.item, value=e.to_json(), timestamp=e.ts_ms)
-            if i % 5000 == 0:
-                producer.poll(0)
-        assert producer.flush(60) == 0
+        produce_events(self.settings, events, duplicate_every=duplicate_every)
 
     def start(self, *args: str) -> subprocess.Popen[bytes]:
         log = (self.logs / f"speed-{time.monotonic_ns()}.log").open("wb")

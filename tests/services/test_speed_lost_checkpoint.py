@@ -32,9 +32,9 @@ import pytest
 
 from batch_layer import job
 from infra.cassandra import session
-from infra.checkpoints import START_FILE, checkpoint_state, speed_checkpoint
 from infra.errors import EXIT_CHECKPOINT_LOST
 from infra.settings import Settings
+from infra.speed_checkpoint import START_FILE, checkpoint_state, speed_checkpoint
 from serving import queries, window
 from serving.reader import ViewReader
 from stack import control

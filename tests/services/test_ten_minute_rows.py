@@ -367,7 +367,7 @@ def plant_batch(sp: Speed, first: datetime, hours: int, tens: bool = True) -> No
     from batch_layer import load
     from batch_layer.compute import Computed
     from batch_layer.offsets import HourPlan, Plan
-    from batch_layer.store import BatchStore
+    from batch_layer.publish import BatchStore
     from views.store.index import OffsetSpan
 
     minutes = {first + i * MINUTE: sp.minute(sp.rng.randrange(1, 10)) for i in range(hours * 60)}

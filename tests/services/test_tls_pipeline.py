@@ -45,7 +45,7 @@ from stack.airflow.config import airflow_executable
 from stack.airflow.service import Airflow
 from stack.certificates import ensure_stack_tls
 from stack.process import child_env
-from tests.helpers import drop_keyspace, iso, wait_ready
+from tests.helpers import VENV, drop_keyspace, iso, run_trends, wait_ready
 
 pytestmark = [pytest.mark.tls, pytest.mark.spark]
 
@@ -128,9 +128,8 @@ def plain_stack(stack_up: Settings) -> Iterator[Stack]:
 
 
 def trends(env: dict[str, str], *args: str, timeout: float = 600) -> str:
-    proc = subprocess.run([TRENDS, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    assert proc.returncode == 0, f"trends {' '.join(args)}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    return proc.stdout
+    """Run ``trends`` with this environment; return its standard output (the answers compared), failing with both."""
+    return run_trends(VENV, env, *args, timeout=timeout, stdout_only=True)
 
 
 def run_pipeline(target: Stack, work: Path) -> dict[str, Any]:

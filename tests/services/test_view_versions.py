@@ -343,7 +343,7 @@ def check_blue_green(
         whole = window.load(reader, wm - 2 * HOUR, end, GLOBAL_SLICE, coarsest="minute", fields=())
         above = window.load(reader, wm, end, NEW_SLICE, coarsest="minute", fields=())
         below = window.load(reader, wm - 2 * HOUR, wm, NEW_SLICE, coarsest="minute", fields=())
-        before = console.build(reader, wm - 2 * HOUR, wm + HOUR)["versions"]
+        before = console.build(reader, wm - 2 * HOUR, wm + HOUR).versions
     status = CliRunner().invoke(batch_cli, ["status"], obj=settings)
     print(
         f"\nblue/green: green ({green_query}, slices origin+device) from the watermark {wm:%H:%M} caught up and "
@@ -369,7 +369,7 @@ def check_blue_green(
     assert {g["reason"] for g in below.provenance.gaps} == {DEFINITION}
     assert sum(int((g["end"] - g["start"]) / MINUTE) for g in below.provenance.gaps) == 120
     assert below.merged.events == 0
-    assert before["serving"]["query"] == green_query and before["old_definition_hours"] == 2, before
+    assert before.serving.query == green_query and before.old_definition_hours == 2, before
     assert status.exit_code == 0 and "old-definition hours (2;" in status.output, status.output
 
     # a backfill recomputes those hours under the serving (green) definition: then exact, no gap
@@ -377,11 +377,11 @@ def check_blue_green(
     with session(settings) as sess:
         reader = ViewReader(settings, sess)
         below = window.load(reader, wm - 2 * HOUR, wm, NEW_SLICE, coarsest="minute", fields=())
-        after = console.build(reader, wm - 2 * HOUR, wm + HOUR)["versions"]
+        after = console.build(reader, wm - 2 * HOUR, wm + HOUR).versions
         fp = DefinitionStore(settings, sess).serving().fingerprint
     assert below.provenance.gaps == [], below.provenance.gaps
     assert nonzero(below.merged.counts) == nonzero(truth.of(NEW_SLICE, wm - 2 * HOUR, wm))
-    assert after["old_definition_hours"] == 0, after
+    assert after.old_definition_hours == 0, after
     assert below.provenance.definition["fingerprint"] == fp
     print(f"after the backfill: {NEW_SLICE} below the watermark answered from the batch view; console: {after}")
 

@@ -116,11 +116,11 @@ def test_a_backfill_run_counts_its_chunks() -> None:
         {"task_id": "advance_watermark", "map_index": -1, "state": None},
     ]
     got = backfill_progress(run, tis)
-    assert (got["chunks_done"], got["chunks_total"], got["chunks_failed"]) == (3, 5, 0)
-    assert got["progress"] == "3 of 5 chunks done" and got["start"] == "2025-01-01T00:00:00+00:00"
-    assert backfill_progress(run, tis[:1])["progress"] == "planning chunks (success)"
+    assert (got.chunks_done, got.chunks_total, got.chunks_failed) == (3, 5, 0)
+    assert got.progress == "3 of 5 chunks done" and got.start == "2025-01-01T00:00:00+00:00"
+    assert backfill_progress(run, tis[:1]).progress == "planning chunks (success)"
     failed = backfill_progress(run, [*tis, {"task_id": "recompute", "map_index": 5, "state": "failed"}])
-    assert failed["progress"] == "3 of 6 chunks done, 1 failed"
+    assert failed.progress == "3 of 6 chunks done, 1 failed"
 
 
 def test_speed_minutes_group_by_state_and_epoch() -> None:

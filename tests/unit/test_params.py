@@ -8,7 +8,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from infra.params import UTC_TIME, parse_utc
+from infra.user_time import UTC_TIME, parse_utc
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infra.checkpoints import checkpoint_state, is_remnant, speed_checkpoint
 from infra.settings import Settings
 from infra.settings_env import to_env
+from infra.speed_checkpoint import checkpoint_state, is_remnant, speed_checkpoint
 from stack.services.pipeline import SpeedService
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from infra.settings import Settings
-from speed_layer.checkpoint import DEDUPE_ID, DEDUPE_ID_AND_TIME
+from speed_layer.checkpoint_definition import DEDUPE_ID, DEDUPE_ID_AND_TIME
 from speed_layer.job import dedupe
 
 pytestmark = pytest.mark.spark

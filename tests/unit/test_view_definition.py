@@ -16,7 +16,7 @@ from views.definition import (
 
 
 def test_the_fingerprint_is_the_one_checkpoints_recorded_before_the_move() -> None:
-    # computed by speed_layer/checkpoint.py before the definition moved to views/: existing checkpoints match
+    # computed by speed_layer/checkpoint_definition.py before the definition moved to views/: existing checkpoints match
     assert fingerprint(definition_of([], 1024)) == "168d7f574dba9d9b"
     assert fingerprint(definition_of(["country"], 1024)) == "92fdacca06743583"
     assert fingerprint(definition_of(["device", "country"], 64)) == "580d78e35961ec4c"
@@ -61,3 +61,28 @@ def test_the_row_types_carry_exactly_the_view_columns() -> None:
     assert set(ViewRow._fields) == set(VIEW_COLUMNS)
     sketches = {c for c in VIEW_COLUMNS if c.endswith(("_hll", "_kll", "_fi"))}
     assert sketches <= {f.name for f in fields(Bucket)}
+
+
+# A definition as view_definitions stores it (to_json): the fingerprints of stored rows are compared with these.
+STORED = (
+    '{"bucket": "60 seconds", "columns": ["bucket_start", "slice", "events", "users_hll", "values_kll", "items_fi", '
+    '"min_ts", "max_ts"], "global_slice": "*", "hll_lg_k": 12, "kll_k": 200, "slice_dims": ["device", "origin"], '
+    '"top_k_items": 1024}'
+)
+
+
+def test_the_stored_form_and_every_fingerprint_stay_byte_identical() -> None:
+    # pinned before the definition became a frozen model: stored rows, pointers and epochs name these
+    built = definition_of(["origin", "device"], 1024)
+    assert to_json(built) == STORED
+    for d in (built, from_json(STORED)):
+        assert fingerprint(d) == "85dcb4098889101f"
+        assert slice_fingerprint(d, GLOBAL_SLICE) == "de92e244fe3410f7"
+        assert slice_fingerprint(d, "origin=JFK") == "65ebadf26caefebe"
+        assert slice_fingerprint(d, "country=US") is None
+    small = definition_of(["origin"], 64)
+    assert (fingerprint(small), slice_fingerprint(small, GLOBAL_SLICE), slice_fingerprint(small, "origin=X")) == (
+        "563c2549d5e87087",
+        "025732b383869218",
+        "60acd1424174900e",
+    )

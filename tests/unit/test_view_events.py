@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from views.event import Event, avro_schema, ts_millis
-from views.events import EVENT_COLUMNS, EXCLUDE_LITERALS, parse_events, valid_events, without_users
+from views.event_frames import EVENT_COLUMNS, EXCLUDE_LITERALS, parse_events, valid_events, without_users
 
 pytestmark = pytest.mark.spark
 
@@ -63,7 +63,7 @@ def _reference_parse(records: Any, keep: tuple[str, ...] = ("partition", "offset
     """
     from pyspark.sql import functions as F
 
-    from views.events import _wire_schema
+    from views.event_frames import _wire_schema
 
     parsed = F.from_json(F.col("value").cast("string"), _wire_schema())
     decoded = records.select(F.explode(F.array(parsed)).alias("e"), *keep)

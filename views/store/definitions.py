@@ -100,7 +100,7 @@ class DefinitionStore:
             execution_profile=WRITE_PROFILE,
         )
         with self._lock:
-            self._known[fp] = dict(definition)
+            self._known[fp] = definition
         return fp
 
     def get(self, fp: str) -> Definition | None:

@@ -15,7 +15,8 @@ from typing import Any
 
 from infra.errors import ConfigurationError
 from infra.settings import DedupeBy, Settings
-from views.definition import KLL_K, differences, fingerprint, view_definition
+from infra.settings_env import env_var
+from views.definition import KLL_K, Definition, differences, fingerprint, to_json, view_definition
 
 __all__ = [
     "KLL_K",
@@ -41,15 +42,16 @@ class ViewDefinitionChangedError(ConfigurationError):
     """The settings define the views differently from the speed checkpoint's state."""
 
 
-def refusal(checkpoint: str, recorded: dict[str, Any], current: dict[str, Any]) -> str:
+def refusal(checkpoint: str, recorded: dict[str, Any], current: Definition) -> str:
     """Return the message of a refused start: what changed and the two ways out."""
     return (
         f"the view definition changed since the speed checkpoint {checkpoint} was started "
         f"({'; '.join(differences(recorded, current))}). Its state holds sketches of the old definition, which "
-        "the job would merge with new ones. Either restore the settings (TRENDS_VIEWS__*), or start a new "
-        "checkpoint: stop the speed job, move the checkpoint folder aside (or set TRENDS_SPEED__QUERY_NAME to a new "
-        "name), start the job again with --from-watermark (or TRENDS_SPEED__FROM_WATERMARK=true: it starts at the "
-        "batch watermark, no gap above it; without it, it reads from TRENDS_SPEED__STARTING_OFFSETS), and "
+        f"the job would merge with new ones. Either restore the settings ({env_var('views.*')}), or start a new "
+        "checkpoint: stop the speed job, move the checkpoint folder aside (or set "
+        f"{env_var('speed.query_name')} to a new name), start the job again with --from-watermark (or "
+        f"{env_var('speed.from_watermark')}=true: it starts at the batch watermark, no gap above it; without it, "
+        f"it reads from {env_var('speed.starting_offsets')}), and "
         "recompute with `trends batch run --start ... --end ...` the hours to be served under the new definition. "
         "See docs/runbook.md, 'Upgrades'."
     )
@@ -108,9 +110,11 @@ def check_view_definition(spark: Any, settings: Settings, checkpoint: str) -> st
         logger.warning(
             "the speed checkpoint %s has no record of its view definition (started by an older version); "
             "recording the current one (%s), which cannot be checked against its state",
-            checkpoint, json.dumps(current),
+            checkpoint, to_json(current),
         )  # fmt: skip
-    files.write(DEFINITION_FILE, json.dumps({"fingerprint": fingerprint(current), "definition": current}, indent=1))
+    files.write(
+        DEFINITION_FILE, json.dumps({"fingerprint": fingerprint(current), "definition": current.as_json()}, indent=1)
+    )
     logger.info("speed checkpoint %s: view definition %s recorded", checkpoint, fingerprint(current))
     return fingerprint(current)
 
@@ -143,8 +147,8 @@ def dedupe_of(spark: Any, settings: Settings, checkpoint: str) -> DedupeBy:
         found = DEDUPE_ID  # state without Spark's operator metadata: written before it kept one, by the dedupe by id
     if found is not None and found != wanted:
         logger.warning(
-            "the speed checkpoint %s keeps the dedupe by %s its state was started with; TRENDS_SPEED__DEDUPE_BY=%s "
+            "the speed checkpoint %s keeps the dedupe by %s its state was started with; %s=%s "
             "applies to a new checkpoint (docs/runbook.md, 'Upgrades')",
-            checkpoint, found, wanted,
+            checkpoint, found, env_var("speed.dedupe_by"), wanted,
         )  # fmt: skip
     return found or wanted

@@ -23,7 +23,7 @@ EARLIEST: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 _RELATIVE_RE = re.compile(r"^(?P<sign>[-+])(?P<n>\d+(\.\d+)?)(?P<unit>[smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_NOW_KEY = "infra.params.now"
+_NOW_KEY = "infra.user_time.now"
 
 
 def parse_utc(text: str, now: datetime | None = None) -> datetime:
