@@ -274,7 +274,7 @@ CONTRACT_SEED = int(os.environ.get("TRENDS_CONTRACT_SEED", "16"))  # any seed mu
 
 
 def schemathesis(
-    url: str, report: Path, *extra: str, config: Path | None = None, max_time_s: int = 60
+    url: str, report: Path, *extra: str, config: Path | None = None, max_time_s: int = 45
 ) -> dict[str, Any]:
     """Run Schemathesis' CLI against a server; return its JSON report.
 

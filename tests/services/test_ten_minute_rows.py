@@ -125,6 +125,16 @@ def speed(shared_keyspace: Settings) -> Speed:
     return speed_in(shared_keyspace, migrate=False)
 
 
+@pytest.fixture(scope="module")
+def own_keyspace(stack_up: Settings) -> Iterator[Settings]:
+    """A keyspace for the tests that change what it serves (a promote, the batch watermark), each in its own hours."""
+    name = f"test_{uuid.uuid4().hex[:10]}"
+    keyspace = stack_up.model_copy(update={"cassandra": stack_up.cassandra.model_copy(update={"keyspace": name})})
+    migrations.migrate(keyspace)
+    yield keyspace
+    drop_keyspace(stack_up, name)
+
+
 def plant(sp: Speed, hours: int = 3, drop: datetime | None = None) -> SpeedViewSink:
     """Write ``hours`` of minutes from h0 (1-9 events each, some empty) in batches of 20 minutes, rolled up after."""
     sink = sp.sink()
@@ -258,8 +268,8 @@ def test_a_new_epoch_answers_from_its_own_minutes_and_rollups(speed: Speed) -> N
         new.close()
 
 
-def test_a_promoted_view_version_answers_from_its_own_rollups(keyspace_settings: Settings) -> None:
-    sp = speed_in(keyspace_settings)  # a keyspace of its own: a promote changes what the whole keyspace serves
+def test_a_promoted_view_version_answers_from_its_own_rollups(own_keyspace: Settings) -> None:
+    sp = speed_in(own_keyspace, migrate=False)  # not the shared keyspace: a promote changes what a keyspace serves
     h0 = sp.h0
     first = plant(sp, hours=1)
     try:
@@ -396,10 +406,10 @@ def merged_row(start: datetime, rows: list[ViewRow]) -> ViewRow:
     return ViewRow("*", start, sum(r.events for r in rows), hll, kll, fi, rows[0].min_ts, rows[-1].max_ts)
 
 
-def test_batch_windows_from_ten_minute_rows_equal_the_same_windows_from_minutes(keyspace_settings: Settings) -> None:
+def test_batch_windows_from_ten_minute_rows_equal_the_same_windows_from_minutes(own_keyspace: Settings) -> None:
     """Hours whose runs wrote ten-minute rows (the first two) and runs from before them (the next two)."""
-    sp = speed_in(keyspace_settings)  # a keyspace of its own: the batch watermark is the keyspace's
-    h0 = sp.h0
+    sp = speed_in(own_keyspace, migrate=False)  # the batch watermark is the keyspace's
+    sp.h0 = h0 = sp.h0 - 30 * HOUR  # below the promote test's speed hours, whatever order they run in
     plant_batch(sp, h0, 2)
     plant_batch(sp, h0 + 2 * HOUR, 2, tens=False)
     tens = {h0, h0 + HOUR}

@@ -160,5 +160,8 @@ class DefinitionStore:
             stmt = self._stmt(cql.PROMOTE_FIRST)
             params = (cql.SERVING_ROW, query, fp, current.query, current.fingerprint, now)
         result = self.sess.execute(stmt, params, execution_profile=WRITE_PROFILE)
-        applied = bool(result.was_applied)
+        # The first column of a lightweight transaction's row is [applied]. ResultSet.was_applied refuses a row
+        # factory other than the driver's own, and the session's is infra.cassandra.named_rows.
+        row = result.one()
+        applied = bool(row[0]) if row is not None else False
         return applied, self.serving()
