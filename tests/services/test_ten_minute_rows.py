@@ -110,14 +110,19 @@ def speed_in(keyspace: Settings, migrate: bool = True) -> Speed:
     return Speed(settings, floor(datetime.now(UTC), HOUR) - 4 * HOUR, fp)
 
 
-@pytest.fixture(scope="module")
-def shared_keyspace(stack_up: Settings) -> Iterator[Settings]:
-    """One keyspace for the module's tests (each writes a query of its own): migrations once."""
+def migrated_keyspace(stack_up: Settings) -> Iterator[Settings]:
+    """Yield the settings of a new keyspace, migrated once, and drop it afterwards (a module fixture's body)."""
     name = f"test_{uuid.uuid4().hex[:10]}"
     keyspace = stack_up.model_copy(update={"cassandra": stack_up.cassandra.model_copy(update={"keyspace": name})})
     migrations.migrate(keyspace)
     yield keyspace
     drop_keyspace(stack_up, name)
+
+
+@pytest.fixture(scope="module")
+def shared_keyspace(stack_up: Settings) -> Iterator[Settings]:
+    """One keyspace for the module's tests (each writes a query of its own): migrations once."""
+    yield from migrated_keyspace(stack_up)
 
 
 @pytest.fixture
@@ -128,11 +133,7 @@ def speed(shared_keyspace: Settings) -> Speed:
 @pytest.fixture(scope="module")
 def own_keyspace(stack_up: Settings) -> Iterator[Settings]:
     """A keyspace for the tests that change what it serves (a promote, the batch watermark), each in its own hours."""
-    name = f"test_{uuid.uuid4().hex[:10]}"
-    keyspace = stack_up.model_copy(update={"cassandra": stack_up.cassandra.model_copy(update={"keyspace": name})})
-    migrations.migrate(keyspace)
-    yield keyspace
-    drop_keyspace(stack_up, name)
+    yield from migrated_keyspace(stack_up)
 
 
 def plant(sp: Speed, hours: int = 3, drop: datetime | None = None) -> SpeedViewSink:
