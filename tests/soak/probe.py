@@ -29,7 +29,7 @@ from stack.airflow.service import Airflow
 from stack.services.cassandra import Cassandra
 from stack.services.kafka import Kafka
 from stack.services.pipeline import ApiService, SpeedService
-from views.event import Event
+from views.event import EVENT_SCHEMA_VERSION, Event
 
 logger = logging.getLogger(__name__)
 
@@ -74,11 +74,55 @@ def dir_bytes(path: Path, name_contains: str = "") -> int | None:
     return total
 
 
+class SoakEvents:
+    """The soak's events as wire bytes, cheap enough for tens of thousands a second from one Python thread.
+
+    Building an :class:`~views.event.Event` costs ~25-45 µs: at the capacity run's rates that alone would take most
+    of a core from the stack it measures. The item, user, value and origin of a pool of events are drawn once and
+    written once by the model (so the bytes are the model's); each event then only formats its id and time in front.
+    ``tests/unit/test_soak_events.py`` checks that every event reads back as the model's own.
+    """
+
+    def __init__(self, seed: int = 29, pool: int = 1 << 15) -> None:
+        rng = random.Random(seed)
+        items = [f"#s{i}" for i in range(500)]
+        weights = [1 / (i + 1) for i in range(len(items))]
+        epoch = datetime(2000, 1, 1, tzinfo=UTC)
+        self.tails: list[bytes] = []
+        self.keys: list[bytes] = []
+        for item in rng.choices(items, weights, k=pool):
+            e = Event(
+                id="x",
+                ts=epoch,
+                item=item,
+                user=f"u{rng.randrange(20_000)}",
+                value=round(rng.lognormvariate(3, 1), 3),
+                dims={"origin": rng.choice(ORIGINS)},
+            )
+            wire = e.to_json()
+            head = b'{"v":%d,"id":"x","ts":"2000-01-01T00:00:00.000Z",' % e.v
+            assert wire.startswith(head), wire
+            self.tails.append(wire[len(head) :])
+            self.keys.append(item.encode())
+
+    @staticmethod
+    def ts_text(ts_ms: int) -> bytes:
+        """Return the wire form of an event time (UTC, milliseconds, ``Z``)."""
+        t = datetime.fromtimestamp(ts_ms // 1000, UTC)
+        return b"%s.%03dZ" % (t.strftime("%Y-%m-%dT%H:%M:%S").encode(), ts_ms % 1000)
+
+    def wire(self, n: int, ts_text: bytes) -> tuple[bytes, bytes]:
+        """Return event number ``n`` with the given time: its wire JSON and key (its item)."""
+        k = n % len(self.tails)
+        return b'{"v":%d,"id":"soak-%d","ts":"%s",%s' % (EVENT_SCHEMA_VERSION, n, ts_text, self.tails[k]), self.keys[k]
+
+
 class SteadyProducer:
     """Produce events with live event times at a steady rate; count what the broker acknowledged, per hour.
 
     Idempotent with acks=all and a 10-minute delivery timeout, so a broker restart delays deliveries instead of
-    failing or duplicating them. Every 100 ms one event's time is handed to :class:`Freshness`.
+    failing or duplicating them. Every 100 ms one event's time is handed to :class:`Freshness`. The rate may change
+    while it runs (:meth:`set_rate`, the capacity run's steps).
     """
 
     def __init__(self, settings: Settings, rate: float, on_sample: Any) -> None:
@@ -92,9 +136,8 @@ class SteadyProducer:
         self.last_ts_ms = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="soak-producer", daemon=True)
-        self._rng = random.Random(29)
-        self._items = [f"#s{i}" for i in range(500)]
-        self._weights = [1 / (i + 1) for i in range(len(self._items))]
+        self._events = SoakEvents()
+        self._base = (0.0, 0)  # (monotonic time, events due) the current rate counts from
         self.began = 0.0
         self.ended = 0.0
         self.producer = Producer(
@@ -116,31 +159,21 @@ class SteadyProducer:
         else:
             self.failed.append(str(err))
 
-    def send(self, ts: datetime) -> None:
-        """Produce one event with event time ``ts`` (record timestamp = event time, keyed by item)."""
-        rng = self._rng
-        e = Event(
-            id=f"soak-{self.sent}",
-            ts=ts,
-            item=rng.choices(self._items, self._weights)[0],
-            user=f"u{rng.randrange(20_000)}",
-            value=round(rng.lognormvariate(3, 1), 3),
-            dims={"origin": rng.choice(ORIGINS)},
-        )
-        while True:
-            try:
-                self.producer.produce(
-                    self.settings.kafka.events_topic,
-                    key=e.item,
-                    value=e.to_json(),
-                    timestamp=e.ts_ms,
-                    on_delivery=self._delivered,
-                )
-                break
-            except BufferError:
-                self.producer.poll(0.05)
-        self.sent += 1
-        self.last_ts_ms = max(self.last_ts_ms, e.ts_ms)
+    def send(self, ts: datetime, n: int = 1) -> None:
+        """Produce ``n`` events with event time ``ts`` (record timestamp = event time, keyed by item)."""
+        ts_ms = int(ts.timestamp() * 1000)
+        text = self._events.ts_text(ts_ms)
+        produce, topic, delivered = self.producer.produce, self.settings.kafka.events_topic, self._delivered
+        for _ in range(n):
+            value, key = self._events.wire(self.sent, text)
+            while True:
+                try:
+                    produce(topic, value, key, timestamp=ts_ms, on_delivery=delivered)
+                    break
+                except BufferError:
+                    self.producer.poll(0.05)
+            self.sent += 1
+        self.last_ts_ms = max(self.last_ts_ms, ts_ms)
 
     def seed(self, start: datetime, end: datetime, count: int) -> None:
         """Produce ``count`` events over ``[start, end)`` in event-time order (the hour before the soak)."""
@@ -153,18 +186,28 @@ class SteadyProducer:
 
     def start(self) -> None:
         self.began = time.monotonic()
+        self._base = (self.began, 0)
         self._thread.start()
+
+    def set_rate(self, rate: float) -> None:
+        """Produce at ``rate`` events/s from now on (what is due so far stays due)."""
+        t0, n0 = self._base
+        now = time.monotonic()
+        self._base = (now, n0 + int((now - t0) * self.rate))
+        self.rate = rate
 
     def _run(self) -> None:
         done = 0
         next_sample = 0.0
         while not self._stop.is_set():
-            elapsed = time.monotonic() - self.began
-            due = int(elapsed * self.rate)
+            mono = time.monotonic()
+            t0, n0 = self._base
+            due = n0 + int((mono - t0) * self.rate)
             now = datetime.now(UTC)
-            while done < due:
-                self.send(now)
-                done += 1
+            if done < due:
+                self.send(now, due - done)
+                done = due
+            elapsed = mono - self.began
             if elapsed >= next_sample and done:
                 self.on_sample(now.timestamp())
                 next_sample += 0.1
@@ -243,6 +286,7 @@ class Poller:
         # with one worker, as a browser tab does.
         self.fresh_connections = fresh_connections
         self.statuses: Counter[str] = Counter()
+        self.answers: list[tuple[float, str, float]] = []  # (monotonic time sent, status, seconds) of each request
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="soak-poller", daemon=True)
 
@@ -256,11 +300,13 @@ class Poller:
         with httpx.Client(base_url=self.url, timeout=10, **fresh) as client:
             i = 0
             while not self._stop.is_set():
+                sent = time.monotonic()
                 try:
                     status = str(client.get(DASHBOARD[i % len(DASHBOARD)]).status_code)
                 except httpx.HTTPError as exc:
                     status = type(exc).__name__
                 self.statuses[status] += 1
+                self.answers.append((sent, status, time.monotonic() - sent))
                 i += 1
                 time.sleep(self.every_s)
 

@@ -227,3 +227,48 @@ def plot(samples: Sequence[Sample], specs: Sequence[Spec], faults: Sequence[Faul
         plt.close(fig)
         files.append(path)
     return files
+
+
+@dataclass
+class Step:
+    """One step of the capacity run, judged over its second half (the speed layer's dedupe state fills in its first).
+
+    :arg achieved: events/s the producer sent over the judged half.
+    :arg lag: the speed consumer's lag (records) at the first and last sample of the judged half.
+    :arg polls: the dashboards' answers in the judged half: how many, how many not 200, their p99 (s).
+    :arg cpu: mean CPU (% of one core) of each process series over the judged half.
+    """
+
+    rate: float
+    began: float
+    ended: float
+    achieved: float
+    freshness_p99_s: float | None
+    freshness_samples: int
+    lag: tuple[float | None, float | None]
+    polls: tuple[int, int, float | None]
+    cpu: dict[str, float]
+    batch_ms_mean: float | None
+
+    def failures(self, freshness_goal_s: float, poll_p99_goal_s: float) -> list[str]:
+        """Return what this step missed (empty: the stack sustained its rate)."""
+        out = []
+        if self.achieved < 0.95 * self.rate:
+            out.append(f"the producer sent {self.achieved:,.0f}/s")
+        if self.freshness_p99_s is None or self.freshness_samples == 0:
+            out.append("no freshness sample seen")
+        elif self.freshness_p99_s > freshness_goal_s:
+            out.append(f"freshness p99 {self.freshness_p99_s:.1f} s")
+        first, last = self.lag
+        if first is None or last is None:
+            out.append("no lag reading")
+        elif last - first > self.rate * freshness_goal_s:
+            out.append(f"lag grew from {first:,.0f} to {last:,.0f} records")
+        n, bad, p99 = self.polls
+        if n == 0:
+            out.append("no dashboard answer")
+        elif bad:
+            out.append(f"{bad} of {n} dashboard answers not 200")
+        elif p99 is None or p99 > poll_p99_goal_s:
+            out.append(f"dashboard p99 {p99} s")
+        return out
