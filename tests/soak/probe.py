@@ -443,6 +443,14 @@ class Gauges:
     def speed_pids(self) -> tuple[int | None, int | None]:
         return speed_pids(self.speed)
 
+    @staticmethod
+    def _descendants(pid: int | None) -> list[int | None]:
+        if pid is None:
+            return []
+        with contextlib.suppress(psutil.Error):
+            return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+        return []
+
     def processes(self) -> dict[str, list[int]]:
         """Return the processes of each series (a series' RSS and CPU are summed over its processes)."""
         driver, jvm = self.speed_pids()
@@ -453,6 +461,7 @@ class Gauges:
             "api_master": [self.api.pid()],
             "api_workers": [w.pid for w in self.api_workers()],
             "scheduler": [scheduler],
+            "airflow_tasks": self._descendants(scheduler),  # the hourly recompute: task runners and Spark's JVM
             "kafka": [self.kafka.pid()],
             "cassandra": [self.cassandra.pid()],
         }

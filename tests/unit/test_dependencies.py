@@ -10,6 +10,7 @@ import ast
 import re
 import sys
 import tomllib
+from functools import cache
 from importlib import metadata
 from pathlib import Path
 
@@ -46,6 +47,17 @@ def _declared(*extras: str) -> set[str]:
 PEERS = ROOT / "bench" / "peers"  # `make bench-peers`: Flink and quixstreams in a venv of their own
 
 
+@cache
+def _parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
+@cache
+def _packages() -> dict[str, list[str]]:
+    """Return top-level module -> distributions (a scan of every installed distribution: done once)."""
+    return dict(metadata.packages_distributions())
+
+
 def _imports(folders: list[str], skip: Path | None = None) -> dict[str, set[str]]:
     """Return top-level module name -> files importing it (absolute imports, lazy ones inside functions too)."""
     out: dict[str, set[str]] = {}
@@ -53,7 +65,7 @@ def _imports(folders: list[str], skip: Path | None = None) -> dict[str, set[str]
         for path in (ROOT / folder).rglob("*.py"):
             if skip is not None and path.is_relative_to(skip):
                 continue
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            for node in ast.walk(_parsed(path)):
                 if isinstance(node, ast.Import):
                     names = [a.name for a in node.names]
                 elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -71,7 +83,7 @@ def _third_party(imports: dict[str, set[str]]) -> dict[str, set[str]]:
 
 def _distributions(module: str) -> set[str]:
     """Return the installed distributions that provide a top-level module."""
-    return {_name(d) for d in metadata.packages_distributions().get(module, [])}
+    return {_name(d) for d in _packages().get(module, [])}
 
 
 def _undeclared(folders: list[str], declared: set[str], skip: Path | None = None) -> dict[str, str]:

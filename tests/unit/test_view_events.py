@@ -162,8 +162,9 @@ def _rows(frame: Any) -> list[tuple[Any, ...]]:
     )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(records=st.lists(_records(), min_size=1, max_size=40))
+# Few examples of many records: each example costs four Spark jobs, and a record's kind is drawn per record.
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(records=st.lists(_records(), min_size=1, max_size=120))
 def test_the_decode_agrees_with_the_reference_on_valid_and_invalid_records(spark: Any, records: list[bytes]) -> None:
     """The same values, the same rejects, the same dims maps as the previous decode, also under filters."""
     from pyspark.sql import functions as F
