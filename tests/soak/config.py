@@ -20,7 +20,7 @@ class SoakConfig:
     """How long the soak runs, at what rate, how often it injects a fault and how it judges the series."""
 
     minutes: float = 60.0
-    # Events/s. Not half the speed layer's measured 79,834 rows/s: see docs/soak.md ("The rate") for why 2,000.
+    # Events/s: a quarter of what the whole stack sustains here (make test-capacity, docs/soak.md "Capacity").
     rate: float = 2000.0
     fault_every_s: float = 600.0
     sample_every_s: float = 30.0
