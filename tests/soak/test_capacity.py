@@ -24,13 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from infra.airflow.client import AirflowClient
 from stack import control
 from tests.soak import report
 from tests.soak.conftest import SoakStack, unpause_batch_dag
 from tests.soak.probe import Freshness, Gauges, Poller, SteadyProducer
 from tests.soak.report import Sample, Step
-from tests.soak.test_soak import PROCESSES, keep_logs, served_hour
+from tests.soak.test_soak import PROCESSES, ClosedHour, closed_hour_rows, closed_hours, inexact, keep_logs
 
 pytestmark = [pytest.mark.capacity, pytest.mark.services, pytest.mark.spark, pytest.mark.timeout(6 * 3600)]
 
@@ -38,29 +37,6 @@ HOUR = timedelta(hours=1)
 RATES = [float(r) for r in os.environ.get("CAPACITY_RATES", "2000,4000,6000,8000,12000,16000,20000,25000").split(",")]
 STEP_S = float(os.environ.get("CAPACITY_STEP_MINUTES", "10")) * 60
 POLL_P99_S = float(os.environ.get("CAPACITY_POLL_P99_S", "1.0"))
-
-
-def hour_runs(client: AirflowClient, hours: list[datetime], timeout_s: float) -> dict[datetime, tuple[str, float]]:
-    """Wait (bounded) for the scheduler's ``trends_batch`` runs of these hours; return each one's state and seconds."""
-    deadline = time.monotonic() + timeout_s
-    found: dict[datetime, tuple[str, float]] = {}
-    while time.monotonic() < deadline:
-        runs = client.api("GET", "/api/v2/dags/trends_batch/dagRuns?limit=100")["dag_runs"]
-        found = {}
-        for r in runs:
-            h = datetime.fromisoformat(r["data_interval_start"])
-            if h in hours:
-                began, ended = r.get("start_date"), r.get("end_date")
-                took = (
-                    (datetime.fromisoformat(ended) - datetime.fromisoformat(began)).total_seconds()
-                    if began and ended
-                    else float("nan")
-                )
-                found[h] = (r["state"], took)
-        if len(found) == len(hours) and all(s in {"success", "failed"} for s, _ in found.values()):
-            break
-        time.sleep(10)
-    return found
 
 
 def judge_step(
@@ -155,15 +131,7 @@ def test_capacity(soak_stack: SoakStack, artifacts_dir: Path) -> None:
     time.sleep(20)
     fresh.stop()
 
-    grace = timedelta(seconds=max(settings.batch.grace_s, settings.batch.lateness_s))
-    newest = datetime.fromtimestamp(producer.last_ts_ms / 1000, UTC)
-    closed = sorted(h for h in producer.acked if h + HOUR + grace <= newest)
-    runs = hour_runs(AirflowClient(settings), closed, timeout_s=cfg.close_wait_s)
-    hours = []
-    for h in closed:
-        served, batch_only = served_hour(settings, h)
-        state, took = runs.get(h, ("no run", float("nan")))
-        hours.append((h, producer.acked[h], served, batch_only, state, took))
+    hours = closed_hours(settings, producer, cfg.close_wait_s)
 
     sustained = [s for s in steps if not s.failures(cfg.freshness_p99_goal_s, POLL_P99_S)]
     doc = write_report(artifacts_dir / "capacity.md", soak_stack, steps, hours, sustained, seeded)
@@ -175,8 +143,8 @@ def test_capacity(soak_stack: SoakStack, artifacts_dir: Path) -> None:
 
     assert (undelivered, producer.failed[:5]) == (0, []), "events not acknowledged by the broker"
     assert sustained, "not even the first step's rate was sustained"
-    assert closed, "no closed hour to check"
-    wrong = [h for h in hours if h[1] != h[2] or not h[3] or h[4] != "success"]
+    assert hours, "no closed hour to check"
+    wrong = inexact(hours)
     assert not wrong, f"closed hours not exact through the DAG (hour, acked, served, batch only, run, s): {wrong}"
 
 
@@ -184,7 +152,7 @@ def write_report(
     path: Path,
     stack: SoakStack,
     steps: list[Step],
-    hours: list[tuple[datetime, int, int, bool, str, float]],
+    hours: list[ClosedHour],
     sustained: list[Step],
     seeded: int,
 ) -> str:
@@ -227,9 +195,7 @@ def write_report(
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        "| closed hour | acknowledged | served | batch layer only, no gap | DAG run | run took |",
-        "|---|---|---|---|---|---|",
-        *(f"| {h:%Y-%m-%d %H:00} | {a:,} | {s:,} | {b} | {r} | {t:.0f} s |" for h, a, s, b, r, t in hours),
+        *closed_hour_rows(hours),
         "",
     ]
     text = "\n".join(lines)
