@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,7 @@ from stack.airflow.config import AirflowConfig
 from tests.helpers import free_port
 from tests.soak.config import SoakConfig
 from tests.soak.private_stack import private_settings
+from tests.soak.probe import Freshness, Gauges, Poller, SteadyProducer
 
 CACHE_MB, ANSWER_CACHE_MB = 2, 1  # per worker; a run filled 4 MiB of rows by 11 min, 2 MiB of answers by 15
 DRIVER_MEMORY = "1g"  # the pipeline's default spark.driver_memory, pinned so -Xms matches it
@@ -96,3 +98,38 @@ def unpause_batch_dag(settings: Settings) -> None:
     client.wait_dag(client.token(), "trends_batch", timeout_s=300)
     done = af.cli("dags", "unpause", "trends_batch")
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@dataclass
+class Load:
+    """What drives and watches the running stack: the producer, freshness, the dashboards' poller, the gauges.
+
+    :arg seeded: events produced over the hour before (not part of the steady phase).
+    :arg wall_began: the wall-clock time the steady phase began (freshness samples are stamped in it).
+    """
+
+    producer: SteadyProducer
+    fresh: Freshness
+    poller: Poller
+    gauges: Gauges
+    seeded: int
+    wall_began: float
+
+
+def start_load(stack: SoakStack, rate: float) -> Load:
+    """Seed the hour before, start the speed service and the API, unpause the hourly DAG, then produce and poll."""
+    settings = stack.settings
+    fresh = Freshness(settings)
+    producer = SteadyProducer(settings, rate, fresh.add)
+    hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    producer.seed(hour - timedelta(hours=1), hour, stack.config.seed_events)
+    seeded = producer.sent
+    control.up(settings, ["speed", "api"])
+    unpause_batch_dag(settings)
+    gauges = Gauges(settings, stack.spark_local_dir)
+    poller = Poller(stack.api_url)
+    wall_began = time.time()
+    producer.start()
+    fresh.start()
+    poller.start()
+    return Load(producer, fresh, poller, gauges, seeded, wall_began)

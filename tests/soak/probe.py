@@ -127,7 +127,6 @@ class SteadyProducer:
 
     def __init__(self, settings: Settings, rate: float, on_sample: Any) -> None:
         self.settings = settings
-        self.rate = rate
         self.on_sample = on_sample
         self.acked: Counter[datetime] = Counter()
         self.acked_minutes: Counter[datetime] = Counter()  # the same, per event-time minute
@@ -137,7 +136,9 @@ class SteadyProducer:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="soak-producer", daemon=True)
         self._events = SoakEvents()
-        self._base = (0.0, 0)  # (monotonic time, events due) the current rate counts from
+        # (monotonic time, events due then, events/s): one tuple, swapped whole, so the producing thread never reads
+        # a new rate with the old time it counts from
+        self._pace = (0.0, 0, rate)
         self.began = 0.0
         self.ended = 0.0
         self.producer = Producer(
@@ -186,23 +187,27 @@ class SteadyProducer:
 
     def start(self) -> None:
         self.began = time.monotonic()
-        self._base = (self.began, 0)
+        self._pace = (self.began, 0, self.rate)
         self._thread.start()
+
+    @property
+    def rate(self) -> float:
+        """Return the events/s produced now."""
+        return self._pace[2]
 
     def set_rate(self, rate: float) -> None:
         """Produce at ``rate`` events/s from now on (what is due so far stays due)."""
-        t0, n0 = self._base
+        t0, n0, before = self._pace
         now = time.monotonic()
-        self._base = (now, n0 + int((now - t0) * self.rate))
-        self.rate = rate
+        self._pace = (now, n0 + int((now - t0) * before), rate)
 
     def _run(self) -> None:
         done = 0
         next_sample = 0.0
         while not self._stop.is_set():
             mono = time.monotonic()
-            t0, n0 = self._base
-            due = n0 + int((mono - t0) * self.rate)
+            t0, n0, rate = self._pace
+            due = n0 + int((mono - t0) * rate)
             now = datetime.now(UTC)
             if done < due:
                 self.send(now, due - done)

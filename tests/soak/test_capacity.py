@@ -24,10 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from stack import control
 from tests.soak import report
-from tests.soak.conftest import SoakStack, unpause_batch_dag
-from tests.soak.probe import Freshness, Gauges, Poller, SteadyProducer
+from tests.soak.conftest import SoakStack, start_load
 from tests.soak.report import Sample, Step
 from tests.soak.test_soak import PROCESSES, ClosedHour, closed_hour_rows, closed_hours, inexact, keep_logs
 
@@ -81,20 +79,9 @@ def judge_step(
 
 def test_capacity(soak_stack: SoakStack, artifacts_dir: Path) -> None:
     cfg, settings = soak_stack.config, soak_stack.settings
-    fresh = Freshness(settings)
-    producer = SteadyProducer(settings, RATES[0], fresh.add)
-    hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
-    producer.seed(hour - HOUR, hour, cfg.seed_events)
-    seeded = producer.sent
-    control.up(settings, ["speed", "api"])
-    unpause_batch_dag(settings)
-    gauges = Gauges(settings, soak_stack.spark_local_dir)
-    poller = Poller(soak_stack.api_url)
-
-    wall_began = time.time()
-    producer.start()
-    fresh.start()
-    poller.start()
+    load = start_load(soak_stack, RATES[0])
+    producer, fresh, poller, gauges = load.producer, load.fresh, load.poller, load.gauges
+    seeded, wall_began = load.seeded, load.wall_began
     samples: list[Sample] = []
     steps: list[Step] = []
     k = 0

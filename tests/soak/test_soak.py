@@ -34,8 +34,8 @@ from infra.settings import Settings
 from stack import control
 from tests.pipeline import SupervisedSpeed
 from tests.soak import report
-from tests.soak.conftest import SoakStack, unpause_batch_dag
-from tests.soak.probe import Freshness, Gauges, Poller, SteadyProducer
+from tests.soak.conftest import SoakStack, start_load
+from tests.soak.probe import Gauges, SteadyProducer
 from tests.soak.report import Fault, Sample, Spec
 
 pytestmark = [pytest.mark.soak, pytest.mark.services, pytest.mark.spark, pytest.mark.timeout(6 * 3600)]
@@ -238,21 +238,10 @@ def served_hour(settings: Settings, hour: datetime) -> tuple[int, bool]:
 
 def test_soak(soak_stack: SoakStack, artifacts_dir: Path) -> None:
     cfg, settings = soak_stack.config, soak_stack.settings
-    fresh = Freshness(settings)
-    producer = SteadyProducer(settings, cfg.rate, fresh.add)
-    hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
-    producer.seed(hour - HOUR, hour, cfg.seed_events)
-    seeded = producer.sent
-    control.up(settings, ["speed", "api"])
-    unpause_batch_dag(settings)
-    gauges = Gauges(settings, soak_stack.spark_local_dir)
+    load = start_load(soak_stack, cfg.rate)
+    producer, fresh, poller, gauges = load.producer, load.fresh, load.poller, load.gauges
+    seeded, wall_began = load.seeded, load.wall_began
     faults = Faults(settings, gauges)
-    poller = Poller(soak_stack.api_url)
-
-    wall_began = time.time()
-    producer.start()
-    fresh.start()
-    poller.start()
     samples: list[Sample] = []
     duration = cfg.minutes * 60
     next_fault = cfg.fault_every_s
