@@ -35,7 +35,21 @@ logger = logging.getLogger(__name__)
 
 HOUR = timedelta(hours=1)
 ORIGINS = ("JFK", "LAX", "SFO", "ORD", "ATL")
-BATCH_LINE = re.compile(rb"batch \d+: (\d+) rows in (\d+) ms")
+BATCH_LINE = re.compile(rb"batch \d+: (\d+) rows in (\d+) ms[^\n]*")
+# The dedupe's (updates/removals/commit) ms of a batch line, summed over its state partitions' tasks: removals is
+# the eviction, which scans every id the state holds once a batch.
+DEDUPE_MS = re.compile(rb"dedupe (\d+)/(\d+)/(\d+)")
+
+
+def batch_lines(log: bytes) -> list[tuple[int, int, int | None]]:
+    """Return (rows, ms, the dedupe's eviction ms or None) of each batch line of the speed job's log."""
+    out: list[tuple[int, int, int | None]] = []
+    for m in BATCH_LINE.finditer(log):
+        dedupe = DEDUPE_MS.search(m[0])
+        out.append((int(m[1]), int(m[2]), int(dedupe[2]) if dedupe else None))
+    return out
+
+
 # What a dashboard asks, round-robin: the numbers, the trend, the chart (dashboard_refresh_s apart per viewer).
 DASHBOARD = (
     "/api/v1/count?last=15m",
@@ -472,8 +486,11 @@ class Gauges:
         }
         return {k: [p for p in v if p is not None] for k, v in found.items()}
 
-    def batch_durations(self) -> list[tuple[int, int]]:
-        """Return (rows, ms) of the micro-batches the speed job logged since the last call."""
+    def batch_durations(self) -> list[tuple[int, int, int | None]]:
+        """Return (rows, ms, the dedupe's eviction ms) of the micro-batches the speed job logged since the last call.
+
+        The eviction's ms is summed over the state partitions' tasks (None: the line has no dedupe figures).
+        """
         log = self.speed.stdout_file
         if not log.exists():
             return []
@@ -482,7 +499,7 @@ class Gauges:
             chunk = f.read()
         cut = chunk.rfind(b"\n") + 1
         self._log_offset += cut
-        return [(int(m[1]), int(m[2])) for m in BATCH_LINE.finditer(chunk[:cut])]
+        return batch_lines(chunk[:cut])
 
     def state_bytes(self) -> tuple[int | None, int | None]:
         """Return the RocksDB state of the running speed job and the whole local dir (leftovers of killed runs)."""
@@ -556,7 +573,10 @@ class Gauges:
         values["speed_lag_records"] = speed.get("trends_speed_consumer_lag_records")
         values["state_memory_bytes"] = speed.get("trends_speed_state_memory_bytes")
         pids["state_memory_bytes"] = pids.get("rss_speed_jvm")
-        batches = [ms for rows, ms in self.batch_durations() if rows > 0]
+        logged = [(ms, evict) for rows, ms, evict in self.batch_durations() if rows > 0]
+        batches = [ms for ms, _ in logged]
+        evictions = [evict for _, evict in logged if evict is not None]
         values["batch_ms_max"] = float(max(batches)) if batches else None
         values["batch_ms_mean"] = sum(batches) / len(batches) if batches else None
+        values["eviction_ms_mean"] = sum(evictions) / len(evictions) if evictions else None
         return values, pids

@@ -249,6 +249,7 @@ class Step:
     polls: tuple[int, int, float | None]
     cpu: dict[str, float]
     batch_ms_mean: float | None
+    eviction_ms_mean: float | None = None  # the dedupe's eviction per batch, task ms summed over its partitions
 
     def failures(self, freshness_goal_s: float, poll_p99_goal_s: float) -> list[str]:
         """Return what this step missed (empty: the stack sustained its rate)."""

@@ -58,6 +58,7 @@ def judge_step(
         vals = [v for s in inside if (v := s.values.get(f"cpu_{name}")) is not None]
         cpu[name] = sum(vals) / len(vals) if vals else float("nan")
     batches = [v for s in inside if (v := s.values.get("batch_ms_mean")) is not None]
+    evictions = [v for s in inside if (v := s.values.get("eviction_ms_mean")) is not None]
     lat = [lat for t, lat in stamped if began <= t < ended]
     return Step(
         rate=rate,
@@ -74,6 +75,7 @@ def judge_step(
         ),
         cpu=cpu,
         batch_ms_mean=sum(batches) / len(batches) if batches else None,
+        eviction_ms_mean=sum(evictions) / len(evictions) if evictions else None,
     )
 
 
@@ -147,6 +149,7 @@ def write_report(
     cfg = stack.config
     names = [*PROCESSES, "airflow_tasks", "machine", "other"]
     head = ["step", "achieved", "freshness p99", "lag (first → last)", "dashboards (n, not 200, p99)", "micro-batch"]
+    head.append(f"dedupe eviction (task ms, {stack.settings.spark.shuffle_partitions} partitions)")
     labels = {
         **PROCESSES,
         "airflow_tasks": "hourly recompute (Airflow tasks)",
@@ -176,6 +179,7 @@ def write_report(
             lag,
             f"{n}, {bad}, {report.scaled(p99, 's')}",
             "-" if s.batch_ms_mean is None else f"{s.batch_ms_mean:,.0f} ms",
+            "-" if s.eviction_ms_mean is None else f"{s.eviction_ms_mean:,.0f} ms",
             *(f"{s.cpu[n]:.0f} %" for n in names),
             "; ".join(missed) or "✔",
         ]

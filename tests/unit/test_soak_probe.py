@@ -12,7 +12,8 @@ from types import SimpleNamespace
 
 import psutil
 
-from tests.soak.probe import Gauges, dir_bytes, resident_mib
+from speed_layer.metrics import BatchMetrics
+from tests.soak.probe import Gauges, batch_lines, dir_bytes, resident_mib
 
 
 def test_a_hard_linked_file_counts_once(tmp_path: Path) -> None:
@@ -56,3 +57,11 @@ def test_a_killed_process_not_reaped_yet_is_no_sample() -> None:
         child.kill()
         child.wait()
     assert resident_mib(proc) is None  # reaped: gone
+
+
+def test_the_batch_lines_are_read_as_the_speed_job_logs_them() -> None:
+    """The capacity run's eviction column comes from the job's own log line: a change of its format fails here."""
+    dedupe = BatchMetrics(7, 12_000, 6_000.0, 9_000.0, 1_300, None, 0, 0, None, 0, state_ms={"dedupe": (170, 1_213, 9)})
+    none = BatchMetrics(8, 0, 0.0, 0.0, 40, None, 0, 0, None, 0)  # no stateful operator reported
+    log = f"06:26:48 INFO    speed_layer.job: {dedupe.log_line()}\nother line\n{none.log_line()}\n".encode()
+    assert batch_lines(log) == [(12_000, 1_300, 1_213), (0, 40, None)]
