@@ -214,7 +214,7 @@ def generate(
     Live (default): event time is the wall clock, paced at --rate (1000/s unless --fast). Historical (--start):
     event time runs from --start at --event-rate events per second, produced as fast as possible unless --rate.
     """
-    from ingestion import generator as gen
+    from ingestion.generator_config import Burst, GeneratorConfig, GeneratorError
 
     settings = scoped(settings, topic, dlq_topic, key_field)
     now = datetime.now(UTC)
@@ -223,7 +223,7 @@ def generate(
         raise click.UsageError(msg)
     pace = None if fast or rate == 0 else rate if rate is not None else (None if start else 1000.0)
     try:
-        config = gen.GeneratorConfig(
+        config = GeneratorConfig(
             seed=seed,
             count=count,
             duration_s=duration if start else None,
@@ -234,13 +234,13 @@ def generate(
             items=items,
             zipf_s=zipf,
             users=users,
-            bursts=tuple(gen.Burst.parse(b) for b in bursts),
+            bursts=tuple(Burst.parse(b) for b in bursts),
             key_field=settings.ingest.key_field,
             quiet_hours=parse_hours(quiet_hours) if quiet_hours else (),
             gap_every_days=gap_every_days,
         )
         config.check(now, timedelta(seconds=settings.ingest.max_future_skew_s))
-    except gen.GeneratorError as exc:
+    except GeneratorError as exc:
         raise click.UsageError(str(exc)) from exc
     wall_duration = None if start else duration
     if output is not None:
