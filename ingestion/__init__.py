@@ -9,5 +9,9 @@ request's body, ``collector_delivery`` produces its records on one thread and aw
 (``trends ingest kafka``: other topics into the events topic in Kafka transactions, exactly once), ``wire`` (the
 Confluent wire format of Avro and Protobuf records, and the schema registry's client), ``dlq`` (the dead-letter record
 format, read back), ``metrics`` (Prometheus metrics of a long-running ingest), ``progress`` (progress lines and a
-graceful stop), ``cli`` (``trends ingest``). The event model itself is the views' (:mod:`views.event`).
+graceful stop). The event model itself is the views' (:mod:`views.event`).
+
+Commands: ``cli`` (``trends ingest``, the group) and a module per command: ``generate_cli``, ``file_cli``,
+``bridge_cli`` (``trends ingest kafka``), ``collect_cli`` (``trends collect``) and ``dlq_cli``; ``cli_options`` (the
+options they share).
 """
