@@ -26,7 +26,7 @@ SUBCOMMANDS = {
     "admin": "infra.admin_cli:admin",
     "demo": "app.demo:demo",
     "ingest": "ingestion.cli:ingest",
-    "collect": "ingestion.cli:collect",
+    "collect": "ingestion.collect_cli:collect",
     "speed": "speed_layer.cli:speed",
     "batch": "batch_layer.cli:batch",
     "query": "serving.cli:query",

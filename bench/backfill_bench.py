@@ -44,7 +44,8 @@ from infra.cassandra import session
 from infra.dag_contract import BACKFILL_DAG, END_PARAM, START_PARAM
 from infra.settings import Settings
 from infra.settings_env import to_env
-from ingestion.generator import GeneratorConfig, SyntheticStream
+from ingestion.generator import SyntheticStream
+from ingestion.generator_config import GeneratorConfig
 from stack import control
 from views.buckets import month_key
 from views.event import Event

@@ -25,12 +25,10 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from infra.ingest_settings import BridgeSettings, CollectorSettings, IngestSettings
 from infra.pipeline_settings import (
     BatchSettings,
-    BridgeSettings,
-    CollectorSettings,
     DedupeBy,
-    IngestSettings,
     MetricsSettings,
     PrivacySettings,
     ServingSettings,

@@ -7,7 +7,8 @@ so a renamed or moved setting cannot leave a message pointing at a variable noth
 
 The prefix and the delimiter live here, not in ``infra.settings``, and nothing here imports ``infra.settings``
 (:func:`to_env` takes any settings model, in practice ``infra.settings.Settings``): the section models
-(``infra.service_settings``, ``infra.pipeline_settings``), which ``infra.settings`` imports, name variables too.
+(``infra.service_settings``, ``infra.ingest_settings``, ``infra.pipeline_settings``), which ``infra.settings`` imports,
+name variables too.
 """
 
 from __future__ import annotations

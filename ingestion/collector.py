@@ -9,55 +9,52 @@ after Kafka acknowledged every record of the request; a delivery that fails or d
 ``collector.delivery_timeout_s`` is a 503 with ``Retry-After``. Events carry ids (derived from the content when
 absent), so a retried request is dropped downstream by the layers' dedupe instead of counted twice.
 
-The producer is driven by one thread (:class:`ProducerLoop`): requests hand it their records and wait for their
-acks, so the producer's callbacks and counters stay on one thread, as in a replay. Limits: the body size (checked
-on ``Content-Length``, then counted as read and as inflated, so a gzip bomb is bounded too), the records per
-request, a token bucket of events per second, and the producer's local queue (a 429 when it is full).
+This module is the app: the token, the limits, validation and the answers. The body is read by
+:mod:`ingestion.collector_body`; the records are produced and their acks awaited by
+:mod:`ingestion.collector_delivery` (one producer thread, as in a replay). Limits: the body size (checked on
+``Content-Length``, then counted as read and as inflated, so a gzip bomb is bounded too), the records per request, a
+token bucket of events per second, and the producer's local queue (a 429 when it is full).
 
 This app is its own process (``trends collect``), apart from the query API: serving never imports ingestion.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the endpoints' annotations at runtime.
 import asyncio
-import contextlib
-import io
-import json
 import logging
 import math
-import queue
-import threading
 import time
-import zlib
 from collections.abc import AsyncIterator
-from concurrent.futures import Future, InvalidStateError
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from functools import partial
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, cast
 
-import msgspec
 from fastapi import FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from infra.errors import TrendsError
 from infra.security import bearer_refusal
 from infra.settings import Settings
-from ingestion.files import read_lines
-from ingestion.producer import Ack, Delivery, EventProducer
-from ingestion.validate import Context, Encoded, Reason, Reject, encode_json
+from ingestion.collector_body import (
+    BodyFormat,
+    Refusal,
+    body_format,
+    content_length_refusal,
+    inflate,
+    read_body,
+    records,
+)
+from ingestion.collector_delivery import Answer, Batch, DeliveryFailedError, ProducerLoop
+from ingestion.validate import Context, Encoded, Reject, encode_json
 
 logger = logging.getLogger(__name__)
 
 EVENTS_PATH: Final = "/api/v1/events"
 SOURCE: Final = "collector"  # the dead-letter records' source; their line is the record's 1-based position
-JSON_TYPES: Final = frozenset({"application/json"})
-NDJSON_TYPES: Final = frozenset({"application/x-ndjson", "application/jsonl", "application/json-lines"})
 QUEUE_FULL_RETRY_AFTER_S: Final = 1
-POLL_S: Final = 0.005  # the longest a new batch waits for the producer thread to take it
 
 # name -> help of every metric the collector exports (docs/metrics.md lists them).
 METRICS: Final = {
@@ -67,330 +64,6 @@ METRICS: Final = {
     "trends_collector_request_seconds": "Time from a request's arrival to its answer, Kafka's acknowledgements "
     "included.",
 }
-
-
-class Refusal(Exception):  # noqa: N818 - an answer, not a failure of the server
-    """A request refused as a whole: its status, the message, and the headers of the answer."""
-
-    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.detail = detail
-        self.headers = headers or {}
-
-
-# -- the body: bounded reading, decompression, records ----------------------------------------------------------
-
-
-def content_length_refusal(value: str | None, limit: int) -> Refusal | None:
-    """Return the refusal a ``Content-Length`` header earns before anything is read, or None."""
-    if value is None:
-        return None
-    try:
-        length = int(value)
-    except ValueError:
-        return Refusal(400, f"Content-Length {value[:40]!r} is not a number")
-    if length > limit:
-        return Refusal(413, f"a body of {length} bytes is over collector.max_body_bytes ({limit})")
-    return None
-
-
-def inflate(data: bytes, limit: int) -> bytes:
-    """Return gzip ``data`` decompressed, never holding more than ``limit`` + 1 bytes of output.
-
-    Several gzip members one after the other (``cat a.gz b.gz``) are one stream, as gzip reads them.
-
-    :raises Refusal: 413 when the output passes ``limit``, 400 when the data is not complete gzip.
-    """
-    out = bytearray()
-    rest = data
-    try:
-        while rest:
-            inflater = zlib.decompressobj(wbits=31)
-            out += inflater.decompress(rest, limit + 1 - len(out))
-            if len(out) > limit or inflater.unconsumed_tail:
-                msg = f"the body inflates to more than collector.max_body_bytes ({limit} bytes)"
-                raise Refusal(413, msg)
-            if not inflater.eof:
-                msg = "the gzip body is truncated"
-                raise Refusal(400, msg)
-            rest = inflater.unused_data
-    except zlib.error as exc:
-        msg = f"the body is not gzip: {exc}"
-        raise Refusal(400, msg) from exc
-    return bytes(out)
-
-
-BodyFormat = Literal["json", "ndjson"]
-
-
-def body_format(content_type: str | None) -> BodyFormat:
-    """Return the body format a ``Content-Type`` names.
-
-    :raises Refusal: 415 for any other type, or a charset other than UTF-8.
-    """
-    media, _, params = (content_type or "").partition(";")
-    media = media.strip().lower()
-    for param in params.split(";"):
-        name, _, value = param.partition("=")
-        if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in {"utf-8", "utf8"}:
-            msg = f"charset {value.strip()!r}: the collector reads UTF-8 only"
-            raise Refusal(415, msg)
-    if media in JSON_TYPES:
-        return "json"
-    if media in NDJSON_TYPES:
-        return "ndjson"
-    msg = (
-        f"Content-Type {media or '(none)'!r} is not supported: send application/json (an array of events) or "
-        "application/x-ndjson (one event per line)"
-    )
-    raise Refusal(415, msg)
-
-
-_RAW_ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
-_JSON = json.JSONDecoder()
-_WHITESPACE = " \t\n\r"
-
-
-def records(body: bytes, fmt: BodyFormat, max_records: int) -> list[tuple[int, bytes, int | None]]:
-    """Split a body into its records: (0-based position, original bytes, full size when cut) each.
-
-    JSON lines are read as ``trends ingest file`` reads them (blank lines skipped, over-long lines cut); a line
-    that is not JSON is a record like any other (it becomes a reject). A JSON array gives each element's own bytes.
-    Either stops at the first record past ``max_records``: a body of tiny records costs no more than its limit.
-
-    :raises Refusal: 400 when a JSON body is not a JSON array, 413 past ``max_records``.
-    """
-    too_many = Refusal(413, f"more than collector.max_records ({max_records}) records in one request")
-    if fmt == "ndjson":
-        out: list[tuple[int, bytes, int | None]] = []
-        for rec in read_lines(io.BytesIO(body)):
-            if len(out) == max_records:
-                raise too_many
-            out.append((rec.line - 1, rec.raw, rec.size))
-        return out
-    # The array at once with msgspec when it cannot hold too many elements (each is followed by a comma but the
-    # last); else element by element, stopping past the limit.
-    if body.count(b",") < max_records:
-        try:
-            return [(i, bytes(raw), None) for i, raw in enumerate(_RAW_ARRAY.decode(body))]
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
-            pass  # not JSON, not an array, or what msgspec refuses and json takes (NaN, huge numbers)
-    return [(i, raw, None) for i, raw in enumerate(_array_elements(body, max_records, too_many))]
-
-
-def _array_elements(body: bytes, max_records: int, too_many: Refusal) -> list[bytes]:
-    """Return the elements of a JSON array as their own bytes, read one by one by :mod:`json`."""
-    try:
-        text = body.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        msg = f"the body is not UTF-8 (JSON is): {exc}"
-        raise Refusal(400, msg) from exc
-    n = len(text)
-    pos = _skip(text, 0)
-    if pos == n or text[pos] != "[":
-        kind = "empty" if pos == n else f"a JSON {type(_value(text)).__name__}"
-        msg = f"the body is {kind}, not an array of events"
-        raise Refusal(400, msg)
-    out: list[bytes] = []
-    pos = _skip(text, pos + 1)
-    if pos < n and text[pos] == "]":
-        return _end(text, pos, out)
-    while True:
-        if len(out) == max_records:
-            raise too_many
-        try:
-            _, end = _JSON.raw_decode(text, pos)
-        except (ValueError, RecursionError) as exc:
-            msg = f"the body is not JSON: {exc}"
-            raise Refusal(400, msg) from exc
-        out.append(text[pos:end].encode())
-        pos = _skip(text, end)
-        if pos < n and text[pos] == "]":
-            return _end(text, pos, out)
-        if pos >= n or text[pos] != ",":
-            msg = f"the body is not JSON: expected ',' or ']' at character {pos}"
-            raise Refusal(400, msg)
-        pos = _skip(text, pos + 1)
-
-
-def _skip(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos] in _WHITESPACE:
-        pos += 1
-    return pos
-
-
-def _end(text: str, pos: int, out: list[bytes]) -> list[bytes]:
-    if _skip(text, pos + 1) != len(text):
-        msg = f"the body is not JSON: extra data after the array at character {pos + 1}"
-        raise Refusal(400, msg)
-    return out
-
-
-def _value(text: str) -> Any:
-    try:
-        return _JSON.decode(text)
-    except (ValueError, RecursionError) as exc:
-        msg = f"the body is not JSON: {exc}"
-        raise Refusal(400, msg) from exc
-
-
-# -- answers -----------------------------------------------------------------------------------------------------
-
-
-class RejectOut(BaseModel):
-    """One rejected record: where it was in the request, why, and the detail (also in its dead-letter record)."""
-
-    index: int = Field(
-        description="0-based position in the request: the array element, or the line (blank lines count)."
-    )
-    reason: str = Field(description="The dead-letter reason code (`ingestion.validate.Reason`).")
-    detail: str = Field(description="What is wrong with it, for a person.")
-
-
-class Answer(BaseModel):
-    """What happened to a request's records, once Kafka acknowledged every one of them."""
-
-    accepted: int = Field(description="Events acknowledged on the events topic.")
-    rejected: int = Field(description="Records acknowledged on the dead-letter topic, with their reason.")
-    rejects: list[RejectOut] = Field(description="Each rejected record, in request order.")
-
-
-class ErrorOut(BaseModel):
-    """The body of every refusal: what went wrong, naming the setting when a limit did."""
-
-    detail: str
-
-
-@dataclass
-class Batch:
-    """A request's validated records on their way to Kafka, and the answer being assembled from their acks."""
-
-    outcomes: list[tuple[int, Encoded | Reject]]
-    answer: Future[Answer] = field(default_factory=Future)
-    pending: int = 0
-    accepted: int = 0
-    rejects: list[RejectOut] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-    events: set[int] = field(default_factory=set)  # positions of the records that are events
-
-    def __post_init__(self) -> None:
-        self.pending = len(self.outcomes)
-        for index, outcome in self.outcomes:
-            if isinstance(outcome, Reject):
-                self.rejects.append(RejectOut(index=index, reason=str(outcome.reason), detail=outcome.detail))
-            else:
-                self.events.add(index)
-        if not self.pending:
-            self.settle()
-
-    def ack(self, index: int, delivery: Delivery) -> None:
-        """Take one record's delivery report; settle the answer after the last one (on the producer's thread)."""
-        self.pending -= 1
-        if delivery.error is not None:
-            self.failed.append(delivery.error)
-        elif delivery.rerouted is not None:  # an event the broker refused: its dead-letter copy is acknowledged
-            self.rejects.append(RejectOut(index=index, reason=str(Reason.BROKER_REJECTED), detail=delivery.rerouted))
-        elif index in self.events:
-            self.accepted += 1
-        if self.pending == 0:
-            self.settle(DeliveryFailedError(self.failed) if self.failed else None)
-
-    def settle(self, error: Exception | None = None) -> None:
-        """Give the request its answer (or its error), unless it already has one or stopped waiting."""
-        # The request may time out (cancelling the future) on the event loop's thread at any moment.
-        with contextlib.suppress(InvalidStateError):
-            if error is not None:
-                self.answer.set_exception(error)
-            else:
-                self.answer.set_result(self._answer())
-
-    def _answer(self) -> Answer:
-        rejects = sorted(self.rejects, key=lambda r: r.index)
-        return Answer(accepted=self.accepted, rejected=len(rejects), rejects=rejects)
-
-
-class DeliveryFailedError(Exception):
-    """Some records of a request were not acknowledged (the request is answered 503)."""
-
-    def __init__(self, errors: list[str]) -> None:
-        super().__init__(f"{len(errors)} record(s) not acknowledged; first: {errors[0]}")
-        self.errors = errors
-
-
-# -- the producer's thread ---------------------------------------------------------------------------------------
-
-
-class ProducerLoop:
-    """Run the one :class:`EventProducer` on its own thread: produce the batches handed to it, serve the acks."""
-
-    def __init__(self, settings: Settings, config: dict[str, Any] | None = None) -> None:
-        timeout_ms = int(settings.collector.delivery_timeout_s * 1000)
-        # A record not acknowledged by the time its request gives up fails in the producer too: nothing is left
-        # queued behind a 503 to pile up while Kafka is away.
-        self.producer = EventProducer(settings, config={"message.timeout.ms": timeout_ms, **(config or {})})
-        self.queue_limit = settings.ingest.queue_max_messages
-        self._todo: queue.SimpleQueue[Batch | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="collector-producer", daemon=True)
-        self._stopped = threading.Event()
-
-    def start(self) -> None:
-        """Start the producer's thread."""
-        self._thread.start()
-
-    def submit(self, batch: Batch) -> None:
-        """Hand a batch to the producer's thread."""
-        self._todo.put(batch)
-
-    def queued(self) -> int:
-        """Return the records queued locally or in flight (thread-safe)."""
-        return len(self.producer)
-
-    def _run(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                if not self._step():
-                    break
-            except Exception:  # the thread must outlive any one failure, or every later request would hang
-                logger.exception("the collector's producer thread failed; carrying on")
-                time.sleep(POLL_S)
-
-    def _step(self) -> bool:
-        """Produce the next batch, or serve delivery reports; return False when asked to stop."""
-        producer = self.producer
-        try:
-            batch = self._todo.get(timeout=POLL_S) if not len(producer) else self._todo.get_nowait()
-        except queue.Empty:
-            producer.poll(POLL_S if len(producer) else 0)
-            return True
-        if batch is None:
-            return False
-        try:
-            self._produce(batch)
-        except Exception as exc:  # a fatal producer error: this request fails, the server says so
-            logger.exception("the producer failed on a batch")
-            batch.settle(DeliveryFailedError([f"{type(exc).__name__}: {exc}"]))
-        producer.poll(0)
-        return True
-
-    def _produce(self, batch: Batch) -> None:
-        producer = self.producer
-        events: list[tuple[bytes, bytes | None, int, Ack]] = []
-        for index, outcome in batch.outcomes:
-            if isinstance(outcome, Reject):
-                producer.produce_reject(outcome, ack=partial(batch.ack, index))
-            else:
-                events.append((*outcome, partial(batch.ack, index)))
-        producer.produce_acked(events)
-
-    def close(self, timeout_s: float = 30.0) -> None:
-        """Stop the thread and flush what is queued (at most ``timeout_s``)."""
-        self._todo.put(None)
-        self._thread.join(timeout_s)
-        self._stopped.set()
-        summary = self.producer.close(timeout_s, raise_on_failure=False)
-        if not summary.ok:
-            logger.warning("collector stopped with undelivered records: %s", "; ".join(summary.lines()))
 
 
 # -- the rate limit ----------------------------------------------------------------------------------------------
@@ -425,6 +98,12 @@ class TokenBucket:
 
 
 # -- the app -----------------------------------------------------------------------------------------------------
+
+
+class ErrorOut(BaseModel):
+    """The body of every refusal: what went wrong, naming the setting when a limit did."""
+
+    detail: str
 
 
 @dataclass
@@ -571,7 +250,7 @@ class Collector:
         early = content_length_refusal(request.headers.get("content-length"), cfg.max_body_bytes)
         if early is not None:
             raise early
-        body = await _read(request, cfg.max_body_bytes)
+        body = await read_body(request.stream(), cfg.max_body_bytes)
         if encoding != "identity":
             body = await run_in_threadpool(inflate, body, cfg.max_body_bytes)
         outcomes = await run_in_threadpool(self.validate, body, fmt)
@@ -691,16 +370,3 @@ RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
         "Retry-After",
     ),
 }
-
-
-async def _read(request: Request, limit: int) -> bytes:
-    """Read the body, refusing it (413) as soon as it passes ``limit`` bytes."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            msg = f"the body is over collector.max_body_bytes ({limit} bytes)"
-            raise Refusal(413, msg)
-        chunks.append(chunk)
-    return b"".join(chunks)

@@ -6,7 +6,7 @@ loads a window for it):
 * planning — :mod:`serving.plan` (the merge rule: which layer serves which minute, and the ``Coverage`` it plans with);
 * reading — :mod:`serving.reader` (the layers' state and the rows), :mod:`serving.read_schedule` (the reads of one
   request, in time order), :mod:`serving.lru` (the row caches), :mod:`serving.budget` (what a request may read),
-  :mod:`serving.bucket` (a row as a query sees it);
+  :mod:`serving.served_row` (a row as a query sees it);
 * merging — :mod:`serving.merge` (the one per-row merge), :mod:`serving.answer` (every question's one path: the
   layers' state, the plan, the cache or the reads, the merge), :mod:`serving.answer_cache` (merged answers kept by
   question, and reading and merging only what moved);

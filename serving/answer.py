@@ -14,10 +14,10 @@ from datetime import datetime
 from typing import NamedTuple
 
 from serving.answer_cache import Question, RowSource, lookup, merge_cached, speed_query
-from serving.bucket import Bucket
 from serving.budget import ReadBudget
 from serving.merge import Merged
 from serving.plan import RESOLUTIONS, Coverage, Span
+from serving.served_row import ServedRow
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class Answered(NamedTuple):
     plans: list[list[Span]]
     merged: list[Merged]
     holes: frozenset[datetime]
-    rows: list[list[Bucket]]
+    rows: list[list[ServedRow]]
 
 
 def answer(reader: RowSource, question: Question, budget: ReadBudget | None, keep_rows: bool = False) -> Answered:
@@ -46,7 +46,7 @@ def answer(reader: RowSource, question: Question, budget: ReadBudget | None, kee
     lo, hi = min(w[0] for w in question.windows), max(w[1] for w in question.windows)
     cache = reader.answers if not keep_rows else None
     recent = reader.recent_coverage(lo, hi, question.slice) if cache is not None else None
-    none: list[list[Bucket]] = [[] for _ in question.windows]
+    none: list[list[ServedRow]] = [[] for _ in question.windows]
     if cache is not None and recent is not None:
         plans = [recent.plan(start, end, question.coarsest) for start, end in question.windows]
         hit = lookup(cache, question, plans, recent, budget)
@@ -71,7 +71,7 @@ def _read_whole(
     """Read every row of the plans and merge them as they stream in (no answer cache, or the rows are kept)."""
     step = RESOLUTIONS[question.coarsest]
     merged = [Merged(step, question.item) for _ in question.windows]
-    kept: list[list[Bucket]] = [[] for _ in question.windows]
+    kept: list[list[ServedRow]] = [[] for _ in question.windows]
     found: set[datetime] = set()
     holes: set[datetime] = set()  # speed rows holding fewer events than the speed layer counted there, or none
     spans = [s for spans in plans for s in spans]

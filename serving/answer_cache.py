@@ -35,11 +35,11 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any, NamedTuple, Protocol
 
 from infra.settings import Settings
-from serving.bucket import Bucket
 from serving.budget import ReadBudget
 from serving.lru import BytesLru, RowCache
 from serving.merge import Merged, MergedPart
 from serving.plan import RESOLUTIONS, Coverage, Resolution, Span, runs
+from serving.served_row import ServedRow
 from views.buckets import HOUR, MINUTE, floor
 
 logger = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class RowSource(Protocol):
         runs: Mapping[date, Mapping[datetime, uuid.UUID]] | None = None,
         query: str | None = None,
         rollups: Coverage | None = None,
-    ) -> Iterator[Bucket]:
+    ) -> Iterator[ServedRow]:
         """Yield the rows that serve the spans, in time order (speed rows of ``query``, the serving version)."""
         ...
 
@@ -276,7 +276,7 @@ def speed_query(cov: Coverage) -> str | None:
     return cov.version.query if cov.version is not None else None
 
 
-def _batch_parts(question: Question, rows: Iterable[Bucket], step: timedelta) -> list[MergedPart]:
+def _batch_parts(question: Question, rows: Iterable[ServedRow], step: timedelta) -> list[MergedPart]:
     """Merge each window's batch rows, as they stream in, into one part: its counts and its sketches, serialized."""
     merged = [Merged(step, question.item) for _ in question.windows]
     for b in rows:
@@ -336,7 +336,7 @@ def _speed_rows(
     holes: set[datetime],
     query: str | None = None,
     rollups: Coverage | None = None,
-) -> Iterator[Bucket]:
+) -> Iterator[ServedRow]:
     """Yield the speed rows of the minutes in time order (kept ones from the cache, the others read); note the holes.
 
     With ``rollups`` (the plan's speed coverage), whole closed intervals among the minutes to read come from their
@@ -350,7 +350,7 @@ def _speed_rows(
     """
     slice_, fields = question.slice, question.fields
     cache = reader.speed_cache if len(minutes) <= KEEP_SPEED_MINUTES else None
-    kept: list[Bucket] = []
+    kept: list[ServedRow] = []
     todo: dict[datetime, SpeedMinuteVersion] = {}
     for version in minutes:
         minute, epoch, counted = version
@@ -375,13 +375,13 @@ def _speed_rows(
 
 
 def _checked(
-    read: Iterable[Bucket],
+    read: Iterable[ServedRow],
     todo: dict[datetime, SpeedMinuteVersion],
     holes: set[datetime],
     seen: set[datetime],
     cache: RowCache | None,
     question: Question,
-) -> Iterator[Bucket]:
+) -> Iterator[ServedRow]:
     """Yield the rows read that hold at least what their epoch counted (keeping exact ones), noting short ones."""
     for bucket in read:
         if bucket.resolution != "minute":  # a rollup, read only when it holds exactly what its minutes counted

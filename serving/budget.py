@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from serving.bucket import Bucket
+from serving.served_row import ServedRow
 
 
 class ReadBudget:
@@ -13,7 +13,7 @@ class ReadBudget:
         self.rows = 0
         self.bytes = 0
 
-    def charge(self, bucket: Bucket) -> None:
+    def charge(self, bucket: ServedRow) -> None:
         """Count a row read.
 
         :raises ReadBudgetExceededError: the request has read more sketch bytes than allowed.

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-from serving.bucket import Bucket
+from serving.served_row import ServedRow
 
 ROW_OVERHEAD_BYTES = 200  # a cached row's object and key, besides its sketch bytes
 
@@ -68,13 +68,13 @@ class BytesLru(Generic[V]):
         return len(self._entries)
 
 
-def _size(rows: tuple[Bucket, ...]) -> int:
+def _size(rows: tuple[ServedRow, ...]) -> int:
     return ROW_OVERHEAD_BYTES + sum(ROW_OVERHEAD_BYTES + b.sketch_bytes for b in rows)
 
 
-class RowCache(BytesLru[tuple[Bucket, ...]]):
+class RowCache(BytesLru[tuple[ServedRow, ...]]):
     """An LRU of view rows, bounded in bytes: key -> the rows (maybe none) one read returned."""
 
-    def put(self, key: Hashable, rows: tuple[Bucket, ...]) -> None:
+    def put(self, key: Hashable, rows: tuple[ServedRow, ...]) -> None:
         """Keep the rows of a key, evicting the least recently used entries beyond ``max_bytes``."""
         self._put(key, rows, _size(rows))

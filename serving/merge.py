@@ -15,8 +15,8 @@ from typing import Any
 
 import datasketches as ds
 
-from serving.bucket import Bucket
 from serving.lru import ROW_OVERHEAD_BYTES
+from serving.served_row import ServedRow
 from views import sketches
 from views.buckets import floor
 
@@ -59,7 +59,7 @@ class Merged:
         # answers derived from these merged sketches (a cached window is asked the same questions again)
         self.derived: dict[tuple[Any, ...], Any] = {}
 
-    def add(self, b: Bucket) -> None:
+    def add(self, b: ServedRow) -> None:
         """Merge one row."""
         self.events += b.events
         self.rows += 1
@@ -71,7 +71,7 @@ class Merged:
         elif b.items_fi:
             self.counts[key] += int(ds.frequent_strings_sketch.deserialize(b.items_fi).get_estimate(self.item))
 
-    def add_all(self, rows: Iterable[Bucket]) -> Merged:
+    def add_all(self, rows: Iterable[ServedRow]) -> Merged:
         """Merge rows as they stream in; return self."""
         for b in rows:
             self.add(b)

@@ -14,9 +14,9 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import TYPE_CHECKING, Any
 
 from infra.cassandra import READ_PROFILE
-from serving.bucket import Bucket
 from serving.lru import RowCache
 from serving.plan import Span, SpeedCoverage
+from serving.served_row import ServedRow
 from views.buckets import DAY, HOUR, MINUTE, SPEED_ROLLUP, days_between, floor, month_key, utc
 from views.store.pointers import fingerprint_of
 from views.store.rollups import WIDTH_MIN
@@ -32,11 +32,11 @@ IN_FLIGHT_ROWS = 150  # reads run ahead of the one being consumed while their fi
 
 @dataclass
 class _Unit:
-    """One read of a request (or rows from the cache), placed in time, and what turns its result into buckets."""
+    """One read of a request (or rows from the cache), placed in time, and what turns its result into served rows."""
 
     start: datetime
     request: Any  # a bound statement, paged; None when the cache serves the unit
-    emit: Callable[[Iterable[Any]], Iterable[Bucket]]
+    emit: Callable[[Iterable[Any]], Iterable[ServedRow]]
     rows: int  # most rows its first page holds
 
 
@@ -82,7 +82,7 @@ class ReadSchedule:
         start: datetime,
         statement: str | None,
         params: tuple[Any, ...],
-        emit: Callable[[Iterable[Any]], Iterable[Bucket]],
+        emit: Callable[[Iterable[Any]], Iterable[ServedRow]],
         rows: int = 0,
     ) -> None:
         if statement is None:
@@ -94,10 +94,10 @@ class ReadSchedule:
         bound.fetch_size = max(page, 1)
         self.units.append(_Unit(start, bound, emit, min(rows, page)))
 
-    def _cached(self, key: Hashable) -> tuple[Bucket, ...] | None:
+    def _cached(self, key: Hashable) -> tuple[ServedRow, ...] | None:
         return self.cache.get(key) if self.cache is not None else None
 
-    def _remember(self, key: Hashable, rows: Iterable[Bucket]) -> None:
+    def _remember(self, key: Hashable, rows: Iterable[ServedRow]) -> None:
         if self.cache is not None:
             self.cache.put(key, tuple(rows))
 
@@ -130,7 +130,7 @@ class ReadSchedule:
         cov = self.rollups
         assert cov is not None  # noqa: S101 - only called with rollups
 
-        def emit(result: Iterable[Any]) -> Iterator[Bucket]:
+        def emit(result: Iterable[Any]) -> Iterator[ServedRow]:
             found = {utc(r.bucket_start): r for r in result if r.width_min == WIDTH_MIN}
             t, todo = lo, lo  # todo: the start of the minutes not served by a rollup yet
             while t < hi:
@@ -138,7 +138,7 @@ class ReadSchedule:
                 if r is not None and cov.rollup_matches(t, t + SPEED_ROLLUP, r.epoch, int(r.events)):
                     if todo < t:
                         yield from self._read_minutes_now(day, todo, t)
-                    yield Bucket.of_row(t, "10min", "speed", r)
+                    yield ServedRow.of_row(t, "10min", "speed", r)
                     todo = t + SPEED_ROLLUP
                 t += SPEED_ROLLUP
             if todo < hi:
@@ -146,7 +146,7 @@ class ReadSchedule:
 
         self._add(lo, "rollups", (self.query, self.slice, day, lo, hi), emit, int((hi - lo) / SPEED_ROLLUP))
 
-    def _read_minutes_now(self, day: date, first: datetime, last: datetime) -> Iterator[Bucket]:
+    def _read_minutes_now(self, day: date, first: datetime, last: datetime) -> Iterator[ServedRow]:
         """Read minutes at once (a rollup missing or not matching its interval's coverage: a second round trip)."""
         bound = self.stmt["speed"].bind((self.query, self.slice, day, first, last))
         bound.fetch_size = PAGE_ROWS_SKETCHES if self.fields else PAGE_ROWS
@@ -162,9 +162,9 @@ class ReadSchedule:
             self._add(span.start, None, (), lambda _rows: hit)
             return
 
-        def emit(result: Iterable[Any]) -> list[Bucket]:
+        def emit(result: Iterable[Any]) -> list[ServedRow]:
             rows = list(result)
-            got = [Bucket.of_row(span.start, "day", "batch", r) for r in rows]
+            got = [ServedRow.of_row(span.start, "day", "batch", r) for r in rows]
             if all(r.hour_runs == fingerprint for r in rows):  # re-merged since the coverage read: don't keep it
                 self._remember(key, got)
             return got
@@ -196,8 +196,8 @@ class ReadSchedule:
 
         whole = self.cache is not None  # without a cache, read only the span
 
-        def emit(rows: Iterable[Any]) -> list[Bucket]:
-            got = [Bucket.of_row(utc(r.bucket_start), "10min", "batch", r) for r in rows]
+        def emit(rows: Iterable[Any]) -> list[ServedRow]:
+            got = [ServedRow.of_row(utc(r.bucket_start), "10min", "batch", r) for r in rows]
             if whole:  # only the whole hour is kept under the run
                 self._remember(key, got)
             return [b for b in got if lo <= b.start < hi]
@@ -217,8 +217,8 @@ class ReadSchedule:
 
         whole = whole and self.cache is not None  # without a cache, read only the span
 
-        def emit(rows: Iterable[Any]) -> list[Bucket]:
-            got = [Bucket.of_row(utc(r.bucket_start), "minute", "batch", r) for r in rows]
+        def emit(rows: Iterable[Any]) -> list[ServedRow]:
+            got = [ServedRow.of_row(utc(r.bucket_start), "minute", "batch", r) for r in rows]
             if whole:  # only the whole hour is kept under the run
                 self._remember(key, got)
             return [b for b in got if span.start <= b.start < span.end]
@@ -229,7 +229,7 @@ class ReadSchedule:
     def hours(self, day: date, spans: list[Span]) -> None:
         """Serve whole hours of a day: cached ones from the cache, the others with one range read (<= 24 rows)."""
         pointers = self.pointers(day)
-        cached: dict[datetime, tuple[Bucket, ...]] = {}
+        cached: dict[datetime, tuple[ServedRow, ...]] = {}
         missing: dict[datetime, Hashable] = {}
         for span in spans:
             key = ("hour", self.slice, span.start, pointers.get(span.start), self.fields)
@@ -239,12 +239,12 @@ class ReadSchedule:
             else:
                 cached[span.start] = hit
 
-        def emit(rows: Iterable[Any]) -> list[Bucket]:
-            found: dict[datetime, tuple[Bucket, ...]] = dict(cached)
+        def emit(rows: Iterable[Any]) -> list[ServedRow]:
+            found: dict[datetime, tuple[ServedRow, ...]] = dict(cached)
             for r in rows:
                 hour = utc(r.hour)
                 if hour is not None and hour in missing and pointers.get(hour) == r.run_id:
-                    found[hour] = (Bucket.of_row(hour, "hour", "batch", r),)
+                    found[hour] = (ServedRow.of_row(hour, "hour", "batch", r),)
             for hour, key in missing.items():  # an hour without a row for this slice is cached as empty
                 found.setdefault(hour, ())
                 self._remember(key, found[hour])
@@ -256,7 +256,7 @@ class ReadSchedule:
         else:
             self._add(first, None, (), emit)
 
-    def run(self) -> Iterator[Bucket]:
+    def run(self) -> Iterator[ServedRow]:
         """Yield every unit's rows in time order, reads running ahead while their first pages stay small.
 
         Reads are issued ahead of the one being consumed as long as the rows their first pages may hold stay within
@@ -280,6 +280,6 @@ class ReadSchedule:
             yield from unit.emit(future.result() if future is not None else ())
 
 
-def _minute_rows(rows: Iterable[Any]) -> Iterator[Bucket]:
-    """Turn speed minute rows into buckets."""
-    return (Bucket.of_row(utc(r.bucket_start), "minute", "speed", r) for r in rows)
+def _minute_rows(rows: Iterable[Any]) -> Iterator[ServedRow]:
+    """Turn speed minute rows into served rows."""
+    return (ServedRow.of_row(utc(r.bucket_start), "minute", "speed", r) for r in rows)

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 from infra.service_settings import CassandraSettings
 from infra.settings import Settings
 from serving.answer_cache import AnswerCache
-from serving.bucket import Bucket
 from serving.budget import ReadBudget
 from serving.lru import RowCache
 from serving.plan import Coverage, ServedBy, Span, SpeedCoverage
 from serving.read_schedule import ReadSchedule
+from serving.served_row import ServedRow
 from views.buckets import HOUR, MINUTE, as_date, days_between, floor, month_key
 from views.definition import slice_matcher, view_definition
 from views.store import cql
@@ -372,7 +372,7 @@ class ViewReader:
         fields: Iterable[str] = SKETCH_FIELDS,
         runs: Mapping[date, Mapping[datetime, uuid.UUID]] | None = None,
         rollups: Coverage | None = None,
-    ) -> list[Bucket]:
+    ) -> list[ServedRow]:
         """Return all the rows that serve the spans, in time order (see :meth:`stream`; this holds them all)."""
         return list(self.stream(spans, slice_, fields, runs=runs, rollups=rollups))
 
@@ -385,14 +385,14 @@ class ViewReader:
         runs: Mapping[date, Mapping[datetime, uuid.UUID]] | None = None,
         query: str | None = None,
         rollups: Coverage | None = None,
-    ) -> Iterator[Bucket]:
+    ) -> Iterator[ServedRow]:
         """Yield the rows that serve the spans (gaps read nothing) in time order, as they arrive.
 
         Few rows are held at once: a long read with sketches comes in pages of :data:`PAGE_ROWS_SKETCHES` rows (a short
         one in one page), and reads run ahead only while their first pages stay within :data:`IN_FLIGHT_ROWS` rows: a
         long window costs time, not memory.
         Consecutive whole hours of a day are read with one range query; rows of other runs are dropped. Only the
-        sketches in ``fields`` are read (the others are empty in the buckets): an answer that needs the items only
+        sketches in ``fields`` are read (the others are empty in the served rows): an answer that needs the items only
         moves a fraction of the bytes. Batch rows come from the cache when their run's rows were read before; a
         batch minute span reads (and caches) its whole hour of that run, so a sliding window reuses it.
 

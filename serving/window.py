@@ -16,12 +16,12 @@ from datetime import datetime
 
 from serving import answer
 from serving.answer_cache import Question
-from serving.bucket import Bucket
 from serving.budget import ReadBudget
 from serving.merge import Merged
 from serving.plan import Resolution
 from serving.provenance import Provenance
 from serving.reader import SKETCH_FIELDS, ViewReader
+from serving.served_row import ServedRow
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Window:
     slice: str
     provenance: Provenance
     merged: Merged
-    buckets: list[Bucket] = field(default_factory=list)  # only when loaded with keep_rows
+    buckets: list[ServedRow] = field(default_factory=list)  # only when loaded with keep_rows
 
 
 def load(

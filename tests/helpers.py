@@ -24,7 +24,8 @@ from confluent_kafka import Consumer, Producer
 
 from infra.settings import Settings
 from infra.settings_env import to_env
-from ingestion.generator import GeneratorConfig, SyntheticStream
+from ingestion.generator import SyntheticStream
+from ingestion.generator_config import GeneratorConfig
 from views.event import Event
 
 

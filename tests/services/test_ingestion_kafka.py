@@ -25,6 +25,7 @@ from infra.settings import Settings
 from ingestion import files
 from ingestion import generator as gen
 from ingestion.dlq import DeadLetter, read_dead_letters
+from ingestion.generator_config import GeneratorConfig
 from ingestion.mapping import ColumnMapping
 from ingestion.producer import EventProducer
 from ingestion.validate import MAX_RECORD_BYTES
@@ -299,7 +300,7 @@ def test_a_broker_restart_mid_run_loses_and_duplicates_nothing(ingest_settings: 
             )
         }
     )
-    config = gen.GeneratorConfig(
+    config = GeneratorConfig(
         seed=11, count=count, rate=None, start=datetime.now(UTC) - timedelta(days=1), event_rate=1000.0
     )
     stream = gen.SyntheticStream(config)
@@ -347,7 +348,7 @@ def test_a_broker_restart_mid_run_loses_and_duplicates_nothing(ingest_settings: 
 
 def test_year_old_events_stay_in_the_topic_and_are_found_by_time(ingest_settings: Settings) -> None:
     start = (datetime.now(UTC) - timedelta(days=365)).replace(microsecond=0)
-    config = gen.GeneratorConfig(
+    config = GeneratorConfig(
         seed=3, rate=None, start=start, end=start + timedelta(hours=1), event_rate=2.0, key_field="item"
     )
     config.check(datetime.now(UTC), timedelta(minutes=5))

@@ -27,7 +27,8 @@ from confluent_kafka import Consumer, TopicPartition
 from infra import migrations
 from infra.privacy.subjects import SubjectStore, hour_of
 from infra.settings import Settings
-from ingestion.generator import GeneratorConfig, SyntheticStream
+from ingestion.generator import SyntheticStream
+from ingestion.generator_config import GeneratorConfig
 from tests.helpers import iso
 
 pytestmark = [pytest.mark.privacy]

@@ -30,7 +30,8 @@ from pydantic import SecretStr
 from batch_layer import job
 from infra import migrations, topics
 from infra.settings import Settings
-from ingestion.generator import Burst, GeneratorConfig, SyntheticStream
+from ingestion.generator import SyntheticStream
+from ingestion.generator_config import Burst, GeneratorConfig
 from serving.api import create_app
 from tests.helpers import BAD_REQUESTS, chromium, drop_keyspace, free_port, iso, serve, speed_drain
 

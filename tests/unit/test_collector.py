@@ -21,17 +21,9 @@ from pydantic import SecretStr
 
 from infra.security import bearer_refusal
 from infra.settings import Settings
-from ingestion.collector import (
-    Batch,
-    DeliveryFailedError,
-    Refusal,
-    TokenBucket,
-    body_format,
-    content_length_refusal,
-    create_app,
-    inflate,
-    records,
-)
+from ingestion.collector import TokenBucket, create_app
+from ingestion.collector_body import Refusal, body_format, content_length_refusal, inflate, records
+from ingestion.collector_delivery import Batch, DeliveryFailedError
 from ingestion.producer import Delivery
 from tests.helpers import free_port
 

@@ -12,16 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ingestion.generator import (
-    CHUNK,
-    Burst,
-    GeneratorConfig,
-    GeneratorError,
-    SyntheticStream,
-    jsonl_writer,
-    run,
-    write_truth,
-)
+from ingestion.generator import CHUNK, SyntheticStream, jsonl_writer, run, write_truth
+from ingestion.generator_config import Burst, GeneratorConfig, GeneratorError
 from ingestion.validate import Context, validate_json
 from views.event import Event, ts_millis
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from ingestion.generator import GeneratorConfig, SyntheticStream
+from ingestion.generator import SyntheticStream
+from ingestion.generator_config import GeneratorConfig
 from views.event import SPARK_JSON_OPTIONS, Event, spark_schema
 
 pytestmark = pytest.mark.spark

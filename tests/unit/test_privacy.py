@@ -197,7 +197,8 @@ def test_the_model_path_pseudonymises_the_event() -> None:
 
 
 def test_the_generator_emits_one_pseudonym_per_user() -> None:
-    from ingestion.generator import GeneratorConfig, SyntheticStream
+    from ingestion.generator import SyntheticStream
+    from ingestion.generator_config import GeneratorConfig
 
     config = GeneratorConfig(seed=7, count=5000, rate=None, users=300, key_field="user")
     raw = list(SyntheticStream(config).chunks())

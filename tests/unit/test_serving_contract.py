@@ -14,10 +14,10 @@ from pydantic import SecretStr
 
 from infra.settings import Settings
 from serving import api, provenance, queries, window
-from serving.bucket import Bucket
 from serving.errors import CassandraUnavailableError
 from serving.merge import Merged
 from serving.plan import Coverage, Span
+from serving.served_row import ServedRow
 from views import sketches
 
 QUERY_ROUTES = ["count", "users", "quantiles", "top", "summary", "trending", "series"]
@@ -122,7 +122,7 @@ def _items_window(start: datetime, counts: dict[str, int], lg_max: int = 3) -> w
     fi = ds.frequent_strings_sketch(lg_max)
     for item, n in counts.items():
         fi.update(item, n)
-    b = Bucket(start, "minute", "speed", sum(counts.values()), b"", b"", bytes(fi.serialize()))
+    b = ServedRow(start, "minute", "speed", sum(counts.values()), b"", b"", bytes(fi.serialize()))
     cov = Coverage(None, False, None, set(), set(), None, None)
     end = start + timedelta(minutes=1)
     w = window.Window(start, end, "*", provenance.Provenance.of([Span(start, end, "speed", "minute")], cov),

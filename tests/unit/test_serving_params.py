@@ -116,11 +116,11 @@ def test_limits_and_ranks(settings: Settings) -> None:
 def test_row_cache_is_a_bounded_lru_that_keeps_empty_reads() -> None:
     from datetime import UTC, datetime
 
-    from serving.bucket import Bucket
     from serving.lru import ROW_OVERHEAD_BYTES as O
     from serving.lru import RowCache
+    from serving.served_row import ServedRow
 
-    row = Bucket(datetime(2026, 1, 1, tzinfo=UTC), "hour", "batch", 1, b"h" * 100, b"", b"f" * 100)
+    row = ServedRow(datetime(2026, 1, 1, tzinfo=UTC), "hour", "batch", 1, b"h" * 100, b"", b"f" * 100)
     one = O + (O + 200)  # an entry of one row: entry overhead + row overhead + its sketch bytes
     cache = RowCache(max_bytes=3 * one - 1)
     cache.put("a", (row, row))

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from serving.bucket import Bucket
 from serving.lru import RowCache
 from serving.plan import Span, SpeedCoverage
 from serving.read_schedule import ReadSchedule
+from serving.served_row import ServedRow
 from views.buckets import HOUR, MINUTE, SPEED_ROLLUP
 from views.store.rollups import todo_interval, todo_key
 from views.store.speed import Epoch
@@ -108,7 +108,7 @@ def test_a_rollup_not_matching_is_read_as_its_minutes() -> None:
     sched = ReadSchedule(Session(), stmts, None, "*", frozenset(), {}, "q", coverage(counts), T0 + HOUR)  # type: ignore[arg-type]
     sched.speed(Span(T0, T0 + 20 * MINUTE, "speed", "minute"))
     (unit,) = sched.units
-    got: list[Bucket] = list(unit.emit([Row(T0, 20), Row(T0 + SPEED_ROLLUP, 19)]))
+    got: list[ServedRow] = list(unit.emit([Row(T0, 20), Row(T0 + SPEED_ROLLUP, 19)]))
     assert [(b.start, b.resolution, b.events) for b in got[:2]] == [(T0, "10min", 20), (T0 + SPEED_ROLLUP, "minute", 2)]
     assert len(got) == 11 and list(got[0].minutes()) == [T0 + i * MINUTE for i in range(10)]
 

@@ -54,13 +54,13 @@ def test_the_row_types_carry_exactly_the_view_columns() -> None:
     """VIEW_COLUMNS is the contract; the row the layers write and the bucket serving merges follow it."""
     from dataclasses import fields
 
-    from serving.bucket import Bucket
+    from serving.served_row import ServedRow
     from views.definition import VIEW_COLUMNS
     from views.store.rows import ViewRow
 
     assert set(ViewRow._fields) == set(VIEW_COLUMNS)
     sketches = {c for c in VIEW_COLUMNS if c.endswith(("_hll", "_kll", "_fi"))}
-    assert sketches <= {f.name for f in fields(Bucket)}
+    assert sketches <= {f.name for f in fields(ServedRow)}
 
 
 # A definition as view_definitions stores it (to_json): the fingerprints of stored rows are compared with these.

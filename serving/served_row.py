@@ -15,7 +15,7 @@ WIDTHS: dict[str, timedelta] = {"minute": MINUTE, "10min": SPEED_ROLLUP, "hour":
 
 
 @dataclass(frozen=True)
-class Bucket:
+class ServedRow:
     """One row of a view as a query sees it (sketches not read are empty)."""
 
     start: datetime
@@ -44,8 +44,8 @@ class Bucket:
             m += MINUTE
 
     @classmethod
-    def of_row(cls, start: datetime | None, resolution: RowResolution, layer: Layer, r: Any) -> Bucket:
-        """Turn a row read from Cassandra into a bucket (sketches not selected are empty)."""
+    def of_row(cls, start: datetime | None, resolution: RowResolution, layer: Layer, r: Any) -> ServedRow:
+        """Turn a row read from Cassandra into a served row (sketches not selected are empty)."""
         if start is None:
             msg = "a view row without a bucket start"
             raise ValueError(msg)
