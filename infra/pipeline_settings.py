@@ -158,7 +158,9 @@ class SpeedSettings(BaseModel):
         600,
         ge=0,
         description="Watermark delay: events up to this many seconds behind the newest event time are still "
-        "counted (and deduplicated); later ones are dropped and counted as dropped.",
+        "counted (and deduplicated); later ones are dropped and counted as dropped (the batch layer still counts "
+        "them). The dedupe keeps rate x lateness ids and scans them all every micro-batch, the speed job's largest "
+        "cost: the rate a core sustains falls as this grows (docs: soak, Capacity).",
     )
     dedupe_by: DedupeBy = Field(
         "id_and_time",
