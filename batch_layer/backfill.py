@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from infra.airflow.client import AirflowAPIError, AirflowClient
+from infra.airflow.client import AirflowAPIError, AirflowClient, ui_run_path
 from infra.dag_contract import (
     ADVANCE_TASK,
     BACKFILL_DAG,
@@ -267,7 +267,7 @@ class Follower:
             lines.append(f"not run (upstream failed): {', '.join(blocked)}")
         if not failed:
             lines.append("no task failed: the run itself was marked failed (by hand, or it timed out)")
-        lines.append(f"the run in the UI: {self.client.url}/dags/{BACKFILL_DAG}/runs/{self.run_id}")
+        lines.append(f"the run in the UI: {self.client.url}{ui_run_path(BACKFILL_DAG, self.run_id)}")
         return "\n".join(lines)
 
     def follow(self, timeout_s: float = 0.0) -> Snapshot | None:
@@ -394,7 +394,7 @@ def backfill(
                    f"{' (only missing hours)' if only_missing else ''}")  # fmt: skip
         if not wait:
             click.echo(f"follow it: trends batch backfill --run-id {run_id}")
-            click.echo(f"the run in the UI: {client.url}/dags/{BACKFILL_DAG}/runs/{run_id}")
+            click.echo(f"the run in the UI: {client.url}{ui_run_path(BACKFILL_DAG, run_id)}")
             return
     follower = Follower(client, run_id, lambda line: click.echo(line, err=True), index_events(settings), poll)
     snap = follower.follow(timeout)

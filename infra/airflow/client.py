@@ -59,6 +59,11 @@ def run_path(dag_id: str, run_id: str) -> str:
     return f"{runs_path(dag_id)}/{_q(run_id)}"
 
 
+def ui_run_path(dag_id: str, run_id: str) -> str:
+    """Return the path of a run's page in Airflow's web UI (not the REST API), for an operator to open."""
+    return f"/dags/{_q(dag_id)}/runs/{_q(run_id)}"
+
+
 def task_instances_path(dag_id: str, run_id: str, **params: Any) -> str:
     """Return the path of a run's task instances (``~`` for every run; ``state``, ``limit``, ``offset``…)."""
     return f"{run_path(dag_id, run_id)}/taskInstances{_query(params)}"
