@@ -92,9 +92,12 @@ test-unit: $(INSTALLED) $(PROMTOOL)
 # speed rows lost and expired by TTL and a lost checkpoint (test_speed_coverage), a new checkpoint from the batch
 # watermark (test_speed_from_watermark), the checkpoint deleted under the running speed service
 # (test_speed_lost_checkpoint), records removed before indexing (test_batch_loss), a far-future record
-# (test_event_time_guard), the operator console over them in Chromium, Schemathesis with Cassandra unreachable.
+# (test_event_time_guard), the operator console over them in Chromium, Schemathesis with Cassandra unreachable,
+# a failing speed service restarted with backoff (test_speed_restart), a broker restart under the producer
+# (test_ingestion_kafka) and the event-time indexer killed mid-run (test_batch_history).
 test-faults: setup $(BROWSER)
-	$(BIN)/pytest -m faults tests/services/test_speed_coverage.py tests/services/test_speed_from_watermark.py tests/services/test_speed_lost_checkpoint.py tests/services/test_batch_loss.py tests/services/test_event_time_guard.py tests/services/test_console.py tests/services/test_view_versions.py tests/services/test_serving_api.py
+	$(BIN)/pytest -m faults tests/services/test_speed_coverage.py tests/services/test_speed_from_watermark.py tests/services/test_speed_lost_checkpoint.py tests/services/test_batch_loss.py tests/services/test_event_time_guard.py tests/services/test_console.py tests/services/test_view_versions.py tests/services/test_serving_api.py \
+		tests/services/test_speed_restart.py tests/services/test_ingestion_kafka.py tests/services/test_batch_history.py
 
 # Faults against the whole pipeline (broker restart, Cassandra down, SIGKILLs, duplicates, late events, bad input);
 # prints the table of cases and writes artifacts/reliability.md.

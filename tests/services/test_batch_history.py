@@ -175,6 +175,7 @@ def index_rows(settings: Settings) -> tuple[set[tuple[Any, ...]], set[tuple[Any,
     return spans, totals
 
 
+@pytest.mark.faults  # slow (make test-faults): kept out of make test to hold it under 25 minutes
 def test_indexer_killed_mid_run_resumes_to_the_same_index(
     history_settings: Settings, stack_up: Settings, tmp_path: Path
 ) -> None:

@@ -57,6 +57,7 @@ def _until(what: str, check: Callable[[], bool], svc: SpeedService) -> None:
     pytest.fail(f"timed out waiting for {what}:\n{tail([svc.stdout_file], 60)}")
 
 
+@pytest.mark.faults  # slow (make test-faults): kept out of make test to hold it under 25 minutes
 def test_a_failing_speed_service_is_restarted_with_backoff_and_counted(
     stack_up: Settings, new_topic: Callable[..., str], tmp_path: Path
 ) -> None:
