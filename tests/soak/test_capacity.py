@@ -37,6 +37,12 @@ STEP_S = float(os.environ.get("CAPACITY_STEP_MINUTES", "10")) * 60
 POLL_P99_S = float(os.environ.get("CAPACITY_POLL_P99_S", "1.0"))
 
 
+def _mean(samples: list[Sample], key: str) -> float | None:
+    """Return the mean of a series over the samples that read it (None: none did)."""
+    vals = [v for s in samples if (v := s.values.get(key)) is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
 def judge_step(
     rate: float,
     began: float,
@@ -55,10 +61,8 @@ def judge_step(
     answers = [(status, took) for t, status, took in polls if began <= t < ended]  # t: as ``began``
     cpu = {}
     for name in (*PROCESSES, "airflow_tasks", "machine", "other"):
-        vals = [v for s in inside if (v := s.values.get(f"cpu_{name}")) is not None]
-        cpu[name] = sum(vals) / len(vals) if vals else float("nan")
-    batches = [v for s in inside if (v := s.values.get("batch_ms_mean")) is not None]
-    evictions = [v for s in inside if (v := s.values.get("eviction_ms_mean")) is not None]
+        mean = _mean(inside, f"cpu_{name}")
+        cpu[name] = mean if mean is not None else float("nan")
     lat = [lat for t, lat in stamped if began <= t < ended]
     return Step(
         rate=rate,
@@ -74,8 +78,8 @@ def judge_step(
             report.percentile([took for _, took in answers], 0.99),
         ),
         cpu=cpu,
-        batch_ms_mean=sum(batches) / len(batches) if batches else None,
-        eviction_ms_mean=sum(evictions) / len(evictions) if evictions else None,
+        batch_ms_mean=_mean(inside, "batch_ms_mean"),
+        eviction_ms_mean=_mean(inside, "eviction_ms_mean"),
     )
 
 
@@ -148,8 +152,15 @@ def write_report(
     """Write ``capacity.md``: each step's figures and CPU per process, then each closed hour's recompute."""
     cfg = stack.config
     names = [*PROCESSES, "airflow_tasks", "machine", "other"]
-    head = ["step", "achieved", "freshness p99", "lag (first → last)", "dashboards (n, not 200, p99)", "micro-batch"]
-    head.append(f"dedupe eviction (task ms, {stack.settings.spark.shuffle_partitions} partitions)")
+    head = [
+        "step",
+        "achieved",
+        "freshness p99",
+        "lag (first → last)",
+        "dashboards (n, not 200, p99)",
+        "micro-batch",
+        f"dedupe eviction (task ms, {stack.settings.spark.shuffle_partitions} partitions)",
+    ]
     labels = {
         **PROCESSES,
         "airflow_tasks": "hourly recompute (Airflow tasks)",

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
-from tests.soak.report import Step
+from tests.soak.report import Sample, Step
+from tests.soak.test_capacity import judge_step
 
 GOOD = Step(
     rate=10_000,
@@ -42,3 +44,15 @@ def test_a_step_within_every_bound_passes() -> None:
 def test_each_bound_fails_a_step(change: dict[str, object], named: str) -> None:
     failures = dataclasses.replace(GOOD, **change).failures(5.0, 1.0)  # type: ignore[arg-type]
     assert len(failures) == 1 and named in failures[0], failures
+
+
+def test_a_step_averages_only_its_own_samples_and_only_those_that_read_a_series() -> None:
+    samples = [
+        Sample(10, {"batch_ms_mean": 1000.0, "eviction_ms_mean": 700.0, "cpu_machine": 100.0, "speed_lag_records": 0}),
+        Sample(20, {"batch_ms_mean": 1200.0, "eviction_ms_mean": None, "cpu_machine": 120.0, "speed_lag_records": 0}),
+        Sample(99, {"batch_ms_mean": 9999.0, "eviction_ms_mean": 9999.0}),  # after the step: not its own
+    ]
+    step = judge_step(8000, 0, 50, (0, 400_000, 50.0), samples, [(5, 2.0)], [(5, "200", 0.03)])
+    assert (step.batch_ms_mean, step.eviction_ms_mean, step.cpu["machine"]) == (1100.0, 700.0, 110.0)
+    assert math.isnan(step.cpu["speed_jvm"])  # a series no sample read
+    assert step.achieved == 8000 and step.lag == (0, 0)
