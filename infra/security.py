@@ -13,8 +13,9 @@ import logging
 import re
 import secrets
 import socket
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import SecretStr
@@ -146,6 +147,34 @@ def exposure_problem(what: str, host: str, secret: str | None, *, guard_var: str
         )
     short = too_short(guard_var, secret)
     return f"refusing to serve {what} on {shown} (not loopback): {short}" if short else None
+
+
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+
+
+def listen_options(section: str) -> Callable[[_Command], _Command]:
+    """Return the ``--host``, ``--port`` and ``--insecure`` options of a server whose address is ``section``'s.
+
+    ``trends serve`` and ``trends collect`` share them, and :func:`refuse_exposure` judges what they ask for.
+    """
+    import click  # noqa: PLC0415 - only the commands that serve need it
+
+    options = (
+        click.option("--host", help=f"Bind address (default: {section}.host, loopback)."),
+        click.option("--port", type=click.IntRange(0, 65535), help=f"Port (default: {section}.port)."),
+        click.option(
+            "--insecure",
+            is_flag=True,
+            help="Bind a non-loopback address without an API token (or with a short one); logs a warning.",
+        ),
+    )
+
+    def decorate(command: _Command) -> _Command:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
 
 
 def refuse_exposure(what: str, host: str, token: SecretStr | None, *, host_var: str, insecure: bool, risk: str) -> None:

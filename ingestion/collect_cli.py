@@ -7,6 +7,7 @@ import time
 
 import click
 
+from infra.security import listen_options
 from infra.settings import Settings
 from infra.settings_env import env_var, with_env_vars
 from ingestion.cli_options import scoped, topic_options
@@ -24,13 +25,7 @@ Examples:
 
 
 @click.command(epilog=COLLECT_EXAMPLES)
-@click.option("--host", help="Bind address (default: collector.host, loopback).")
-@click.option("--port", type=click.IntRange(0, 65535), help="Port (default: collector.port).")
-@click.option(
-    "--insecure",
-    is_flag=True,
-    help="Bind a non-loopback address without an API token (or with a short one); logs a warning.",
-)
+@listen_options("collector")
 @topic_options
 @click.pass_obj
 @with_env_vars

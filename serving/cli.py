@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from infra.security import escape_text
+from infra.security import escape_text, listen_options
 from infra.settings import Settings
 from infra.settings_env import env_var, to_env, with_env_vars
 from infra.user_time import UTC_TIME
@@ -126,13 +126,7 @@ def serve_command(app_module: str = "serving.api") -> click.Command:
     """
 
     @click.command()
-    @click.option("--host", help="Bind address (default: serving.host, loopback).")
-    @click.option("--port", type=click.IntRange(0, 65535), help="Port (default: serving.port).")
-    @click.option(
-        "--insecure",
-        is_flag=True,
-        help="Bind a non-loopback address without an API token (or with a short one); logs a warning.",
-    )
+    @listen_options("serving")
     @click.option(
         "--workers",
         type=click.IntRange(1, 64),
