@@ -8,7 +8,8 @@ the user, not even with the key: the events topic stays immutable and the subjec
 (crypto-shredding).
 
 Producers racing on a new user agree on one pseudonym: each tries ``INSERT ... IF NOT EXISTS`` (a lightweight
-transaction) with its own random candidate, and a loser reads the winner's pseudonym from the result.
+transaction) with its own random candidate, and a loser reads the winner's pseudonym from the result. The rows sit in
+256 buckets, so a single conditional batch creates many users (:mod:`infra.privacy.pseudonym_rows`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from cachetools import LRUCache, TTLCache
 
 from infra.cassandra import READ_PROFILE, WRITE_PROFILE, make_cluster, table
 from infra.errors import TrendsError
+from infra.privacy.pseudonym_rows import PseudonymRows, PseudonymRowsError, found_in
 from infra.settings import Settings
 
 if TYPE_CHECKING:
@@ -44,7 +46,7 @@ MIN_KEY_BYTES: Final = 32
 PSEUDONYM_PREFIX: Final = "p_"
 # Domain separation: the store's row key and the hash shown in ledgers and consoles are different functions of
 # the same secret, so a value printed anywhere cannot be used to look a subject up in the store.
-READ_GROUP: Final = 100  # subjects read per request (one IN query)
+READ_GROUP: Final = 100  # subjects' hours read per request (one IN query)
 # Subject hours written per request, as an unlogged batch: Cassandra warns (to the server log and every client)
 # about unlogged batches over more than 10 partitions (unlogged_batch_across_partitions_warn_threshold).
 WRITE_GROUP: Final = 10
@@ -56,10 +58,6 @@ _HOUR_MS: Final = 3_600_000
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MS: Final = timedelta(milliseconds=1)
 
-SELECT_PSEUDONYM = "SELECT pseudonym FROM {t} WHERE subject_key = ?"
-SELECT_PSEUDONYMS = "SELECT subject_key, pseudonym FROM {t} WHERE subject_key IN ?"
-INSERT_SUBJECT = "INSERT INTO {t} (subject_key, pseudonym, created_at) VALUES (?, ?, ?) IF NOT EXISTS"
-DELETE_SUBJECT = "DELETE FROM {t} WHERE subject_key = ? IF EXISTS"
 INSERT_HOUR = "INSERT INTO {t} (subject_key, hour) VALUES (?, ?)"
 SELECT_KNOWN_HOURS = "SELECT subject_key, hour FROM {t} WHERE subject_key IN ? AND hour = ?"
 SELECT_HOURS = "SELECT hour FROM {t} WHERE subject_key = ?"
@@ -265,6 +263,12 @@ class SubjectStore:
         self._session = session
         self._owns_session = session is None
         self._statements: dict[str, Any] = {}
+        self._rows = PseudonymRows(
+            lambda template, name, idempotent: self._stmt(template, name, idempotent=idempotent),
+            self._concurrent,
+            READ_PROFILE,
+            WRITE_PROFILE,
+        )
 
     # -- plumbing ---------------------------------------------------------------------------------------------
     def _sess(self) -> Session:
@@ -398,11 +402,8 @@ class SubjectStore:
         """Read the looked-up users' rows and hours, then create the missing ones; return user -> pseudonym."""
         looked = set(lookup.values())
         check = [pair for pair in fresh if pair[0] in looked]  # hours of subjects new to this process: maybe known
-        reads: list[tuple[Any, tuple[Any, ...]]] = []
-        if lookup:
-            select = self._stmt(SELECT_PSEUDONYMS, "subjects")
-            distinct = list(dict.fromkeys(lookup.values()))
-            reads += [(select, (distinct[i : i + READ_GROUP],)) for i in range(0, len(distinct), READ_GROUP)]
+        distinct = list(dict.fromkeys(lookup.values()))
+        reads = self._rows.read_requests(distinct)
         subject_reads = len(reads)
         by_hour: dict[int, list[bytes]] = {}
         for key, hour_ms in check:
@@ -414,38 +415,26 @@ class SubjectStore:
                 reads += [
                     (select_hours, (hour_keys[i : i + READ_GROUP], hour)) for i in range(0, len(hour_keys), READ_GROUP)
                 ]
-        found: dict[bytes, str] = {}
-        known: set[tuple[bytes, int]] = set()
         results = self._concurrent(reads, READ_PROFILE)
-        for rows in results[:subject_reads]:
-            found.update((row.subject_key, row.pseudonym) for row in rows)
-        for rows in results[subject_reads:]:
-            known.update((row.subject_key, _hour_ms(row.hour)) for row in rows)
-        absent = [key for key in dict.fromkeys(lookup.values()) if key not in found]
+        found = found_in(results[:subject_reads])
+        known = {(row.subject_key, _hour_ms(row.hour)) for rows in results[subject_reads:] for row in rows}
+        absent = [key for key in distinct if key not in found]
+        legacy = self._rows.legacy(absent)  # rows from before the buckets: copied into theirs below
         write_hours = [pair for pair in fresh if pair not in known]
-        writes: list[tuple[Any, tuple[Any, ...] | None]] = []
-        candidates: list[str] = []
-        if absent:
-            insert = self._stmt(INSERT_SUBJECT, "subjects", idempotent=False)
-            now = datetime.now(UTC)
-            candidates = [new_pseudonym() for _ in absent]
-            writes += [(insert, (k, p, now)) for k, p in zip(absent, candidates, strict=True)]
-        writes += self._hour_batches(write_hours)
-        results = self._concurrent(writes, WRITE_PROFILE)
-        created = raced = 0
-        for key, candidate, rows in zip(absent, candidates, results, strict=False):
-            row = rows.one()
-            if row is None or row.applied:
-                found[key] = candidate
-                created += 1
-            else:  # another producer created it first: its pseudonym is the one
-                found[key] = row.pseudonym
-                raced += 1
+        self._concurrent(self._hour_batches(write_hours), WRITE_PROFILE)
+        try:
+            made = self._rows.create({key: legacy.get(key) or new_pseudonym() for key in absent})
+        except PseudonymRowsError as exc:
+            raise SubjectStoreError(str(exc)) from exc
+        created = 0
+        for key, (pseudonym, mine) in made.items():
+            found[key] = pseudonym
+            created += mine and key not in legacy
         with self._lock:
             stats = self.stats
-            stats.read += len(lookup) - len(absent)
+            stats.read += len(distinct) - len(absent) + len(legacy)
             stats.created += created
-            stats.raced += raced
+            stats.raced += len(absent) - len(legacy) - created
             stats.hours_written += len(write_hours)
             stats.hours_known += len(fresh) - len(write_hours)
         return {user: found[key] for user, key in lookup.items()}
@@ -514,9 +503,7 @@ class SubjectStore:
 
     def lookup(self, user: str) -> str | None:
         """Return the user's pseudonym as the store holds it now (never created, never from the cache)."""
-        stmt = self._stmt(SELECT_PSEUDONYM, "subjects")
-        row = self._sess().execute(stmt, (self.keys.subject_key(user),), execution_profile=READ_PROFILE).one()
-        return None if row is None else str(row.pseudonym)
+        return self._rows.lookup(self.keys.subject_key(user))
 
     # -- hours ------------------------------------------------------------------------------------------------
     def note_hours(self, pairs: Iterable[tuple[str, datetime]]) -> None:
@@ -545,9 +532,8 @@ class SubjectStore:
         key = self.keys.subject_key(user)
         pseudonym = self.lookup(user)
         hours = self.hours(user)
-        sess = self._sess()
-        sess.execute(self._stmt(DELETE_SUBJECT, "subjects", idempotent=False), (key,), execution_profile=WRITE_PROFILE)
-        sess.execute(self._stmt(DELETE_HOURS, "subject_hours"), (key,), execution_profile=WRITE_PROFILE)
+        self._rows.delete(key)
+        self._sess().execute(self._stmt(DELETE_HOURS, "subject_hours"), (key,), execution_profile=WRITE_PROFILE)
         with self._lock:
             if self._cache is not None:
                 self._cache.pop(user, None)

@@ -7,9 +7,9 @@ file`` (pseudonymised at the first hop); the speed layer, the batch layer throug
 erasure's own DAG run over them. Every file of the private stack, the topic's segment files, the speed checkpoint
 and the commands' logs are scanned for X's raw id (as text, hex and base64) and for the link: a file holding both
 the key the subject store's row is found by (the keyed hash of the id, raw, hex and base64) and the pseudonym. The
-link is found before the forget and nowhere after; the key alone may stay only in Cassandra's Paxos tracker (a list
-of keys, no values) until Cassandra merges it. A control user ingested with pseudonymisation off is found as text by
-the same scan (the scan sees raw ids).
+link is found before the forget and nowhere after, nor is the key alone (the store's lightweight transactions are
+keyed by bucket, so Cassandra's Paxos tracker lists bucket numbers). A control user ingested with pseudonymisation
+off is found as text by the same scan (the scan sees raw ids).
 """
 
 from __future__ import annotations
@@ -272,13 +272,13 @@ def test_forget_leaves_no_byte_of_the_subject_or_its_link(stack_up: Settings, tm
         # transactions, then drain and restart (the commit log).
         node = Cassandra(settings, 0)
         with session(settings) as sess:
-            for name in ("subjects", "subject_hours"):
+            for name in ("subject_pseudonyms", "subjects", "subject_hours"):
                 sess.execute(f"ALTER TABLE {table(settings, name)} WITH gc_grace_seconds = 0")
         keyspace = settings.cassandra.keyspace
         node.nodetool("flush", keyspace)
-        node.nodetool("garbagecollect", "-g", "CELL", keyspace, "subjects", "subject_hours")
-        node.nodetool("repair", "--paxos-only", keyspace, "subjects")  # settles what the Paxos tracker still holds
-        node.nodetool("flush", "system", "paxos")  # the lightweight transactions' state, keyed by the same hash
+        node.nodetool("garbagecollect", "-g", "CELL", keyspace, "subject_pseudonyms", "subjects", "subject_hours")
+        node.nodetool("repair", "--paxos-only", keyspace, "subject_pseudonyms")  # settles the Paxos tracker
+        node.nodetool("flush", "system", "paxos")  # the lightweight transactions' state, keyed by the bucket
         node.nodetool("compact", "system", "paxos")
         node.nodetool("drain")
         control.down(settings, ["cassandra"])
@@ -290,10 +290,9 @@ def test_forget_leaves_no_byte_of_the_subject_or_its_link(stack_up: Settings, tm
             print(f"  {key}: {sorted(paths)}")
         assert after.found("subject") == 0, after.where
         assert not after.files_with("link", "pseudonym"), after.where  # no file links the key to the pseudonym
-        # The key alone (a keyed hash of the id, no pseudonym) may stay in the Paxos tracker's list of keys until
-        # Cassandra merges it (docs/privacy.md); nowhere else.
+        # Not even the key alone (a keyed hash of the id): the Paxos state is keyed by the bucket, not by the subject.
         residue = {p for k, ps in after.where.items() if k.startswith("link:") for p in ps}
-        assert all("/_paxos_repair_state/" in p for p in residue), residue
+        assert not residue, residue
         assert after.found("control") > 0  # the same scan still sees what is there
         with session(settings) as sess:
             assert SubjectStore(settings, sess).lookup(subject) is None

@@ -42,8 +42,11 @@ def test_pseudonyms_are_created_once_and_read_back(store_settings: Settings) -> 
         assert second.lookup("user-7") == made["user-7"]
         assert second.lookup("nobody") is None
     with session(store_settings) as sess:
-        rows = list(sess.execute(f"SELECT subject_key, pseudonym FROM {store_settings.cassandra.keyspace}.subjects"))
+        ks = store_settings.cassandra.keyspace
+        rows = list(sess.execute(f"SELECT bucket, subject_key, pseudonym FROM {ks}.subject_pseudonyms"))
     assert len(rows) == len(users)
+    assert all(r.bucket == r.subject_key[0] for r in rows)
+    assert len({r.bucket for r in rows}) > 150  # 301 users over 256 buckets: ~177 of them expected
     stored = b"".join(r.subject_key for r in rows)
     assert not any(u.encode() in stored for u in users), "the store holds a raw id"
 
@@ -82,3 +85,44 @@ def test_hours_are_noted_once_and_unlink_removes_everything(store_settings: Sett
         assert store.hours("bob") == [hour]
         again = store.pseudonyms(["alice"])["alice"]
         assert again != pseudonym
+
+
+def test_a_bucket_batch_that_meets_a_row_created_elsewhere_takes_that_rows_pseudonym(store_settings: Settings) -> None:
+    """A conditional batch applies whole or not at all: the rows another producer made are read, the rest created."""
+    key = secrets.token_bytes(32)
+    users = [f"crowd-{i}" for i in range(2000)]  # ~8 a bucket: every batch holds one of the first store's users
+    with SubjectStore(store_settings, key=key) as first:
+        early = first.pseudonyms(users[::7])
+    with SubjectStore(store_settings, key=key) as second:
+        second._rows.read_requests = lambda _keys: []  # type: ignore[method-assign,assignment]  # as if it raced
+        made = second.pseudonyms(users)
+        assert {u: made[u] for u in early} == early
+        assert second.stats.raced == len(early)
+        assert second.stats.created == len(users) - len(early)
+    with SubjectStore(store_settings, key=key) as third:
+        assert third.pseudonyms(users) == made
+
+
+def test_rows_from_before_the_buckets_keep_their_pseudonym_and_are_erased(store_settings: Settings) -> None:
+    """A deployment's subjects from before migration 0014 keep their pseudonyms, move to a bucket, and unlink."""
+    key = secrets.token_bytes(32)
+    with SubjectStore(store_settings, key=key) as store, session(store_settings) as sess:
+        ks = store_settings.cassandra.keyspace
+        old = "p_legacylegacy0001"
+        sess.execute(
+            f"INSERT INTO {ks}.subjects (subject_key, pseudonym, created_at) VALUES (%s, %s, toTimestamp(now()))",
+            (store.subject_key("veteran"), old),
+        )
+        assert store.lookup("veteran") == old
+        assert store.pseudonyms(["veteran", "newcomer"])["veteran"] == old
+        assert store.stats.created == 1 and store.stats.read == 1
+        bucket = store.subject_key("veteran")[0]
+        moved = sess.execute(
+            f"SELECT pseudonym FROM {ks}.subject_pseudonyms WHERE bucket = %s AND subject_key = %s",
+            (bucket, store.subject_key("veteran")),
+        ).one()
+        assert moved is not None and moved.pseudonym == old
+        assert store.unlink("veteran").pseudonym == old
+        assert store.lookup("veteran") is None
+        left = sess.execute(f"SELECT * FROM {ks}.subjects WHERE subject_key = %s", (store.subject_key("veteran"),))
+        assert left.one() is None
