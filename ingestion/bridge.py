@@ -25,6 +25,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -178,6 +179,7 @@ class Bridge:
         )
         self._started = time.monotonic()
         self._closed = False
+        self._failures = 0  # transactions failed in a row
 
     # -- set-up ----------------------------------------------------------------------------------------------
     def check_topics(self) -> None:
@@ -232,40 +234,79 @@ class Bridge:
     ) -> BridgeStats:
         """Bridge batches until asked to stop (or idle for ``idle_exit_s``); each batch is one transaction.
 
+        A batch's transaction commits on a thread of its own while the next batch is read and validated, so the
+        wait for the broker's acknowledgements and transaction markers overlaps the next batch's Python work.
+        Transactions still run one at a time, in order: the next begins only once the previous one committed.
+
         :raises BridgeError: when the registry stays away, a batch keeps failing, or the producer is fenced.
         """
         self.check_topics()
         self.start()
         idle_since = time.monotonic()
-        failures = 0
-        while not should_stop():
-            batch = self._consumer.consume(self.cfg.transaction_records, self.cfg.transaction_ms / 1000)
-            records = [m for m in batch if self._usable(m)]
-            if not records:
-                if idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
-                    break
-                continue
-            idle_since = time.monotonic()
-            if self.stats.first_record_at is None:
-                self.stats.first_record_at = idle_since
-            outcomes = self._outcomes(records, should_stop)
-            if outcomes is None:  # asked to stop while waiting for the registry: nothing was produced
-                self._rewind(records)
-                break
-            if self._transact(outcomes):
-                failures = 0
-            else:
-                failures += 1
-                if failures >= self.cfg.max_commit_attempts:
-                    msg = (
-                        f"{failures} transactions in a row failed; stopped with nothing committed past "
-                        f"{self._where(records[0])}"
-                    )
-                    raise BridgeError(msg)
-            if on_batch is not None:
-                on_batch(self.stats)
+        self._failures = 0
+        committing: tuple[Future[bool], list[Message]] | None = None
+        with ThreadPoolExecutor(1, thread_name_prefix="bridge-commit") as pool:
+            try:
+                while not should_stop():
+                    batch = self._consumer.consume(self.cfg.transaction_records, self.cfg.transaction_ms / 1000)
+                    records = [m for m in batch if self._usable(m)]
+                    if not records:
+                        self._settled(committing, [], on_batch)
+                        committing = None
+                        if idle_exit_s is not None and time.monotonic() - idle_since > idle_exit_s:
+                            break
+                        continue
+                    idle_since = time.monotonic()
+                    if self.stats.first_record_at is None:
+                        self.stats.first_record_at = idle_since
+                    outcomes = self._outcomes(records, should_stop)
+                    if outcomes is None:  # asked to stop while waiting for the registry: nothing was produced
+                        self._settled(committing, [], on_batch)
+                        committing = None
+                        self._rewind(records)
+                        break
+                    if not self._settled(committing, records, on_batch):
+                        committing = None  # the previous batch was aborted: both are read again
+                        continue
+                    # the group's generation as these records were read: a rebalance while the transaction commits
+                    # (the next consume takes part in it) fences the commit, and the batch is read again
+                    group = self._consumer.consumer_group_metadata()
+                    committing = (pool.submit(self._transact, outcomes, group), records)
+            finally:
+                self._settled(committing, [], on_batch)
         self.stats.stopped = should_stop()
         return self.stats
+
+    def _settled(
+        self,
+        committing: tuple[Future[bool], list[Message]] | None,
+        read_since: list[Message],
+        on_batch: Callable[[BridgeStats], None] | None,
+    ) -> bool:
+        """Wait for the committing batch's transaction; tell whether it committed (True when none was in flight).
+
+        An aborted transaction rewinds the consumer to that batch's first offsets, and also over the records read
+        since (``read_since``), which the caller drops: all of them are read again, in order.
+
+        :raises BridgeError: when the transaction cannot go on, or transactions failed too often in a row.
+        """
+        if committing is None:
+            return True
+        future, records = committing
+        if future.result():
+            self._failures = 0
+            if on_batch is not None:
+                on_batch(self.stats)
+            return True
+        self._rewind([*records, *read_since])
+        self._failures += 1
+        if self._failures >= self.cfg.max_commit_attempts:
+            msg = (
+                f"{self._failures} transactions in a row failed; stopped with nothing committed past "
+                f"{self._where(records[0])}"
+            )
+            raise BridgeError(msg)
+        return False
 
     def _usable(self, message: Message) -> bool:
         from confluent_kafka import KafkaError  # noqa: PLC0415
@@ -341,7 +382,7 @@ class Bridge:
             out[i] = (out[i][0], event)
         return out
 
-    def _transact(self, outcomes: list[Outcome]) -> bool:
+    def _transact(self, outcomes: list[Outcome], group: Any) -> bool:
         """Produce a batch's outcomes and commit its offsets in one transaction; False when it was aborted."""
         from confluent_kafka import KafkaException, TopicPartition  # noqa: PLC0415
 
@@ -365,7 +406,7 @@ class Bridge:
                 key = (message.topic() or "", message.partition() or 0)
                 ends[key] = max(ends.get(key, -1), (message.offset() or 0) + 1)
             offsets = [TopicPartition(t, p, o) for (t, p), o in sorted(ends.items())]
-            producer.send_offsets_to_transaction(offsets, self._consumer.consumer_group_metadata(), TIMEOUT_S)
+            producer.send_offsets_to_transaction(offsets, group, TIMEOUT_S)
             producer.commit_transaction(TIMEOUT_S * 2)
         except KafkaException as exc:
             err = exc.args[0]
@@ -374,9 +415,8 @@ class Bridge:
                 raise BridgeError(msg) from exc
             logger.warning("transaction aborted (%s); reading the batch again", err.str())
             self._abort()
-            self._rewind([m for m, _ in outcomes])
             self.stats.aborted += 1
-            return False
+            return False  # the caller rewinds the consumer (on its own thread)
         stats = self.stats
         stats.transactions += 1
         stats.records += len(outcomes)
