@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ BUCKETS: Final = 256  # partitions of subject_pseudonyms: fixed, a row's bucket 
 # (batch_size_warn_threshold, 5 KiB).
 CREATE_GROUP: Final = 50
 READ_GROUP: Final = 100  # keys read per request (a clustering IN within one bucket)
-ROUNDS: Final = 8  # conditional batches of one user re-sent after losing to another producer before giving up
+ROUNDS: Final = 8  # passes in a row that resolve no user before a round gives up
 
 TABLE: Final = "subject_pseudonyms"
 LEGACY_TABLE: Final = "subjects"
@@ -40,6 +40,8 @@ LEGACY_SELECT = "SELECT subject_key, pseudonym FROM {t} WHERE subject_key IN ?"
 LEGACY_SELECT_ONE = "SELECT pseudonym FROM {t} WHERE subject_key = ?"
 LEGACY_DELETE = "DELETE FROM {t} WHERE subject_key = ?"
 
+V = TypeVar("V")
+R = TypeVar("R")
 Created = dict[bytes, tuple[str, bool]]  # key -> (pseudonym, created by this process)
 # (statement template, table name, idempotent) -> the prepared statement
 Prepare = Callable[[str, str, bool], Any]
@@ -70,13 +72,22 @@ class PseudonymRows:
         self._read_profile = read_profile
         self._write_profile = write_profile
         self._legacy: bool | None = None
-        self._cond = threading.Condition()
-        self._queued: dict[bytes, str] = {}  # key -> candidate, waiting for the next round
-        self._next: Future[Created] = Future()  # the round the queued keys go into
-        self._creating: dict[bytes, Future[Created]] = {}  # key -> the round that creates it (queued or running)
-        self._leading = False  # a thread of this process is running a round
+        self._reads: GroupCommit[None, str | None] = GroupCommit(self._read_round)
+        self._creates: GroupCommit[str, tuple[str, bool]] = GroupCommit(self._round)
 
     # -- reads ------------------------------------------------------------------------------------------------
+    def read(self, keys: list[bytes]) -> dict[bytes, str]:
+        """Return the pseudonyms stored in the buckets for these keys (the keys found).
+
+        Reads of this process's threads are grouped like creations: one round at a time, each taking every key
+        asked for meanwhile, so a bucket's keys go in one request rather than one per caller.
+        """
+        return {key: found for key, found in self._reads(dict.fromkeys(keys)).items() if found is not None}
+
+    def _read_round(self, keys: dict[bytes, None]) -> dict[bytes, str | None]:
+        found = found_in(self._run(self.read_requests(list(keys)), self._read_profile))
+        return {key: found.get(key) for key in keys}
+
     def read_requests(self, keys: list[bytes]) -> list[tuple[Any, tuple[Any, ...]]]:
         """Return the reads of these keys' rows: a request per bucket and :data:`READ_GROUP` keys.
 
@@ -131,18 +142,86 @@ class PseudonymRows:
         """Create these keys' rows with their candidate pseudonyms; return key -> (pseudonym, created here).
 
         A key another producer created first gets that producer's pseudonym (and False). A key another thread
-        of this process is creating is waited for. Rounds run one at a time per process, each taking every key
-        queued so far.
+        of this process is creating is waited for.
 
         :raises PseudonymRowsError: when a key's row could be neither created nor read.
         """
+        return self._creates(candidates)
+
+    def _round(self, candidates: dict[bytes, str]) -> Created:
+        """Create these rows: a conditional batch of up to :data:`CREATE_GROUP` keys per bucket at a time.
+
+        One batch per bucket is in flight, so the round's own batches never contend for a bucket's Paxos; a
+        bucket with more keys sends its next batch once the previous one is answered. A batch applies whole or
+        not at all: one that did not apply returns the rows that exist already (created by another producer),
+        those keys take the stored pseudonym, and the rest go again.
+        """
+        from cassandra.query import BatchStatement, BatchType  # noqa: PLC0415
+
+        insert = self._prepare(INSERT, TABLE, False)
+        out: Created = {}
+        todo = dict(candidates)
+        stalled = 0  # passes in a row that resolved no key
+        while todo:
+            by_bucket: dict[int, list[bytes]] = {}
+            for key in todo:
+                by_bucket.setdefault(bucket_of(key), []).append(key)
+            groups = [keys[:CREATE_GROUP] for keys in by_bucket.values()]
+            now = datetime.now(UTC)
+            requests: list[tuple[Any, Any]] = []
+            for group in groups:
+                batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+                for key in group:
+                    batch.add(insert, (bucket_of(key), key, todo[key], now))
+                requests.append((batch, None))
+            left = len(todo)
+            for group, rows in zip(groups, self._run(requests, self._write_profile), strict=True):
+                listed = list(rows)
+                if not listed or listed[0].applied:
+                    out.update((key, (todo.pop(key), True)) for key in group)
+                    continue
+                for row in listed:  # the batch did not apply: these rows exist
+                    if row.subject_key is not None and row.subject_key in todo:
+                        del todo[row.subject_key]
+                        out[row.subject_key] = (str(row.pseudonym), False)
+            stalled = stalled + 1 if len(todo) == left else 0
+            if stalled >= ROUNDS:
+                msg = f"{len(todo)} pseudonym row(s) neither created nor read after {ROUNDS} conditional batches"
+                raise PseudonymRowsError(msg)
+        return out
+
+
+def found_in(results: list[Any]) -> dict[bytes, str]:
+    """Return key -> pseudonym of the rows read by :meth:`PseudonymRows.read_requests` (or the legacy reads)."""
+    return {row.subject_key: row.pseudonym for rows in results for row in rows}
+
+
+class GroupCommit(Generic[V, R]):
+    """Run ``work`` over the keys concurrent callers ask for: one round at a time, each taking every key queued.
+
+    A caller queues its keys (those another caller queued or is running already are shared, not asked twice),
+    then either leads the next round (no round running) or waits; it returns when the rounds holding its keys
+    are done. ``work`` returns a result for every key of its round; an exception fails every caller of the round,
+    and its keys are asked again by whoever asks next.
+    """
+
+    def __init__(self, work: Callable[[dict[bytes, V]], dict[bytes, R]]) -> None:
+        self._work = work
+        self._cond = threading.Condition()
+        self._queued: dict[bytes, V] = {}  # waiting for the next round
+        self._next: Future[dict[bytes, R]] = Future()  # the round the queued keys go into
+        self._taken: dict[bytes, Future[dict[bytes, R]]] = {}  # key -> its round (queued or running)
+        self._leading = False  # a thread is running a round
+
+    def __call__(self, asked: dict[bytes, V]) -> dict[bytes, R]:
+        """Return the result of every key asked, once the rounds that hold them are done."""
         with self._cond:
-            mine: dict[bytes, Future[Created]] = {}
-            for key, candidate in candidates.items():
-                future = self._creating.get(key)
+            mine: dict[bytes, Future[dict[bytes, R]]] = {}
+            for key, value in asked.items():
+                future = self._taken.get(key)
                 if future is None:
-                    future = self._creating[key] = self._next
-                    self._queued[key] = candidate
+                    future = self._taken[key] = self._next
+                    self._queued[key] = value
                 mine[key] = future
         rounds = set(mine.values())
         while True:
@@ -156,12 +235,12 @@ class PseudonymRows:
                 work, self._queued = self._queued, {}
                 running, self._next = self._next, Future()
             try:
-                outcome: Created | BaseException = self._round(work)
+                outcome: dict[bytes, R] | BaseException = self._work(work)
             except BaseException as exc:  # noqa: BLE001 - handed to every waiting caller
                 outcome = exc
             with self._cond:
                 for key in work:
-                    del self._creating[key]
+                    del self._taken[key]
                 if isinstance(outcome, BaseException):
                     running.set_exception(outcome)
                 else:
@@ -169,49 +248,3 @@ class PseudonymRows:
                 self._leading = False
                 self._cond.notify_all()
         return {key: future.result()[key] for key, future in mine.items()}
-
-    def _round(self, candidates: dict[bytes, str]) -> Created:
-        """Create these rows: a conditional batch per bucket and :data:`CREATE_GROUP` keys, all at once.
-
-        A batch applies whole or not at all. One that did not apply returns the rows that exist already (created
-        by another producer): those keys take the stored pseudonym, and the batch is sent again without them.
-        """
-        from cassandra.query import BatchStatement, BatchType  # noqa: PLC0415
-
-        insert = self._prepare(INSERT, TABLE, False)
-        out: Created = {}
-        todo = dict(candidates)
-        for _ in range(ROUNDS):
-            if not todo:
-                return out
-            by_bucket: dict[int, list[bytes]] = {}
-            for key in todo:
-                by_bucket.setdefault(bucket_of(key), []).append(key)
-            groups = [
-                keys[i : i + CREATE_GROUP] for keys in by_bucket.values() for i in range(0, len(keys), CREATE_GROUP)
-            ]
-            now = datetime.now(UTC)
-            requests: list[tuple[Any, Any]] = []
-            for group in groups:
-                batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-                for key in group:
-                    batch.add(insert, (bucket_of(key), key, todo[key], now))
-                requests.append((batch, None))
-            for group, rows in zip(groups, self._run(requests, self._write_profile), strict=True):
-                listed = list(rows)
-                if not listed or listed[0].applied:
-                    out.update((key, (todo.pop(key), True)) for key in group)
-                    continue
-                for row in listed:  # the batch did not apply: these rows exist
-                    if row.subject_key is not None and row.subject_key in todo:
-                        del todo[row.subject_key]
-                        out[row.subject_key] = (str(row.pseudonym), False)
-        if todo:
-            msg = f"{len(todo)} pseudonym row(s) neither created nor read after {ROUNDS} conditional batches"
-            raise PseudonymRowsError(msg)
-        return out
-
-
-def found_in(results: list[Any]) -> dict[bytes, str]:
-    """Return key -> pseudonym of the rows read by :meth:`PseudonymRows.read_requests` (or the legacy reads)."""
-    return {row.subject_key: row.pseudonym for rows in results for row in rows}

@@ -34,7 +34,7 @@ from cachetools import LRUCache, TTLCache
 
 from infra.cassandra import READ_PROFILE, WRITE_PROFILE, make_cluster, table
 from infra.errors import TrendsError
-from infra.privacy.pseudonym_rows import PseudonymRows, PseudonymRowsError, found_in
+from infra.privacy.pseudonym_rows import PseudonymRows, PseudonymRowsError
 from infra.settings import Settings
 
 if TYPE_CHECKING:
@@ -403,8 +403,8 @@ class SubjectStore:
         looked = set(lookup.values())
         check = [pair for pair in fresh if pair[0] in looked]  # hours of subjects new to this process: maybe known
         distinct = list(dict.fromkeys(lookup.values()))
-        reads = self._rows.read_requests(distinct)
-        subject_reads = len(reads)
+        found = self._rows.read(distinct)
+        reads: list[tuple[Any, tuple[Any, ...]]] = []
         by_hour: dict[int, list[bytes]] = {}
         for key, hour_ms in check:
             by_hour.setdefault(hour_ms, []).append(key)
@@ -415,9 +415,9 @@ class SubjectStore:
                 reads += [
                     (select_hours, (hour_keys[i : i + READ_GROUP], hour)) for i in range(0, len(hour_keys), READ_GROUP)
                 ]
-        results = self._concurrent(reads, READ_PROFILE)
-        found = found_in(results[:subject_reads])
-        known = {(row.subject_key, _hour_ms(row.hour)) for rows in results[subject_reads:] for row in rows}
+        known = {
+            (row.subject_key, _hour_ms(row.hour)) for rows in self._concurrent(reads, READ_PROFILE) for row in rows
+        }
         absent = [key for key in distinct if key not in found]
         legacy = self._rows.legacy(absent)  # rows from before the buckets: copied into theirs below
         write_hours = [pair for pair in fresh if pair not in known]

@@ -1,4 +1,4 @@
-"""The pseudonym rows' group commit without Cassandra: one round at a time per process, every key created once.
+"""The pseudonym rows' group commit without Cassandra: one round at a time per process, every key asked once.
 
 The conditional batches themselves (agreement between producers, rows from before the buckets) are tested against
 the real Cassandra in tests/services/test_privacy_subjects.py.
@@ -9,19 +9,10 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import pytest
 
-from infra.privacy.pseudonym_rows import BUCKETS, PseudonymRows, bucket_of
-
-
-def _rows() -> PseudonymRows:
-    def unused(*_args: Any) -> Any:
-        msg = "no statement is prepared or run: _round is replaced"
-        raise AssertionError(msg)
-
-    return PseudonymRows(unused, unused, "read", "write")
+from infra.privacy.pseudonym_rows import BUCKETS, GroupCommit, bucket_of
 
 
 def test_a_key_falls_in_the_bucket_of_its_first_byte() -> None:
@@ -31,7 +22,6 @@ def test_a_key_falls_in_the_bucket_of_its_first_byte() -> None:
 
 
 def test_rounds_never_overlap_and_take_every_key_queued_meanwhile() -> None:
-    rows = _rows()
     running = threading.Lock()
     rounds: list[list[bytes]] = []
 
@@ -44,13 +34,13 @@ def test_rounds_never_overlap_and_take_every_key_queued_meanwhile() -> None:
         finally:
             running.release()
 
-    rows._round = round_  # type: ignore[method-assign]
+    rows = GroupCommit(round_)
     keys = [bytes([i % 256, i // 256]) for i in range(400)]
 
     def create(part: int) -> dict[bytes, tuple[str, bool]]:
         # overlapping asks: every key is wanted by two threads, each with its own candidate
         mine = keys[part * 50 : part * 50 + 100]
-        return rows.create({key: f"p_{part}_{key.hex()}" for key in mine})
+        return rows({key: f"p_{part}_{key.hex()}" for key in mine})
 
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(create, range(7)))
@@ -61,11 +51,10 @@ def test_rounds_never_overlap_and_take_every_key_queued_meanwhile() -> None:
     for answer in answers:
         for key, (pseudonym, _mine) in answer.items():
             assert agreed.setdefault(key, pseudonym) == pseudonym, "two threads got two pseudonyms for one key"
-    assert not rows._creating and not rows._queued and not rows._leading
+    assert not rows._taken and not rows._queued and not rows._leading
 
 
 def test_a_failed_round_fails_its_callers_and_the_next_round_runs() -> None:
-    rows = _rows()
     calls = [0]
 
     def round_(candidates: dict[bytes, str]) -> dict[bytes, tuple[str, bool]]:
@@ -75,9 +64,9 @@ def test_a_failed_round_fails_its_callers_and_the_next_round_runs() -> None:
             raise RuntimeError(msg)
         return {key: (candidate, True) for key, candidate in candidates.items()}
 
-    rows._round = round_  # type: ignore[method-assign]
+    rows = GroupCommit(round_)
     with pytest.raises(RuntimeError, match="did not answer"):
-        rows.create({b"\x01a": "p_a"})
-    assert rows.create({b"\x01a": "p_b"}) == {b"\x01a": ("p_b", True)}  # asked again, not stuck on the failure
-    assert rows.create({}) == {}
+        rows({b"\x01a": "p_a"})
+    assert rows({b"\x01a": "p_b"}) == {b"\x01a": ("p_b", True)}  # asked again, not stuck on the failure
+    assert rows({}) == {}
     assert calls[0] == 2
