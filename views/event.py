@@ -3,9 +3,10 @@
 Every record on the events topic is an :class:`Event` serialized by :meth:`Event.to_json`: compact JSON with the
 schema version ``v``, the event time ``ts`` as ISO-8601 UTC with milliseconds (:func:`format_ts`), and only the
 optional fields that are present; with ``kafka.events_format`` ``avro``, that JSON transcoded to framed Avro of
-:func:`avro_schema` (:mod:`views.event_avro`). Both Spark layers parse it with :func:`spark_schema` (or
-:func:`avro_schema`), which walk this model, so a field added here reaches them without a second schema to keep in
-step. The model's own validation (the time forms it accepts, text normalisation, bounded sizes) is part of the
+:func:`avro_schema` (:mod:`views.event_avro`). Both Spark layers parse it with a schema that walks this model
+(:func:`views.event_frames.spark_schema`, :func:`avro_schema`), so a field added here reaches them without a second
+schema to keep in step; this module imports no Spark (the privacy export and the API read events through it). The
+model's own validation (the time forms it accepts, text normalisation, bounded sizes) is part of the
 contract; turning source records into events and rejects (column mappings, dead letters) is ingestion's.
 """
 
@@ -19,14 +20,11 @@ import types
 import typing
 import unicodedata
 from datetime import UTC, datetime, timedelta, tzinfo
-from typing import TYPE_CHECKING, Annotated, Any, Final
+from typing import Annotated, Any, Final
 
 import msgspec
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
-
-if TYPE_CHECKING:
-    from pyspark.sql.types import DataType, StructType
 
 EVENT_SCHEMA_VERSION: Final = 1
 
@@ -457,55 +455,6 @@ def encode_wire(fields: dict[str, Any], ts_ms: int, key_field: str) -> tuple[byt
     wire = _WIRE.encode(fields) if value is None or _float_text_agrees(value) else _ENCODER.encode(fields).encode()
     key = None if key_field == "none" else fields.get(key_field)
     return wire, None if key is None else str(key).encode(), ts_ms
-
-
-def _spark_type(annotation: Any) -> tuple[DataType, bool]:
-    """Map a model field's annotation to a Spark type; return it and whether it is nullable."""
-    from pyspark.sql import types as T  # noqa: PLC0415 - heavy and only needed by the Spark layers
-
-    nullable = False
-    origin = typing.get_origin(annotation)
-    if origin is Annotated:
-        return _spark_type(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if len(args) != 1:
-            msg = f"cannot map union {annotation!r} to a Spark type"
-            raise TypeError(msg)
-        return _spark_type(args[0])[0], True
-    if origin is dict:
-        key, val = typing.get_args(annotation)
-        return T.MapType(_spark_type(key)[0], _spark_type(val)[0], valueContainsNull=False), nullable
-    simple: dict[Any, DataType] = {
-        str: T.StringType(),
-        int: T.IntegerType(),
-        float: T.DoubleType(),
-        bool: T.BooleanType(),
-        datetime: T.TimestampType(),
-    }
-    if annotation in simple:
-        return simple[annotation], nullable
-    msg = f"cannot map {annotation!r} to a Spark type"
-    raise TypeError(msg)
-
-
-def spark_schema() -> StructType:
-    """Return the Spark schema of the normalized event JSON, derived field by field from :class:`Event`.
-
-    Parse with ``from_json(col("value").cast("string"), spark_schema(), SPARK_JSON_OPTIONS)``; ``ts`` comes out
-    as a ``TimestampType`` (Spark's default JSON timestamp pattern reads our ``…T…[.SSS]Z`` text).
-    """
-    from pyspark.sql.types import StructField, StructType  # noqa: PLC0415
-
-    fields = []
-    for name, info in Event.model_fields.items():
-        spark_type, nullable = _spark_type(info.annotation)
-        # "dims" defaults to {} in Python but is left out of the JSON when empty, so Spark sees null.
-        fields.append(StructField(name, spark_type, nullable or not info.is_required()))
-    return StructType(fields)
-
-
-SPARK_JSON_OPTIONS: Final = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss[.SSS]XXX", "mode": "PERMISSIVE"}
 
 
 def _avro_type(annotation: Any) -> tuple[Any, bool]:

@@ -1,6 +1,7 @@
 """Parse Kafka records of the events topic into the event frame both layers aggregate.
 
-The schema is the one derived from :class:`views.event.Event` (never a second copy). A record that does not
+The schema is derived from :class:`views.event.Event` here (:func:`spark_schema`, never a second copy), beside
+the Spark code that uses it, so the contract's own module imports no Spark. A record that does not
 parse — or lacks an id, time or item — is kept and flagged rather than dropped, so each layer can count it.
 Records are JSON, or, given the writer schemas of ``kafka.events_format`` ``avro``, JSON and framed Avro side by
 side (:mod:`views.event_avro`): the same columns either way.
@@ -8,14 +9,17 @@ side (:mod:`views.event_avro`): the same columns either way.
 
 from __future__ import annotations
 
+import types
+import typing
 from collections.abc import Collection, Mapping
-from typing import Final
+from datetime import datetime
+from typing import Annotated, Any, Final
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql import types as T
 
-from views.event import spark_schema
+from views.event import Event
 from views.event_avro import HEADER_BYTES, MAGIC, header, reader_schema_text
 
 EVENT_COLUMNS = ("id", "ts", "item", "user", "value", "dims")
@@ -25,13 +29,59 @@ EXCLUDE_LITERALS: Final = 256
 _TO_THE_END: Final = 2**31 - 1  # substring's length that reaches the value's end (Spark's own default)
 
 
-def _wire_schema() -> StructType:
+def _spark_type(annotation: Any) -> tuple[T.DataType, bool]:
+    """Map a model field's annotation to a Spark type; return it and whether it is nullable."""
+    nullable = False
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _spark_type(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) != 1:
+            msg = f"cannot map union {annotation!r} to a Spark type"
+            raise TypeError(msg)
+        return _spark_type(args[0])[0], True
+    if origin is dict:
+        key, val = typing.get_args(annotation)
+        return T.MapType(_spark_type(key)[0], _spark_type(val)[0], valueContainsNull=False), nullable
+    simple: dict[Any, T.DataType] = {
+        str: T.StringType(),
+        int: T.IntegerType(),
+        float: T.DoubleType(),
+        bool: T.BooleanType(),
+        datetime: T.TimestampType(),
+    }
+    if annotation in simple:
+        return simple[annotation], nullable
+    msg = f"cannot map {annotation!r} to a Spark type"
+    raise TypeError(msg)
+
+
+def spark_schema() -> T.StructType:
+    """Return the Spark schema of the normalized event JSON, derived field by field from :class:`Event`.
+
+    Parse with ``from_json(col("value").cast("string"), spark_schema(), SPARK_JSON_OPTIONS)``; ``ts`` comes out
+    as a ``TimestampType`` (Spark's default JSON timestamp pattern reads our ``…T…[.SSS]Z`` text).
+    """
+    fields = []
+    for name, info in Event.model_fields.items():
+        spark_type, nullable = _spark_type(info.annotation)
+        # "dims" defaults to {} in Python but is left out of the JSON when empty, so Spark sees null.
+        fields.append(T.StructField(name, spark_type, nullable or not info.is_required()))
+    return T.StructType(fields)
+
+
+SPARK_JSON_OPTIONS: Final = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss[.SSS]XXX", "mode": "PERMISSIVE"}
+
+
+def _wire_schema() -> T.StructType:
     """Return the event schema with ``ts`` read as text.
 
     Casting the ISO-8601 text afterwards uses Spark's hand-written timestamp parser, which is much faster than
     from_json's pattern-based one (figures in docs/benchmarks.md); it accepts our ``…Z`` times.
     """
-    return StructType([StructField(f.name, StringType(), True) if f.name == "ts" else f for f in spark_schema().fields])
+    fields = spark_schema().fields
+    return T.StructType([T.StructField(f.name, T.StringType(), True) if f.name == "ts" else f for f in fields])
 
 
 def parse_events(
