@@ -118,8 +118,8 @@ def _avro_struct(avro: Mapping[int, str]) -> Column:
 
     ``avro`` is not empty. One ``from_avro`` per known id, chosen by the frame's 5 bytes (only the chosen branch
     runs); each reads with its writer schema and resolves into :func:`views.event_avro.reader_schema_text`
-    (``avroSchema``), so every branch has one type. An unknown id, or bytes that do not decode (PERMISSIVE), give
-    null.
+    (``avroSchema``), so every branch has one type. An unknown id gives a null record; bytes that do not decode
+    give a record of nulls (PERMISSIVE): neither has an id, so neither parses.
     """
     from pyspark.sql.avro.functions import from_avro  # noqa: PLC0415 - spark-avro, on the jars only for Avro
 
