@@ -92,9 +92,7 @@ def wire_fields(record: Mapping[str, Any]) -> dict[str, Any]:
     """
     out: dict[str, Any] = {}
     for name in Event.model_fields:
-        value = record.get(name)
-        if name == "ts":
-            value = format_ts(value)
+        value = format_ts(record[name]) if name == "ts" else record.get(name)
         if value is None or (name == "dims" and not value):
             continue
         out[name] = value
@@ -145,6 +143,9 @@ class EventAvro:
         except Exception as exc:  # fastavro raises EOFError, ValueError, IndexError… on bad bytes
             msg = f"the payload does not match schema id {self.schema_id}: {type(exc).__name__}: {exc}"
             raise UnreadableEventError(msg) from exc
+        if not isinstance(record, dict):
+            msg = f"schema id {self.schema_id} is not a record schema"
+            raise UnreadableEventError(msg)
         return wire_json(wire_fields(record))
 
 
