@@ -23,7 +23,7 @@ help:
 	@echo "make test-install      the built wheel in a fresh venv, no checkout: admin init, ingest, speed, Airflow's recompute, serve; and pip install . without extras"
 	@echo "make test-tls          the pipeline over TLS and SASL_SSL on a private TLS stack (not part of make test)"
 	@echo "make test-network      network faults (latency, black hole, reset, bandwidth, slicer) through Toxiproxy between the components (not part of make test)"
-	@echo "make test-sources      the HTTP collector (trends collect) and the Kafka bridge (Avro in two schema versions, Protobuf, JSON, a real schema registry) against the real Kafka: dead letters, retries counted once, Kafka unreachable, SIGKILLs, a registry outage, Schemathesis (not part of make test)"
+	@echo "make test-sources      the HTTP collector (trends collect) and the Kafka bridge (Avro in two schema versions, Protobuf, JSON, a real schema registry) and the events topic in Avro against the real Kafka: dead letters, retries counted once, Kafka unreachable, SIGKILLs, a registry outage, Schemathesis (not part of make test)"
 	@echo "make test-capacity     the soak's stack at rising rates until one is not sustained: the whole stack's capacity (not part of make test)"
 	@echo "make test-soak         the whole stack for SOAK_MINUTES (default 60) at a steady rate, a fault every 10 min, resources bounded (not part of make test)"
 	@echo "make test-alerting     the alert rules (promtool), a real Prometheus firing the watermark-lag alert, the dashboards' panels with data (not part of make test)"
@@ -168,7 +168,7 @@ test-network: setup $(GOTOOLS)
 # started on demand, Java 21+); three SIGKILLs of the bridge mid-stream, then exact counts; the registry stopped for
 # 30 s mid-run (~10 min in all).
 test-sources: setup $(GOTOOLS)
-	$(BIN)/pytest -m sources tests/services/test_collector.py tests/services/test_bridge.py
+	$(BIN)/pytest -m sources tests/services/test_collector.py tests/services/test_bridge.py tests/services/test_events_avro.py
 
 # The peers bench (bench/peers/): Flink and quixstreams in their own venv (never the pipeline's dependencies), their
 # jars fetched with Maven from bench/peers/pom.xml into the jar cache, then the bench against the local stack.

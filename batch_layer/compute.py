@@ -13,6 +13,7 @@ from batch_layer.transform import transform
 from infra.errors import TrendsError
 from infra.settings import Settings
 from infra.spark import kafka_options
+from views.event_avro import writer_schemas
 from views.store.rows import ViewRow
 
 if TYPE_CHECKING:
@@ -55,7 +56,8 @@ def compute(spark: SparkSession, settings: Settings, plan: Plan, excluded: Colle
 
     Minutes and hours are cached while their coarser rollups are computed from them, and come to the driver as
     Arrow batches: a year's pass is ~160k minute rows, whose pickled ``Row`` objects cost several times more
-    than the columns (docs/benchmarks.md).
+    than the columns (docs/benchmarks.md). With ``kafka.events_format`` ``avro`` the events topic's writer schemas
+    are read from the registry at each pass, so a pass knows every version registered before it.
     """
     from pyspark.sql import functions as F  # noqa: PLC0415
 
@@ -63,7 +65,7 @@ def compute(spark: SparkSession, settings: Settings, plan: Plan, excluded: Colle
 
     hours = [h.hour for h in plan.hours]
     records = extract(spark, settings, plan)
-    minutes, observed = transform(records, settings, hours, excluded)
+    minutes, observed = transform(records, settings, hours, excluded, writer_schemas(settings))
     minutes = minutes.persist()
     hourly = None
     try:

@@ -6,7 +6,7 @@ and aggregated with the views' one definition (:func:`views.aggregation.aggregat
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,11 @@ def dedupe(events: DataFrame, by: Sequence[str] = ("id",)) -> DataFrame:
 
 
 def transform(
-    records: DataFrame, settings: Settings, hours: Sequence[datetime], excluded: Collection[str] = ()
+    records: DataFrame,
+    settings: Settings,
+    hours: Sequence[datetime],
+    excluded: Collection[str] = (),
+    avro: Mapping[int, str] | None = None,
 ) -> tuple[DataFrame, Observation]:
     """Return the minute view of the hours' events, deduplicated by id per hour, and the observation of the read.
 
@@ -44,6 +48,7 @@ def transform(
 
     :arg excluded: the erased subjects' pseudonyms (:mod:`infra.privacy.exclusions`): their events are read and
         observed like the others (the read still matches the index) but never aggregated.
+    :arg avro: the events topic's Avro writer schemas by id (:func:`views.event_avro.writer_schemas`); none: JSON.
     """
     from pyspark.sql import Observation  # noqa: PLC0415
     from pyspark.sql import functions as F  # noqa: PLC0415
@@ -55,7 +60,7 @@ def transform(
     wanted = records.select("value", "partition", "offset", rec_hour.alias("rec_hour")).where(
         _in_hours(F.col("rec_hour"), hours)
     )
-    parsed = parse_events(wanted, keep=("partition", "offset", "rec_hour"))
+    parsed = parse_events(wanted, keep=("partition", "offset", "rec_hour"), avro=avro)
     in_hour = F.col("parsed_ok") & (F.date_trunc("hour", F.col("ts")) == F.col("rec_hour"))
     epoch = F.unix_seconds(F.col("rec_hour"))
     observed = Observation("batch_read")

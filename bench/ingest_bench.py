@@ -284,7 +284,8 @@ def fill_source(settings: Settings, topic: str, path: Path, fmt: str) -> int:
             event = Event.model_validate(json.loads(line))
             values.append((line, event.key("item"), event.ts_ms))
     else:
-        from ingestion.wire import AvroEncoder, registry_client
+        from infra.registry import registry_client
+        from ingestion.wire import AvroEncoder
 
         encode = AvroEncoder(registry_client(settings.registry), topic, AVRO_EVENT)
         for line in lines:

@@ -22,7 +22,7 @@ Run: ``.venv/bin/python bench/speed_bench.py [--events 1000000]`` with the stack
 
 3. The events' format: the topic's records, read once in a batch and cached, are decoded in Spark three ways to the
    same event columns and aggregated the same way (a sum over every field, so every field is decoded): ``from_json``
-   with ``views.event.spark_schema()`` and ``SPARK_JSON_OPTIONS``, the layers' own decode
+   with ``views.event_frames.spark_schema()`` and ``SPARK_JSON_OPTIONS``, the layers' own decode
    (``views.event_frames.parse_events``), and ``from_avro`` (spark-avro, its own bundle of the jar cache) of the same
    events encoded as plain Avro binary of ``views.event.avro_schema()``. A bare scan summing the JSON's bytes is the
    baseline. All in one session, warm (one untimed run of each first), ``--decode-runs`` rounds taking each in turn;
@@ -57,7 +57,7 @@ from infra import jars, migrations, topics
 from infra.cassandra import session, table
 from infra.settings import Settings
 from infra.spark import kafka_options
-from views.event import SPARK_JSON_OPTIONS, avro_schema, format_ts, spark_schema
+from views.event import avro_schema, format_ts
 
 # --smoke: a few thousand events, no warm-up, 3 s of freshness samples, one decode round
 START_WAIT_S = 300.0  # the freshness run's wait for the speed job's first progress row
@@ -256,7 +256,7 @@ def decode_formats(spark: Any, settings: Settings, count: int, runs: int, warm: 
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import from_avro, to_avro
 
-    from views.event_frames import EVENT_COLUMNS, parse_events
+    from views.event_frames import EVENT_COLUMNS, SPARK_JSON_OPTIONS, parse_events, spark_schema
 
     schema = avro_schema()
     avsc = json.dumps(schema)

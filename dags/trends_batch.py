@@ -68,11 +68,14 @@ BACKFILL_PARALLELISM = int(os.environ.get(env_var("batch.backfill_parallelism"),
 
 
 def connector_jars() -> str:
-    """Return the Spark Kafka connector jars for --jars (a macro: resolved when the task runs, not at parse)."""
+    """Return the jars for --jars: the Kafka connector, and spark-avro for Avro events.
+
+    A macro: resolved when the task runs, not at parse.
+    """
     from infra import jars
     from infra.settings import Settings
 
-    return ",".join(str(p) for p in jars.bundle_jars(Settings(), jars.SPARK_KAFKA))
+    return ",".join(str(p) for p in jars.spark_jars(Settings()))
 
 
 DEFAULT_ARGS = {

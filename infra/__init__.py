@@ -5,6 +5,7 @@ Settings: ``settings`` (the one typed tree), ``service_settings`` (Kafka, Cassan
 serving, metrics, privacy), ``settings_env`` (the settings as ``TRENDS_*`` for a child process, and the variable of each
 setting for messages), ``security`` (loopback, secrets, masking), ``errors`` (what the CLI turns into a message and an
 exit status). Clients and resources: ``cassandra`` (driver sessions), ``spark`` (the one SparkSession factory),
+``registry`` (the schema registry's client: register a subject's schema, list its versions, look an id up),
 ``topics`` (the Kafka topics), ``migrations`` (the CQL migrations of ``infra/cql``), ``jars`` (Maven fetches into the
 jar cache), ``dlq_reasons`` (the dead-letter topic's headers and a count by reason), ``speed_checkpoint`` (where the
 speed query's checkpoint lives, and its state seen without Spark), ``privacy`` (personal data's contracts: the subject

@@ -83,13 +83,14 @@ def init(settings: Settings, apply_topic_config: bool, only: str | None) -> None
 @click.pass_obj
 @with_env_vars
 def fetch_jars(settings: Settings, force: bool) -> None:
-    """Fetch Spark's Kafka connector into the jar cache (${cache_dir}) with Maven, once per machine.
+    """Fetch Spark's Kafka connector (and spark-avro, with ${kafka.events_format} avro) into the jar cache.
 
-    Every machine that runs a Spark driver needs them: the speed job's, and each Airflow worker that runs the
-    batch recompute. Spark ships them to its executors.
+    The cache is ${cache_dir}; Maven fetches once per machine. Every machine that runs a Spark driver needs them:
+    the speed job's, and each Airflow worker that runs the batch recompute. Spark ships them to its executors.
     """
-    path = jars.fetch(settings, jars.SPARK_KAFKA, force=force)
-    click.echo(f"{jars.SPARK_KAFKA.name:12} {len(list(path.glob('*.jar'))):4d} jars  {path}")
+    for bundle in jars.job_bundles(settings):
+        path = jars.fetch(settings, bundle, force=force)
+        click.echo(f"{bundle.name:12} {len(list(path.glob('*.jar'))):4d} jars  {path}")
 
 
 @admin.command()

@@ -59,7 +59,7 @@ SPARK_KAFKA = Bundle(
     skip_jars_shipped_by_pyspark=True,
 )
 REGISTRY = Bundle("registry", "Apicurio Registry 3.3.3 (Quarkus app, Confluent-compatible API; Java 21+)", unpack=True)
-# Only the speed bench's JSON-against-Avro decode uses it (bench/speed_bench.py --decode); no job puts it on spark.jars.
+# On the jobs' spark.jars only with kafka.events_format avro (spark_jars); the speed bench's decode uses it too.
 SPARK_AVRO = Bundle(
     "spark-avro",
     "Spark 4.2.0 Avro functions (spark-avro_2.13)",
@@ -67,7 +67,7 @@ SPARK_AVRO = Bundle(
 )
 BUNDLES = {b.name: b for b in (KAFKA, CASSANDRA, SPARK_KAFKA, SPARK_AVRO)}
 # Fetched when first needed (`trends stack up registry`) or asked for (`trends stack fetch --with-registry`):
-# 160 MB that only the Kafka bridge's Avro and Protobuf sources use.
+# 160 MB that only the Kafka bridge's Avro and Protobuf sources and the events topic in Avro use.
 ON_DEMAND = {REGISTRY.name: REGISTRY}
 
 
@@ -158,6 +158,16 @@ def fetch(settings: Settings, bundle: Bundle, *, force: bool = False) -> Path:
     count = len(list(target.glob("*.jar")))
     logger.info("fetched %s: %d jars", bundle.name, count)
     return target
+
+
+def job_bundles(settings: Settings) -> list[Bundle]:
+    """Return the bundles a Spark job of the layers reads with: the Kafka connector, and spark-avro for Avro events."""
+    return [SPARK_KAFKA, SPARK_AVRO] if settings.kafka.events_format == "avro" else [SPARK_KAFKA]
+
+
+def spark_jars(settings: Settings) -> list[Path]:
+    """Return the jars of :func:`job_bundles`, fetching them first if needed (``spark.jars``, spark-submit's --jars)."""
+    return [jar for bundle in job_bundles(settings) for jar in bundle_jars(settings, bundle)]
 
 
 def fetch_all(settings: Settings, *, force: bool = False, on_demand: bool = False) -> dict[str, Path]:

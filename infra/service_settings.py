@@ -26,6 +26,13 @@ class KafkaSettings(BaseModel):
         "(e.g. 127.0.0.11:9092,127.0.0.12:9092,127.0.0.13:9092 for a 3-broker cluster on loopback).",
     )
     events_topic: str = Field("events", description="Topic of validated events, keyed by item.")
+    events_format: Literal["json", "avro"] = Field(
+        "json",
+        description="Wire format of the events topic's records. json: the event's compact JSON. avro: Confluent-"
+        "framed Avro of the event schema, registered in the schema registry (registry.url) under "
+        "<events_topic>-value; the layers then decode JSON and Avro records alike (a topic switched mid-life), need "
+        "the registry at start and put spark-avro on Spark's jars. Needs the trends[sources] install.",
+    )
     dlq_topic: str = Field("events.dlq", description="Dead-letter topic: rejected records with a reason.")
     partitions: int = Field(4, ge=1, description="Partitions of the events and dead-letter topics at creation.")
     replication_factor: int = Field(
@@ -149,7 +156,7 @@ class KafkaSettings(BaseModel):
 
 
 class SchemaRegistrySettings(BaseModel):
-    """The schema registry of Avro and Protobuf sources (`trends ingest kafka`): its Confluent-compatible REST API."""
+    """The schema registry of Avro and Protobuf sources (`trends ingest kafka`) and of the events topic in Avro."""
 
     url: str = Field(
         "http://127.0.0.1:8081/apis/ccompat/v7",

@@ -1,8 +1,9 @@
 """The one SparkSession factory used by the speed layer, the batch layer, the tests and the benchmarks.
 
 It puts the Kafka connector (fetched once into the jar cache) on ``spark.jars`` so ``format("kafka")`` works with
-no network, and takes the master, parallelism and checkpoint root from settings — ``local[2]`` is only the default;
-a ``spark://`` or ``k8s://`` master gets the same jars shipped to its executors.
+no network (and spark-avro when the events topic may hold Avro, ``kafka.events_format``), and takes the master,
+parallelism and checkpoint root from settings — ``local[2]`` is only the default; a ``spark://`` or ``k8s://``
+master gets the same jars shipped to its executors.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ JVM_GC_OPTIONS = "-XX:+ExplicitGCInvokesConcurrent"  # System.gc() (spark.cleane
 def spark_conf(settings: Settings, app: str) -> dict[str, str]:
     """Return the Spark configuration of a job (separate from session creation so it can be tested and logged)."""
     cfg = settings.spark
-    connector = [str(p) for p in jars.bundle_jars(settings, jars.SPARK_KAFKA)]
+    connector = [str(p) for p in jars.spark_jars(settings)]
     conf = {
         "spark.master": cfg.master,
         "spark.app.name": f"{cfg.app_name}-{app}",

@@ -14,6 +14,9 @@ committed nothing past the record it could not decode. A transaction that fails 
 consumer rewound to the batch's first offsets, and the batch read again; after ``bridge.max_commit_attempts``
 failures in a row the bridge stops with the error.
 
+With ``kafka.events_format`` ``avro`` the events go out as framed Avro of the contract (:mod:`views.event_avro`),
+transcoded from their wire JSON as the transaction produces them; dead letters keep the source record's bytes.
+
 Readers of the events topic must read with ``read_committed`` (librdkafka's default; Spark's Kafka source needs
 ``kafka.isolation.level``, which :func:`infra.spark.kafka_options` sets), or they see aborted records too.
 """
@@ -38,6 +41,7 @@ from ingestion.producer import IngestSummary, producer_config
 from ingestion.pseudonyms import Pseudonymiser
 from ingestion.validate import Context, Encoded, Reason, Reject, encode_fields, encode_json
 from ingestion.wire import Decoder, Format, RegistryUnavailable, Undecodable, decoder
+from views.event_avro import events_writer
 
 if TYPE_CHECKING:
     from confluent_kafka import Message
@@ -148,6 +152,7 @@ class Bridge:
         self.transactional_id = self.cfg.transactional_id or f"{self.cfg.group_id}.bridge"
         self.stats = BridgeStats()
         self._decode: Decoder = decoder(fmt, settings.registry)
+        self._events_avro = events_writer(settings)  # None: the events topic takes the wire JSON as it is
         self._pseudonymiser = Pseudonymiser.from_settings(settings)  # None with privacy.pseudonymise off
         self._skew = timedelta(seconds=settings.ingest.max_future_skew_s)
         self._consumer = Consumer(
@@ -393,6 +398,7 @@ class Bridge:
         rejects: Counter[str] = Counter()
         ends: dict[tuple[str, int], int] = {}
         outcomes = self._pseudonymised(outcomes)
+        avro = self._events_avro
         try:
             producer.begin_transaction()
             for message, done in outcomes:
@@ -401,7 +407,8 @@ class Bridge:
                     self._produce(self.dlq_topic, value, None, ts_ms, headers)
                     rejects[str(done.reason)] += 1
                 else:
-                    self._produce(self.events_topic, done[0], done[1], done[2], None)
+                    value = done[0] if avro is None else avro(done[0])
+                    self._produce(self.events_topic, value, done[1], done[2], None)
                     events += 1
                 key = (message.topic() or "", message.partition() or 0)
                 ends[key] = max(ends.get(key, -1), (message.offset() or 0) + 1)

@@ -6,6 +6,9 @@ refuses for its content (too large, bad timestamp…) is re-routed to the dead-l
 ``broker_rejected`` instead of vanishing. Other delivery errors are gathered and raised by :meth:`close` after
 the last flush (Airflow's produce operator does the same), so a caller sees every failure, once. A caller that
 answers for each record (the HTTP collector) passes an ``ack`` callback, told where each record ended up.
+
+Every path builds the event's canonical wire JSON; with ``kafka.events_format`` ``avro`` it is transcoded into
+framed Avro (:mod:`views.event_avro`) just before it is queued, and a refused record's dead letter keeps its JSON.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from ingestion.dlq import encode_reject
 from ingestion.pseudonyms import Pseudonymiser
 from ingestion.validate import Reason, Reject
 from views.event import Event
+from views.event_avro import UnreadableEventError, events_writer
 
 if TYPE_CHECKING:
     from confluent_kafka import KafkaError, Message
@@ -160,6 +164,8 @@ class EventProducer:
         self.events_topic = settings.kafka.events_topic
         self.dlq_topic = settings.kafka.dlq_topic
         self.key_field = settings.ingest.key_field
+        # None for JSON: the values are queued as built. Avro: registered once per process (needs the registry).
+        self._avro = events_writer(settings)
         self.summary = IngestSummary()
         self._content_errors = {getattr(KafkaError, name) for name in _CONTENT_ERRORS if hasattr(KafkaError, name)}
         self._flush_timeout_s = settings.ingest.message_timeout_ms / 1000 + 30
@@ -276,7 +282,8 @@ class EventProducer:
         if self.pseudonymiser is not None:
             event = self.pseudonymiser.event(event)
         self.summary.produced += 1
-        self._send(self.events_topic, event.to_json(), event.key(self.key_field), event.ts_ms)
+        value = event.to_json() if self._avro is None else self._avro(event.to_json())
+        self._send(self.events_topic, value, event.key(self.key_field), event.ts_ms)
 
     def produce_encoded(self, value: bytes, key: bytes | None, ts_ms: int, *, ack: Ack | None = None) -> None:
         """Queue an already normalized (and, where on, pseudonymised) event: the caller built the JSON itself.
@@ -284,12 +291,14 @@ class EventProducer:
         :arg ack: called once with where the record ended up (acknowledged, failed, or re-routed).
         """
         self.summary.produced += 1
-        self._send(self.events_topic, value, key, ts_ms, ack=ack)
+        self._send(self.events_topic, value if self._avro is None else self._avro(value), key, ts_ms, ack=ack)
 
     def produce_many(self, values: Sequence[bytes], keys: Sequence[bytes | None], ts_ms: Sequence[int]) -> None:
         """Queue many already normalized (and, where on, pseudonymised) events; the tight loop of fast generation."""
         from confluent_kafka import KafkaException  # noqa: PLC0415
 
+        if self._avro is not None:
+            values = self._avro.many(values)
         produce = self._producer.produce
         topic = self.events_topic
         since_poll = self._since_poll
@@ -318,6 +327,9 @@ class EventProducer:
         """
         from confluent_kafka import KafkaException  # noqa: PLC0415
 
+        if self._avro is not None:
+            avro = self._avro
+            records = [(avro(value), key, ts, ack) for value, key, ts, ack in records]
         produce = self._producer.produce
         topic = self.events_topic
         on_delivery = self._on_delivery
@@ -364,10 +376,21 @@ class EventProducer:
     def _drain_reroutes(self) -> None:
         while self._reroute:
             raw, detail, ack = self._reroute.pop()
+            raw = self._dead_letter_value(raw)
             now = datetime.now(UTC)
             # The event's ack now follows its dead-letter copy, told why it went there.
             rerouted = None if ack is None else _rerouted(ack, detail)
             self.produce_reject(Reject(raw, Reason.BROKER_REJECTED, detail, "producer", None, now), ack=rerouted)
+
+    def _dead_letter_value(self, value: bytes) -> bytes:
+        """Return a refused event's value as its dead letter keeps it: the wire JSON (Avro transcoded back)."""
+        if self._avro is None:
+            return value
+        try:
+            return self._avro.wire(value)
+        except UnreadableEventError:  # not one of ours (cannot happen): keep the bytes as they were
+            logger.warning("a refused event's value does not decode; its dead letter keeps the Avro bytes")
+            return value
 
     def __len__(self) -> int:
         """Return the records queued locally or in flight."""

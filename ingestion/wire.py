@@ -28,6 +28,7 @@ from datetime import UTC
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from infra.registry import registry_client
 from infra.service_settings import SchemaRegistrySettings
 from ingestion.validate import Reason
 
@@ -128,7 +129,7 @@ class AvroEncoder:
     The inverse of :class:`AvroDecoder`: what a Confluent producer writes, for the tests and benchmarks that fill
     source topics. Registering a schema the subject already has returns its id.
 
-    :arg client: a registry client (:func:`registry_client`).
+    :arg client: a registry client (:func:`infra.registry.registry_client`).
     :arg schema: the Avro schema (parsed JSON).
     """
 
@@ -152,15 +153,7 @@ class AvroEncoder:
         return frame(self.schema_id, self.payload(record))
 
 
-# -- the registry ---------------------------------------------------------------------------------------------
-
-
-def registry_client(settings: SchemaRegistrySettings) -> Any:
-    """Return confluent-kafka's registry client for the settings (it caches schemas by id); no retries of its own."""
-    from confluent_kafka.schema_registry import SchemaRegistryClient  # noqa: PLC0415
-
-    logging.getLogger("httpx2").setLevel(logging.WARNING)  # one INFO line per schema fetched is noise
-    return SchemaRegistryClient(settings.client_config())
+# -- the registry (its client: infra.registry.registry_client) ---------------------------------------------------
 
 
 def _schema_by_id(client: Any, schema_id: int) -> Any:

@@ -6,11 +6,14 @@ hold each hour (:meth:`views.store.index.IndexStore.spans`). Only those spans ar
 plus each partition's tail past the index's checkpoint (records not indexed yet), and the events whose ``user`` is
 the subject's pseudonym are kept. Cost grows with the records of the subject's hours (every event of those hours
 is read and parsed, not only the subject's), not with the log. After a forget nothing is linked: nothing is found.
+
+Records are JSON or framed Avro (``kafka.events_format``; a topic may hold both): both are read through
+:class:`views.event_avro.EventValues` and exported as the event's JSON. An Avro record that may be the subject's
+but does not decode (an id the registry does not know) stops the export: it is never silently shorter.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -22,6 +25,7 @@ from infra.cassandra import session as cassandra_session
 from infra.errors import TrendsError
 from infra.privacy.subjects import SubjectStore
 from infra.settings import Settings
+from views.event_avro import EventValues, UnreadableEventError, is_framed
 from views.store.index import IndexStore
 
 if TYPE_CHECKING:
@@ -224,17 +228,22 @@ def export(
     for p, tail in _tail(settings, topic, checkpoints).items():
         ranges[p] = coalesce([(p, a, b) for a, b in [*ranges.get(p, []), *tail]])[p]
     result = ExportResult(linked=True, hours=len(hours), ranges=sum(len(r) for r in ranges.values()))
+    values = EventValues(settings.registry)
     for msg in read_ranges(settings, topic, ranges):
         result.records_read += 1
         value = msg.value()
-        if value is None or pseudonym.encode() not in value:  # cheap pre-filter before the parse
+        if value is None or pseudonym.encode() not in value:  # cheap pre-filter before the parse (Avro text is UTF-8)
             continue
         try:
-            event = json.loads(value)
-        except ValueError:
+            event, as_json = values.decode(value)
+        except UnreadableEventError as exc:
+            if is_framed(value):
+                where = f"partition {msg.partition()} offset {msg.offset()} of topic {topic}"
+                msg_text = f"{where} may hold the subject's event but does not decode: {exc}"
+                raise ExportError(msg_text) from exc
             continue  # ingestion only writes valid JSON; another producer's record is not the subject's
-        if isinstance(event, dict) and event.get("user") == pseudonym:
-            write(value)
+        if event.get("user") == pseudonym:
+            write(as_json)
             result.events += 1
     phase("read", t)
     result.phases_s, result.seconds = phases, time.monotonic() - t0

@@ -13,7 +13,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -34,6 +34,7 @@ from speed_layer.promote import ServingWatch, replaced
 from speed_layer.sink import SpeedViewSink
 from speed_layer.start import StreamStart, resolve_start
 from views.definition import view_definition
+from views.event_avro import writer_schemas
 from views.store.definitions import DefinitionStore
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ def transform(
     since: datetime | None = None,
     dedupe_by: DedupeBy | None = None,
     excluded: Collection[str] = (),
+    avro: Mapping[int, str] | None = None,
 ) -> DataFrame:
     """Parse, count unparseable and future rows, watermark, dedupe events within the watermark, aggregate.
 
@@ -77,6 +79,7 @@ def transform(
         reach the watermark, the dedupe state or the aggregation.
     :arg dedupe_by: the checkpoint's dedupe (:func:`dedupe`).
     :arg excluded: the erased subjects' pseudonyms (:mod:`infra.privacy.exclusions`), left out before the dedupe.
+    :arg avro: the events topic's Avro writer schemas by id (:func:`views.event_avro.writer_schemas`), read at start.
     """
     from pyspark.sql import functions as F  # noqa: PLC0415
 
@@ -90,7 +93,7 @@ def transform(
     future = F.col("parsed_ok") & (F.col("ts") > horizon)
     # The events the `since` filter below drops, counted in the same pass as the others (one more sum, no job).
     below = F.col("parsed_ok") & ~future & (F.col("ts") < F.lit(since)) if since is not None else F.lit(False)
-    parsed = parse_events(records).observe(
+    parsed = parse_events(records, avro=avro).observe(
         PARSE_METRICS,
         F.count(F.lit(1)).alias("rows"),
         F.sum(F.when(F.col("parsed_ok"), 0).otherwise(1)).alias("unparseable"),
@@ -264,14 +267,17 @@ def start(
     begin: StreamStart | None = None,
     dedupe_by: DedupeBy | None = None,
     excluded: Collection[str] = (),
+    avro: Mapping[int, str] | None = None,
 ) -> StreamingQuery:
     """Start the streaming query (processing-time trigger, or ``availableNow`` to drain what is there and stop).
 
     :arg begin: the checkpoint's start from the batch watermark (:mod:`speed_layer.start`), if it has one.
     :arg dedupe_by: the checkpoint's dedupe (:func:`speed_layer.checkpoint_definition.dedupe_of`).
     :arg excluded: the erased subjects' pseudonyms, left out of every micro-batch.
+    :arg avro: the events topic's Avro writer schemas by id (none: JSON records only).
     """
-    view = transform(extract(spark, settings, begin), settings, begin.since if begin else None, dedupe_by, excluded)
+    since = begin.since if begin else None
+    view = transform(extract(spark, settings, begin), settings, since, dedupe_by, excluded, avro)
     writer = (
         view.writeStream.queryName(settings.speed.query_name)
         .outputMode("update")
@@ -327,6 +333,7 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
         dedupe_by = dedupe_of(spark, settings, checkpoint_location(settings))
         with session(settings) as sess:
             exclusions = ExclusionWatch(settings, settings.speed.serving_check_s, excluded_users(settings, sess))
+        avro = writer_schemas(settings)  # versions registered later are unknown until the next start
     except Exception:
         spark.stop()
         raise
@@ -357,7 +364,7 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
         while True:  # once, unless new exclusions restart the query (from its checkpoint)
             query = start(
                 spark, settings, sink, available_now=available_now, begin=begin, dedupe_by=dedupe_by,
-                excluded=exclusions.current,
+                excluded=exclusions.current, avro=avro,
             )  # fmt: skip
             logger.info(
                 "speed query started (id %s, run %s, %d erased subjects left out)",

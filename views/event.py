@@ -2,11 +2,12 @@
 
 Every record on the events topic is an :class:`Event` serialized by :meth:`Event.to_json`: compact JSON with the
 schema version ``v``, the event time ``ts`` as ISO-8601 UTC with milliseconds (:func:`format_ts`), and only the
-optional fields that are present. Both Spark layers parse it with :func:`spark_schema`, which walks this model, so a
-field added here reaches them without a second schema to keep in step (:func:`avro_schema` derives the same
-fields' Avro schema, the binary form the speed bench decodes beside the JSON). The model's own validation (the time
-forms it accepts, text normalisation, bounded sizes) is part of the contract; turning source records into events and
-rejects (column mappings, dead letters) is ingestion's.
+optional fields that are present; with ``kafka.events_format`` ``avro``, that JSON transcoded to framed Avro of
+:func:`avro_schema` (:mod:`views.event_avro`). Both Spark layers parse it with a schema that walks this model
+(:func:`views.event_frames.spark_schema`, :func:`avro_schema`), so a field added here reaches them without a second
+schema to keep in step; this module imports no Spark (the privacy export and the API read events through it). The
+model's own validation (the time forms it accepts, text normalisation, bounded sizes) is part of the
+contract; turning source records into events and rejects (column mappings, dead letters) is ingestion's.
 """
 
 from __future__ import annotations
@@ -19,14 +20,11 @@ import types
 import typing
 import unicodedata
 from datetime import UTC, datetime, timedelta, tzinfo
-from typing import TYPE_CHECKING, Annotated, Any, Final
+from typing import Annotated, Any, Final
 
 import msgspec
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
-
-if TYPE_CHECKING:
-    from pyspark.sql.types import DataType, StructType
 
 EVENT_SCHEMA_VERSION: Final = 1
 
@@ -404,6 +402,15 @@ def _canonical_ms(ts: str) -> int | None:
     return seconds * 1000 + int(ts[20:23])
 
 
+def wire_ts_ms(text: str) -> int:
+    """Return the epoch ms of a wire JSON's time: :func:`format_ts`'s layout on the fast path, other forms parsed.
+
+    :raises PydanticCustomError: of type ``bad_time`` when the text is not a time in range.
+    """
+    ms = _canonical_ms(text)
+    return ms if ms is not None else ts_millis(parse_time(text))
+
+
 def encode_raw_fast(raw: bytes, key_field: str) -> tuple[bytes, bytes | None, int] | None:  # noqa: PLR0911
     """Return what the model would put on the wire for a JSON record — JSON, key, timestamp — or None.
 
@@ -450,55 +457,6 @@ def encode_wire(fields: dict[str, Any], ts_ms: int, key_field: str) -> tuple[byt
     return wire, None if key is None else str(key).encode(), ts_ms
 
 
-def _spark_type(annotation: Any) -> tuple[DataType, bool]:
-    """Map a model field's annotation to a Spark type; return it and whether it is nullable."""
-    from pyspark.sql import types as T  # noqa: PLC0415 - heavy and only needed by the Spark layers
-
-    nullable = False
-    origin = typing.get_origin(annotation)
-    if origin is Annotated:
-        return _spark_type(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if len(args) != 1:
-            msg = f"cannot map union {annotation!r} to a Spark type"
-            raise TypeError(msg)
-        return _spark_type(args[0])[0], True
-    if origin is dict:
-        key, val = typing.get_args(annotation)
-        return T.MapType(_spark_type(key)[0], _spark_type(val)[0], valueContainsNull=False), nullable
-    simple: dict[Any, DataType] = {
-        str: T.StringType(),
-        int: T.IntegerType(),
-        float: T.DoubleType(),
-        bool: T.BooleanType(),
-        datetime: T.TimestampType(),
-    }
-    if annotation in simple:
-        return simple[annotation], nullable
-    msg = f"cannot map {annotation!r} to a Spark type"
-    raise TypeError(msg)
-
-
-def spark_schema() -> StructType:
-    """Return the Spark schema of the normalized event JSON, derived field by field from :class:`Event`.
-
-    Parse with ``from_json(col("value").cast("string"), spark_schema(), SPARK_JSON_OPTIONS)``; ``ts`` comes out
-    as a ``TimestampType`` (Spark's default JSON timestamp pattern reads our ``…T…[.SSS]Z`` text).
-    """
-    from pyspark.sql.types import StructField, StructType  # noqa: PLC0415
-
-    fields = []
-    for name, info in Event.model_fields.items():
-        spark_type, nullable = _spark_type(info.annotation)
-        # "dims" defaults to {} in Python but is left out of the JSON when empty, so Spark sees null.
-        fields.append(StructField(name, spark_type, nullable or not info.is_required()))
-    return StructType(fields)
-
-
-SPARK_JSON_OPTIONS: Final = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss[.SSS]XXX", "mode": "PERMISSIVE"}
-
-
 def _avro_type(annotation: Any) -> tuple[Any, bool]:
     """Map a model field's annotation to an Avro type; return it and whether the field may be None."""
     origin = typing.get_origin(annotation)
@@ -532,10 +490,11 @@ def _avro_type(annotation: Any) -> tuple[Any, bool]:
 def avro_schema() -> dict[str, Any]:
     """Return the Avro schema of an event (plain binary, no framing), derived field by field from :class:`Event`.
 
-    The events topic carries JSON; this is the binary form it could take, which the speed bench decodes beside
-    the JSON with Spark's ``from_avro`` (docs/benchmarks.md). A field the model always fills (``v``, ``id``,
-    ``ts``, ``item``, ``dims``, empty or not) is required; one that may be None is a union with null, null first,
-    default null. ``ts`` is ``timestamp-millis``, which Spark reads as a ``TimestampType``.
+    The events topic's records in Avro (``kafka.events_format``, :mod:`views.event_avro`) are this schema, framed;
+    Spark's ``from_avro`` decodes them about 4x faster than ``from_json`` the JSON (docs/benchmarks.md). A field
+    the model always fills (``v``, ``id``, ``ts``, ``item``, ``dims``, empty or not) is required; one that may be
+    None is a union with null, null first, default null. ``ts`` is ``timestamp-millis``, which Spark reads as a
+    ``TimestampType``.
     """
     fields = []
     for name, info in Event.model_fields.items():

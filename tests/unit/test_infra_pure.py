@@ -36,6 +36,13 @@ def test_bundles_pin_the_verified_versions() -> None:
     assert jars.SPARK_AVRO.skip_jars_shipped_by_pyspark  # avro itself comes with pyspark: a second copy would clash
 
 
+def test_spark_avro_goes_on_the_jobs_jars_only_for_avro_events() -> None:
+    base = Settings()
+    avro = base.model_copy(update={"kafka": base.kafka.model_copy(update={"events_format": "avro"})})
+    assert jars.job_bundles(base) == [jars.SPARK_KAFKA]
+    assert jars.job_bundles(avro) == [jars.SPARK_KAFKA, jars.SPARK_AVRO]
+
+
 def test_shipped_migrations_are_well_formed() -> None:
     found = migrations.discover()
     assert [m.version for m in found] == sorted({m.version for m in found})

@@ -9,7 +9,8 @@ import pytest
 
 from ingestion.generator import SyntheticStream
 from ingestion.generator_config import GeneratorConfig
-from views.event import SPARK_JSON_OPTIONS, Event, spark_schema
+from views.event import Event
+from views.event_frames import SPARK_JSON_OPTIONS, spark_schema
 
 pytestmark = pytest.mark.spark
 

@@ -21,7 +21,6 @@ from views.event import (
     encode_raw_fast,
     format_ts,
     parse_time,
-    spark_schema,
     ts_millis,
 )
 
@@ -140,6 +139,8 @@ def test_record_keys_follow_the_configured_field() -> None:
 
 def test_spark_schema_is_derived_from_every_model_field() -> None:
     from pyspark.sql import types as T
+
+    from views.event_frames import spark_schema
 
     schema = spark_schema()
     assert schema.fieldNames() == list(Event.model_fields)
