@@ -334,7 +334,7 @@ def test_the_bridge_transcodes_the_events_of_its_transactions(
     bridge = Bridge(settings_of("avro"), ["clicks"], "json")
     event = Event(id="e1", ts="2026-05-01T10:00:00Z", item="#a")
     reject = Reject(b"junk", Reason.UNDECODABLE, "junk", "clicks", None, datetime.now(UTC), None, 0, 1)
-    assert bridge._transact([(Source(0), (event.to_json(), b"#a", event.ts_ms)), (Source(1), reject)])
+    assert bridge._transact([(Source(0), (event.to_json(), b"#a", event.ts_ms)), (Source(1), reject)], object())
     (ev_topic, ev_value, _k, _t), (dlq_topic, dlq_value, _k2, _t2) = bridge._producer.records
     writer = events_writer(settings_of("avro"))
     assert writer is not None
