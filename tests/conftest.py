@@ -54,6 +54,15 @@ def stack_up(settings: Settings) -> Iterator[Settings]:
         control.down(settings, started_here)
 
 
+@pytest.fixture(scope="module")
+def registry(stack_up: Settings) -> Iterator[Settings]:
+    """Start (or reuse) the stack's schema registry; stop it afterwards if it was started here."""
+    results = control.up(stack_up, ["registry"])
+    yield stack_up
+    if not results[0].already_running and not os.environ.get("TRENDS_TEST_KEEP_STACK"):
+        control.down(stack_up, ["registry"])
+
+
 @pytest.fixture
 def new_topic(stack_up: Settings) -> Iterator[Callable[..., str]]:
     """Return a factory of uniquely named topics, deleted after the test."""

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,6 @@ from ingestion.bridge import Bridge
 from ingestion.dlq import DeadLetter
 from ingestion.mapping import ColumnMapping
 from ingestion.wire import AvroEncoder, compile_proto, frame
-from stack import control
 from stack.services.registry import Registry
 from tests.helpers import free_port
 from views.event import Event
@@ -82,15 +81,6 @@ message Click {
   double latency = 5;
 }
 """
-
-
-@pytest.fixture(scope="module")
-def registry(stack_up: Settings) -> Iterator[Settings]:
-    """Start (or reuse) the stack's schema registry; stop it afterwards if it was started here."""
-    results = control.up(stack_up, ["registry"])
-    yield stack_up
-    if not results[0].already_running and not os.environ.get("TRENDS_TEST_KEEP_STACK"):
-        control.down(stack_up, ["registry"])
 
 
 def scoped(settings: Settings, events: str, dlq: str, group: str, **registry: Any) -> Settings:

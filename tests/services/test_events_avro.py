@@ -12,7 +12,6 @@ The stack's registry is started on demand (``trends stack up registry``) like te
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -28,7 +27,6 @@ from infra.registry import register, registry_client, subject_schemas, value_sub
 from infra.settings import Settings
 from infra.settings_env import env_var
 from ingestion.producer import EventProducer
-from stack import control
 from tests.helpers import drop_keyspace, speed_drain
 from tests.pipeline import read_topic
 from views.event import Event, avro_schema
@@ -41,15 +39,6 @@ HOUR = timedelta(hours=1)
 HOURS = [H0, H0 + HOUR, H0 + 2 * HOUR]
 SIZES = (240, 180, 210)
 RESEND_EVERY = 25
-
-
-@pytest.fixture(scope="module")
-def registry(stack_up: Settings) -> Iterator[Settings]:
-    """Start (or reuse) the stack's schema registry; stop it afterwards if it was started here."""
-    results = control.up(stack_up, ["registry"])
-    yield stack_up
-    if not results[0].already_running and not os.environ.get("TRENDS_TEST_KEEP_STACK"):
-        control.down(stack_up, ["registry"])
 
 
 @pytest.fixture
