@@ -4,8 +4,9 @@ Producers racing on a new user must agree on one pseudonym, so a row is created 
 a lightweight transaction, one Paxos round per partition. Rows are grouped in :data:`BUCKETS` partitions by the
 first byte of their keyed hash (``subject_pseudonyms``, migration 0014), and the new users of a bucket are created
 together in a single conditional batch: one round for up to :data:`CREATE_GROUP` users instead of one each. Within
-a process the rounds are group-committed (:class:`PseudonymRows.create`): while one round runs, the users that other
-threads need are queued and go in the next, so two threads of a process never contend for the same bucket's Paxos.
+a process reads and creations are group-committed (:class:`GroupCommit`): while one round runs, the users that other
+threads need are queued and go in the next, so a bucket's keys go in one request and two threads of a process never
+contend for the same bucket's Paxos.
 
 Rows written before the buckets (``subjects``, one partition per user) are still read when a user is not found in a
 bucket, and copied into it at that user's next event; :meth:`PseudonymRows.delete` removes both.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from datetime import UTC, datetime
 from typing import Any, Final, Generic, TypeVar
@@ -54,8 +55,16 @@ def bucket_of(key: bytes) -> int:
     return key[0]
 
 
+def by_bucket(keys: Iterable[bytes]) -> dict[int, list[bytes]]:
+    """Return the keys grouped by bucket, in the order given."""
+    out: dict[int, list[bytes]] = {}
+    for key in keys:
+        out.setdefault(bucket_of(key), []).append(key)
+    return out
+
+
 class PseudonymRowsError(RuntimeError):
-    """A user's row could be neither created nor read after :data:`ROUNDS` conditional batches."""
+    """Users' rows could be neither created nor read: :data:`ROUNDS` passes in a row resolved none of them."""
 
 
 class PseudonymRows:
@@ -94,12 +103,9 @@ class PseudonymRows:
         Their results go to :func:`found_in`.
         """
         select = self._prepare(SELECT, TABLE, True)
-        by_bucket: dict[int, list[bytes]] = {}
-        for key in keys:
-            by_bucket.setdefault(bucket_of(key), []).append(key)
         return [
             (select, (bucket, group[i : i + READ_GROUP]))
-            for bucket, group in by_bucket.items()
+            for bucket, group in by_bucket(keys).items()
             for i in range(0, len(group), READ_GROUP)
         ]
 
@@ -163,10 +169,7 @@ class PseudonymRows:
         todo = dict(candidates)
         stalled = 0  # passes in a row that resolved no key
         while todo:
-            by_bucket: dict[int, list[bytes]] = {}
-            for key in todo:
-                by_bucket.setdefault(bucket_of(key), []).append(key)
-            groups = [keys[:CREATE_GROUP] for keys in by_bucket.values()]
+            groups = [keys[:CREATE_GROUP] for keys in by_bucket(todo).values()]
             now = datetime.now(UTC)
             requests: list[tuple[Any, Any]] = []
             for group in groups:
@@ -186,7 +189,7 @@ class PseudonymRows:
                         out[row.subject_key] = (str(row.pseudonym), False)
             stalled = stalled + 1 if len(todo) == left else 0
             if stalled >= ROUNDS:
-                msg = f"{len(todo)} pseudonym row(s) neither created nor read after {ROUNDS} conditional batches"
+                msg = f"{len(todo)} pseudonym row(s) neither created nor read in {ROUNDS} passes of conditional batches"
                 raise PseudonymRowsError(msg)
         return out
 
