@@ -11,9 +11,10 @@ baselines send exactly those bytes, so every ratio compares the same payloads:
    with their event time as record timestamp: what ``trends ingest`` sends, with no parsing or validation. This is
    the baseline of the ratios below.
 3. ``trends ingest generate --fast -n N`` (the same generator, events built in memory) into another topic, with
-   its users pseudonymised (``privacy.pseudonymise``, the default) on a cold subject store (every user new: one
-   LWT each), again on the warm store (users known, the new process's cache empty: one read each), and with
-   pseudonymisation off;
+   its users pseudonymised (``privacy.pseudonymise``, the default) on a cold subject store (every user new: created
+   a bucket at a time), again on the warm store (users known, the new process's cache empty: one read each), on the
+   warm store for 4x the records in one process (a long-running producer, whose users are cached after the first
+   pass), and with pseudonymisation off;
 4. ``trends ingest file`` of the file (read, parse, validate, serialize every line; ``--workers`` as given),
    pseudonymised (warm store) and not.
 5. ``trends collect``, the HTTP collector, in its own process: ``--clients`` threads post the file's lines as JSON
@@ -57,6 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TRENDS = ROOT / ".venv" / "bin" / "trends"
 PRODUCER_PROPS = {"acks": "all", "compression.type": "lz4", "linger.ms": "5", "batch.size": "131072"}
 SMOKE = 3000  # --smoke: records per measurement
+LONG_RUN = 4  # the long-running producer's lane generates this many times the records, in one process
 SUMMARY_RE = re.compile(r"sent\s+([\d,]+) events in ([\d.]+) s \(([\d,]+) events/s\)")
 PERF_RE = re.compile(r"(\d+) records sent, ([\d.]+) records/sec")
 
@@ -514,8 +516,15 @@ def main() -> None:
 
             cold = generate(", pseudonymised, cold store (every user new)", n, names, env, bare, perf)
             warm = generate(", pseudonymised, warm store (users known)", n, names, env, bare, perf)
+            long = generate(
+                f", pseudonymised, warm store, {LONG_RUN}x the records (a long-running producer: its users cached)",
+                LONG_RUN * n, names, env, bare, perf,
+            )  # fmt: skip
             off = generate(", not pseudonymised", n, names, off_env, bare, perf)
-            print(f"  pseudonymised / not: cold store {cold / off:.2f}, warm store {warm / off:.2f}")
+            print(
+                f"  pseudonymised / not: cold store {cold / off:.2f}, warm store {warm / off:.2f}, "
+                f"long-running {long / off:.2f}"
+            )
 
             file_rates = {}
             for label, file_env in ((", pseudonymised", env), (", not pseudonymised", off_env)):

@@ -467,8 +467,8 @@ class PrivacySettings(BaseModel):
     pseudonym_cache_size: int = Field(
         200_000,
         ge=0,
-        description="Pseudonyms a producing process keeps in memory (least recently used go first; ~200 bytes "
-        "each); 0 asks Cassandra for every batch of events.",
+        description="Pseudonyms a producing process keeps in memory (~200 bytes each; a full memory drops the "
+        "oldest half); 0 asks Cassandra for every batch of events.",
     )
     pseudonym_cache_ttl_s: float = Field(
         300.0,
@@ -479,9 +479,8 @@ class PrivacySettings(BaseModel):
     hours_dedupe_size: int = Field(
         1_000_000,
         ge=0,
-        description="(subject, hour) pairs a producing process remembers having recorded in `subject_hours`, so "
-        "each is written about once per process (least recently used go first); a pair found recorded by another "
-        "process is not written again.",
+        description="(subject, hour) pairs a producing process remembers having recorded in the subject store, so "
+        "each is written once per process and `privacy.pseudonym_cache_ttl_s` (a full memory drops the oldest half).",
     )
     lookup_concurrency: int = Field(
         64,

@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CHUNK: Final = 4096  # numbers are drawn in chunks of this size, whatever the pacing (reproducibility)
+# Unpaced chunks whose users are resolved together: the subject store's requests grow with the buckets a call
+# touches (up to 256) rather than with its users, so fewer, larger calls cost it less per user.
+RESOLVE_CHUNKS: Final = 32
+GROUPS_AHEAD: Final = 2  # groups of chunks resolved while one is produced (~130k events each, in memory)
 PACE_SLICE_S: Final = 0.02  # a paced stream releases events in slices of this many seconds
 COUNTRIES: Final = ("US", "IN", "BR", "DE", "GB", "FR", "JP", "ID", "MX", "IT", "ES", "CA", "KR", "NG", "PL")
 DEVICES: Final = ("android", "ios", "web")
@@ -197,9 +201,9 @@ class SyntheticStream:
     def chunks(self, sizes: Iterator[int] | None = None) -> Iterator[Chunk]:
         """Yield the stream in chunks (of at most :data:`CHUNK` events, or the sizes asked for, capped so).
 
-        With a pseudonymiser and no pacing (``config.rate`` None), the users of the next
-        :data:`~ingestion.pseudonyms.PIPELINE_DEPTH` chunks are resolved while a chunk is produced; each chunk is
-        still handed out only once its pseudonyms and hours are durable.
+        With a pseudonymiser and no pacing (``config.rate`` None), the users of :data:`RESOLVE_CHUNKS` chunks are
+        resolved in one call, and :data:`GROUPS_AHEAD` such groups while a group is produced; each chunk is still
+        handed out only once its pseudonyms and hours are durable.
 
         :arg sizes: how many events each next chunk should hold (pacing asks for small ones).
         """
@@ -213,22 +217,32 @@ class SyntheticStream:
             for plan in plans:
                 yield self._render(plan, self._pseudonymised(pseudonymiser, plan))
             return
-        from ingestion.pseudonyms import PIPELINE_DEPTH  # noqa: PLC0415 - the generator runs without it too
-
-        ahead: deque[tuple[_Plan, Future[dict[str, str]]]] = deque()
-        names = self._user_names
+        ahead: deque[tuple[list[_Plan], Future[dict[str, str]]]] = deque()
+        group: list[_Plan] = []
         for plan in plans:
-            users = [names[u] for u in plan.users]
-            ahead.append((plan, pseudonymiser.table_async(dict.fromkeys(users), zip(users, plan.ts, strict=True))))
-            if len(ahead) > PIPELINE_DEPTH:
-                yield self._render_resolved(*ahead.popleft())
+            group.append(plan)
+            if len(group) < RESOLVE_CHUNKS:
+                continue
+            ahead.append((group, self._resolve_async(pseudonymiser, group)))
+            group = []
+            if len(ahead) > GROUPS_AHEAD:
+                yield from self._render_resolved(*ahead.popleft())
+        if group:
+            ahead.append((group, self._resolve_async(pseudonymiser, group)))
         while ahead:
-            yield self._render_resolved(*ahead.popleft())
+            yield from self._render_resolved(*ahead.popleft())
 
-    def _render_resolved(self, plan: _Plan, table: Future[dict[str, str]]) -> Chunk:
+    def _resolve_async(self, pseudonymiser: Pseudonymiser, group: list[_Plan]) -> Future[dict[str, str]]:
+        names = self._user_names
+        users = [names[u] for plan in group for u in plan.users]
+        ts = [t for plan in group for t in plan.ts]
+        return pseudonymiser.table_async(dict.fromkeys(users), zip(users, ts, strict=True))
+
+    def _render_resolved(self, group: list[_Plan], table: Future[dict[str, str]]) -> Iterator[Chunk]:
         found = table.result()
         names = self._user_names
-        return self._render(plan, {u: found[names[u]] for u in set(plan.users)})
+        for plan in group:
+            yield self._render(plan, {u: found[names[u]] for u in set(plan.users)})
 
     def _plans(self, sizes: Iterator[int] | None) -> Iterator[_Plan]:
         total = self.config.total()

@@ -30,11 +30,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from cachetools import LRUCache, TTLCache
-
 from infra.cassandra import READ_PROFILE, WRITE_PROFILE, make_cluster, table
 from infra.errors import TrendsError
+from infra.privacy.hour_rows import HourRows
 from infra.privacy.pseudonym_rows import PseudonymRows, PseudonymRowsError
+from infra.privacy.recent import RecentMap
 from infra.settings import Settings
 
 if TYPE_CHECKING:
@@ -46,10 +46,6 @@ MIN_KEY_BYTES: Final = 32
 PSEUDONYM_PREFIX: Final = "p_"
 # Domain separation: the store's row key and the hash shown in ledgers and consoles are different functions of
 # the same secret, so a value printed anywhere cannot be used to look a subject up in the store.
-READ_GROUP: Final = 100  # subjects' hours read per request (one IN query)
-# Subject hours written per request, as an unlogged batch: Cassandra warns (to the server log and every client)
-# about unlogged batches over more than 10 partitions (unlogged_batch_across_partitions_warn_threshold).
-WRITE_GROUP: Final = 10
 ATTEMPTS: Final = 6  # tries of a request that timed out (LWT contention between producers) before giving up
 BACKOFF_S: Final = 0.05
 _KEY_LABEL: Final = b"trends/subject-key/v1"
@@ -57,11 +53,6 @@ _HASH_LABEL: Final = b"trends/subject-hash/v1"
 _HOUR_MS: Final = 3_600_000
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_MS: Final = timedelta(milliseconds=1)
-
-INSERT_HOUR = "INSERT INTO {t} (subject_key, hour) VALUES (?, ?)"
-SELECT_KNOWN_HOURS = "SELECT subject_key, hour FROM {t} WHERE subject_key IN ? AND hour = ?"
-SELECT_HOURS = "SELECT hour FROM {t} WHERE subject_key = ?"
-DELETE_HOURS = "DELETE FROM {t} WHERE subject_key = ?"
 
 
 class SubjectKeyError(TrendsError):
@@ -80,15 +71,6 @@ def normalise(user: str) -> str:
 def new_pseudonym() -> str:
     """Return a fresh random pseudonym: ``p_`` and 16 url-safe base64 characters of 12 random bytes."""
     return PSEUDONYM_PREFIX + urlsafe_b64encode(secrets.token_bytes(12)).decode("ascii")
-
-
-def _hour(hour_ms: int) -> datetime:
-    return datetime.fromtimestamp(hour_ms // 1000, UTC)
-
-
-def _hour_ms(hour: datetime) -> int:
-    """Return the epoch ms of an hour as the driver reads it (naive UTC)."""
-    return (hour.replace(tzinfo=UTC) - _EPOCH) // _ONE_MS
 
 
 def hour_of(ts: datetime) -> datetime:
@@ -192,7 +174,6 @@ class StoreStats:
     raced: int = 0  # LWTs lost to another producer: its pseudonym taken
     hours_written: int = 0
     hours_skipped: int = 0  # (subject, hour) pairs already written by this process
-    hours_known: int = 0  # (subject, hour) pairs found recorded already (by another process), not written again
 
     def add(self, counts: dict[str, int]) -> None:
         """Add another process's counts (a validation worker's) to these."""
@@ -203,8 +184,7 @@ class StoreStats:
         """Return the summary line of a producing run."""
         return (
             f"pseudonyms {self.created:,} created, {self.read:,} found, {self.raced:,} taken from a racing producer, "
-            f"{self.cache_hits:,} from the cache; subject hours written {self.hours_written:,}, "
-            f"{self.hours_known:,} found recorded"
+            f"{self.cache_hits:,} from the cache; subject hours written {self.hours_written:,}"
         )
 
 
@@ -215,6 +195,7 @@ class _Claim:
     mine: Future[dict[str, str]] = field(default_factory=Future)
     out: dict[str, str] = field(default_factory=dict)
     lookup: dict[str, bytes] = field(default_factory=dict)  # users it reads (or creates) -> their row keys
+    keys: dict[str, bytes] = field(default_factory=dict)  # users answered from the cache -> their row keys
     waits: dict[int, Future[dict[str, str]]] = field(default_factory=dict)  # other calls' work it needs
     waited: list[str] = field(default_factory=list)  # users another call is resolving
     fresh: dict[tuple[bytes, int], None] = field(default_factory=dict)  # (row key, hour ms) it records, in order
@@ -242,20 +223,24 @@ class SubjectStore:
         self.stats = StoreStats()
         self._settings = settings
         self._concurrency = privacy.lookup_concurrency
-        self._cache: TTLCache[str, tuple[str, bytes]] | None = (  # user -> (pseudonym, row key)
-            TTLCache(privacy.pseudonym_cache_size, privacy.pseudonym_cache_ttl_s, timer)
-            if privacy.pseudonym_cache_size
-            else None
+        ttl = privacy.pseudonym_cache_ttl_s
+        self._cache: RecentMap[str, tuple[str, bytes]] | None = (  # user -> (pseudonym, row key)
+            RecentMap(privacy.pseudonym_cache_size, ttl, timer) if privacy.pseudonym_cache_size else None
         )
         # pseudonym -> row key of the pseudonyms this process handed out, so note_hours takes either
-        self._by_pseudonym: TTLCache[str, bytes] | None = (
-            TTLCache(privacy.pseudonym_cache_size, privacy.pseudonym_cache_ttl_s, timer)
-            if privacy.pseudonym_cache_size
-            else None
+        self._by_pseudonym: RecentMap[str, bytes] | None = (
+            RecentMap(privacy.pseudonym_cache_size, ttl, timer) if privacy.pseudonym_cache_size else None
         )
-        # (row key, hour ms) -> True once written (or found) by this process, or the future of the call writing it
-        self._noted: LRUCache[tuple[bytes, int], Literal[True] | Future[dict[str, str]]] | None = (
-            LRUCache(privacy.hours_dedupe_size) if privacy.hours_dedupe_size else None
+        # (row key, hour ms) -> True once written by this process, or the future of the call writing it; written
+        # again after the TTL too, so a pair a forget deleted is recorded again by every producer within it
+        self._noted: RecentMap[tuple[bytes, int], Literal[True] | Future[dict[str, str]]] | None = (
+            RecentMap(privacy.hours_dedupe_size, ttl, timer) if privacy.hours_dedupe_size else None
+        )
+        # (user, hour ms) -> pseudonym once both are durable: a batch of known users and hours is one lookup each
+        self._ready: RecentMap[tuple[str, int], str] | None = (
+            RecentMap(privacy.hours_dedupe_size, ttl, timer)
+            if privacy.hours_dedupe_size and privacy.pseudonym_cache_size
+            else None
         )
         self._inflight: dict[str, Future[dict[str, str]]] = {}  # user -> the call resolving it now
         self._lock = threading.Lock()
@@ -263,12 +248,9 @@ class SubjectStore:
         self._session = session
         self._owns_session = session is None
         self._statements: dict[str, Any] = {}
-        self._rows = PseudonymRows(
-            lambda template, name, idempotent: self._stmt(template, name, idempotent=idempotent),
-            self._concurrent,
-            READ_PROFILE,
-            WRITE_PROFILE,
-        )
+        prepare = lambda template, name, idempotent: self._stmt(template, name, idempotent=idempotent)  # noqa: E731
+        self._rows = PseudonymRows(prepare, self._concurrent, READ_PROFILE, WRITE_PROFILE)
+        self._hours = HourRows(prepare, self._concurrent, READ_PROFILE, WRITE_PROFILE)
 
     # -- plumbing ---------------------------------------------------------------------------------------------
     def _sess(self) -> Session:
@@ -303,15 +285,35 @@ class SubjectStore:
     def resolve(self, users: Iterable[str], hours: Iterable[tuple[str, int]] = ()) -> dict[str, str]:
         """Return the pseudonym of each user, creating the missing ones, once every hour given is recorded.
 
-        All of it in two rounds of concurrent requests: the reads (the users this process has not seen, and
-        whether their hours are recorded already), then the writes (a lightweight transaction per new user, a row
-        per unrecorded (subject, hour)). A user or an hour that another thread of this process is resolving is
-        waited for, not asked twice, so pipelined batches (:meth:`ingestion.pseudonyms.Pseudonymiser.table_async`)
-        share their work and every caller still returns only after what it needs is durable.
+        What this process resolved within the cache's TTL is answered from memory, one lookup per (user, hour).
+        The rest takes two rounds of concurrent requests: the reads of the users this process has not seen, then
+        the writes (the unrecorded (subject, hour) rows, a conditional batch per bucket of new users). A user or
+        an hour that another thread of this process is resolving is waited for, not asked twice, so pipelined
+        batches (:meth:`ingestion.pseudonyms.Pseudonymiser.table_async`) share their work and every caller still
+        returns only after what it needs is durable.
 
         :arg hours: (user or pseudonym this store handed out, start of the UTC hour in epoch ms).
         :raises SubjectStoreError: when Cassandra does not answer (the caller must not fall back to the raw id).
         """
+        pairs = list(hours)
+        if self._ready is None:
+            return self._resolve(users, pairs)
+        with self._lock:
+            self._ready.tick()
+            out, missed = self._ready.split(pairs)
+            self.stats.cache_hits += len(out)
+        rest = [user for user in users if user not in out]
+        if rest or missed:
+            found = self._resolve(rest, missed)
+            with self._lock:
+                for pair in missed:
+                    pseudonym = found.get(pair[0])
+                    if pseudonym is not None:
+                        self._ready[pair] = pseudonym
+            out.update(found)
+        return out
+
+    def _resolve(self, users: Iterable[str], hours: Iterable[tuple[str, int]]) -> dict[str, str]:
         claim = _Claim()
         self._claim_users(claim, users)
         self._claim_hours(claim, hours)
@@ -336,12 +338,15 @@ class SubjectStore:
     def _claim_users(self, claim: _Claim, users: Iterable[str]) -> None:
         """Answer users from the cache, wait for those another call is resolving, take on the rest."""
         with self._lock:
+            for recent in (self._cache, self._by_pseudonym, self._noted):
+                if recent is not None:
+                    recent.tick()
             for user in users:
                 if user in claim.out or user in claim.lookup:
                     continue
                 found = self._cache.get(user) if self._cache is not None else None
                 if found is not None:
-                    claim.out[user] = found[0]
+                    claim.out[user], claim.keys[user] = found
                     self.stats.cache_hits += 1
                     continue
                 other = self._inflight.get(user)
@@ -356,7 +361,8 @@ class SubjectStore:
 
     def _claim_hours(self, claim: _Claim, hours: Iterable[tuple[str, int]]) -> None:
         """Skip the hours this process recorded, wait for those another call is recording, take on the rest."""
-        pairs = [(self._key_of(who, claim.lookup), hour_ms) for who, hour_ms in hours]
+        known = claim.keys
+        pairs = [(known.get(who) or self._key_of(who, claim.lookup), hour_ms) for who, hour_ms in hours]
         with self._lock:
             for pair in pairs:
                 noted = self._noted.get(pair) if self._noted is not None else None
@@ -399,29 +405,12 @@ class SubjectStore:
         return self.keys.subject_key(who)
 
     def _read_then_write(self, lookup: dict[str, bytes], fresh: list[tuple[bytes, int]]) -> dict[str, str]:
-        """Read the looked-up users' rows and hours, then create the missing ones; return user -> pseudonym."""
-        looked = set(lookup.values())
-        check = [pair for pair in fresh if pair[0] in looked]  # hours of subjects new to this process: maybe known
+        """Read the looked-up users' rows, write the hours, then create the missing users; return user -> pseudonym."""
         distinct = list(dict.fromkeys(lookup.values()))
         found = self._rows.read(distinct)
-        reads: list[tuple[Any, tuple[Any, ...]]] = []
-        by_hour: dict[int, list[bytes]] = {}
-        for key, hour_ms in check:
-            by_hour.setdefault(hour_ms, []).append(key)
-        if by_hour:
-            select_hours = self._stmt(SELECT_KNOWN_HOURS, "subject_hours")
-            for hour_ms, hour_keys in by_hour.items():
-                hour = _hour(hour_ms)
-                reads += [
-                    (select_hours, (hour_keys[i : i + READ_GROUP], hour)) for i in range(0, len(hour_keys), READ_GROUP)
-                ]
-        known = {
-            (row.subject_key, _hour_ms(row.hour)) for rows in self._concurrent(reads, READ_PROFILE) for row in rows
-        }
         absent = [key for key in distinct if key not in found]
         legacy = self._rows.legacy(absent)  # rows from before the buckets: copied into theirs below
-        write_hours = [pair for pair in fresh if pair not in known]
-        self._concurrent(self._hour_batches(write_hours), WRITE_PROFILE)
+        self._hours.write(fresh)
         try:
             made = self._rows.create({key: legacy.get(key) or new_pseudonym() for key in absent})
         except PseudonymRowsError as exc:
@@ -435,23 +424,8 @@ class SubjectStore:
             stats.read += len(distinct) - len(absent) + len(legacy)
             stats.created += created
             stats.raced += len(absent) - len(legacy) - created
-            stats.hours_written += len(write_hours)
-            stats.hours_known += len(fresh) - len(write_hours)
+            stats.hours_written += len(fresh)
         return {user: found[key] for user, key in lookup.items()}
-
-    def _hour_batches(self, pairs: list[tuple[bytes, int]]) -> list[tuple[Any, None]]:
-        """Return the writes of these (row key, hour ms): unlogged batches of :data:`WRITE_GROUP` rows."""
-        from cassandra.query import BatchStatement, BatchType  # noqa: PLC0415
-
-        insert = self._stmt(INSERT_HOUR, "subject_hours")
-        out: list[tuple[Any, None]] = []
-        for i in range(0, len(pairs), WRITE_GROUP):
-            batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-            batch.is_idempotent = True
-            for key, hour_ms in pairs[i : i + WRITE_GROUP]:
-                batch.add(insert, (key, _hour(hour_ms)))
-            out.append((batch, None))
-        return out
 
     def _concurrent(self, requests: list[tuple[Any, Any]], profile: str) -> list[Any]:
         """Run requests (statement, parameters) concurrently; return their result sets in order.
@@ -517,10 +491,8 @@ class SubjectStore:
         self.resolve((), ((who, (ts - _EPOCH) // _ONE_MS // _HOUR_MS * _HOUR_MS) for who, ts in pairs))
 
     def hours(self, user: str) -> list[datetime]:
-        """Return the UTC hours that hold the user's events, oldest first."""
-        stmt = self._stmt(SELECT_HOURS, "subject_hours")
-        rows = self._sess().execute(stmt, (self.keys.subject_key(user),), execution_profile=READ_PROFILE)
-        return sorted(r.hour.replace(tzinfo=UTC) for r in rows)
+        """Return the UTC hours that hold the user's events, oldest first (one read per month that holds any)."""
+        return self._hours.hours(self.keys.subject_key(user))
 
     # -- erasure ----------------------------------------------------------------------------------------------
     def unlink(self, user: str) -> Unlinked:
@@ -533,7 +505,7 @@ class SubjectStore:
         pseudonym = self.lookup(user)
         hours = self.hours(user)
         self._rows.delete(key)
-        self._sess().execute(self._stmt(DELETE_HOURS, "subject_hours"), (key,), execution_profile=WRITE_PROFILE)
+        self._hours.delete(key)
         with self._lock:
             if self._cache is not None:
                 self._cache.pop(user, None)
@@ -542,6 +514,9 @@ class SubjectStore:
             if self._noted is not None:
                 for pair in [p for p in self._noted if p[0] == key]:
                     self._noted.pop(pair, None)
+            if self._ready is not None:
+                for ready in [p for p in self._ready if p[0] in (user, pseudonym)]:
+                    self._ready.pop(ready, None)
         return Unlinked(self.keys.subject_hash(user), pseudonym, hours)
 
     def close(self) -> None:

@@ -47,6 +47,8 @@ START = datetime(2025, 11, 20, tzinfo=UTC)  # one day, a year ago: closed
 HOUR = timedelta(hours=1)
 SUBJECT_HOURS = (START + 3 * HOUR, START + 17 * HOUR)
 USERS = 300
+# the subject store's tables that hold keyed hashes (the months' list holds none)
+STORE_TABLES = ("subject_pseudonyms", "subjects", "subject_hours_by_month", "subject_hours")
 SKETCH_TABLES = ("batch_minutes", "batch_hours", "batch_days", "speed_minutes")
 
 
@@ -272,11 +274,11 @@ def test_forget_leaves_no_byte_of_the_subject_or_its_link(stack_up: Settings, tm
         # transactions, then drain and restart (the commit log).
         node = Cassandra(settings, 0)
         with session(settings) as sess:
-            for name in ("subject_pseudonyms", "subjects", "subject_hours"):
+            for name in STORE_TABLES:
                 sess.execute(f"ALTER TABLE {table(settings, name)} WITH gc_grace_seconds = 0")
         keyspace = settings.cassandra.keyspace
         node.nodetool("flush", keyspace)
-        node.nodetool("garbagecollect", "-g", "CELL", keyspace, "subject_pseudonyms", "subjects", "subject_hours")
+        node.nodetool("garbagecollect", "-g", "CELL", keyspace, *STORE_TABLES)
         node.nodetool("repair", "--paxos-only", keyspace, "subject_pseudonyms")  # settles the Paxos tracker
         node.nodetool("flush", "system", "paxos")  # the lightweight transactions' state, keyed by the bucket
         node.nodetool("compact", "system", "paxos")

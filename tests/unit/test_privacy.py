@@ -241,3 +241,32 @@ def test_an_unexpected_validation_error_logs_no_record_text(caplog: pytest.LogCa
     assert "alice@example.org" in outcome.detail  # the dead letter keeps it, beside the raw record
     assert "RuntimeError" in caplog.text and "validate.py" in caplog.text
     assert "alice@example.org" not in caplog.text
+
+
+def test_a_recent_map_keeps_an_entry_between_half_its_ttl_and_its_ttl() -> None:
+    from infra.privacy.recent import RecentMap
+
+    now = [0.0]
+    recent: RecentMap[str, int] = RecentMap(100, 60, lambda: now[0])
+    recent["a"] = 1
+    now[0] = 45.0
+    recent.tick()  # turned at 30: a is old, still answered
+    recent["b"] = 2
+    assert recent.get("a") == 1 and recent.get("b") == 2 and len(recent) == 2
+    now[0] = 60.0
+    recent.tick()  # turned at 60: a (set at 0) is gone, b (set at 45) is old
+    assert recent.get("a") is None and "b" in recent
+    now[0] = 200.0
+    recent.tick()  # long idle: both generations dropped
+    assert recent.get("b") is None and len(recent) == 0
+    assert recent.pop("b", 7) == 7
+
+
+def test_a_full_recent_map_drops_its_oldest_half() -> None:
+    from infra.privacy.recent import RecentMap
+
+    recent: RecentMap[int, int] = RecentMap(4, 60, lambda: 0.0)
+    for i in range(5):
+        recent[i] = i
+    assert len(recent) <= 4 and recent.get(4) == 4
+    assert recent.get(0) is None
