@@ -4,9 +4,12 @@ Ingestion records a row per new (subject, hour) before it produces the events, s
 a subject's hours without reading the log. The rows sit in partitions of a bucket (the first byte of the keyed
 hash, as the pseudonyms' rows) and a UTC month (``subject_hours_by_month``, migration 0015), so one unlogged batch
 writes many subjects' hours in a single mutation: with a partition per subject each row was a mutation of its own,
-and the node's commit log capped them near 8,500 a second. Writing a row again is harmless, so nothing is read
-before a write. The months that hold rows are listed in ``subject_hour_months``; a subject's hours are one read
-per month listed.
+and the node's commit log capped them near 8,500 a second. A batch spans a few partitions, as a read does: a
+request costs the driver more than a partition costs the node.
+
+Writing a row again is harmless, but a write waits for a commit-log sync and a read does not: the hours of users
+a process reads (rather than creates) are looked up first, and only those not recorded are written. The months
+that hold rows are listed in ``subject_hour_months``; a subject's hours are one read per month listed.
 
 Rows written before (``subject_hours``, one partition per subject) are still read and deleted with the rest.
 """
@@ -17,18 +20,20 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from infra.privacy.pseudonym_rows import GroupCommit, Prepare, Run, bucket_of
+from infra.privacy.pseudonym_rows import GroupCommit, Prepare, Run, bucket_of, packed
 
 TABLE: Final = "subject_hours_by_month"
 MONTHS_TABLE: Final = "subject_hour_months"
 LEGACY_TABLE: Final = "subject_hours"
 MONTHS_SCOPE: Final = "hours"
+READ_GROUP: Final = 100  # keys per read of recorded hours
 # Rows per unlogged batch (one partition): ~50 bytes a row keeps a batch under Cassandra's default batch-size
 # warning (batch_size_warn_threshold, 5 KiB).
 WRITE_GROUP: Final = 80
 
 INSERT = "INSERT INTO {t} (bucket, month, subject_key, hour) VALUES (?, ?, ?, ?)"
 SELECT = "SELECT hour FROM {t} WHERE bucket = ? AND month = ? AND subject_key = ?"
+SELECT_KNOWN = "SELECT subject_key FROM {t} WHERE bucket IN ? AND month = ? AND subject_key IN ? AND hour = ?"
 DELETE = "DELETE FROM {t} WHERE bucket = ? AND month = ? AND subject_key = ?"
 INSERT_MONTH = "INSERT INTO {t} (scope, month) VALUES (?, ?)"
 SELECT_MONTHS = "SELECT month FROM {t} WHERE scope = ?"
@@ -64,6 +69,29 @@ class HourRows:
         self._months: set[datetime] = set()  # months this process listed in subject_hour_months
         self._writes: GroupCommit[None, None] = GroupCommit(self._write_round)
 
+    def recorded(self, pairs: Iterable[tuple[bytes, int]]) -> set[tuple[bytes, int]]:
+        """Return which of these (row key, hour ms) are recorded already (by any producer).
+
+        A read is answered without waiting for a commit-log sync, a write is not: a producer meeting users that
+        others met before (a replay, a restarted producer) reads rather than writes their hours again.
+        """
+        by_hour: dict[int, dict[int, list[bytes]]] = {}
+        for key, hour_ms in pairs:
+            by_hour.setdefault(hour_ms, {}).setdefault(bucket_of(key), []).append(key)
+        if not by_hour:
+            return set()
+        select = self._prepare(SELECT_KNOWN, TABLE, True)
+        requests: list[tuple[Any, Any]] = []
+        hours: list[int] = []
+        for hour_ms, buckets in by_hour.items():
+            month, hour = month_of(hour_ms), datetime.fromtimestamp(hour_ms // 1000, UTC)
+            for request in packed(buckets, READ_GROUP):
+                in_buckets = list(dict.fromkeys(bucket for bucket, _ in request))
+                requests.append((select, (in_buckets, month, [key for _, key in request], hour)))
+                hours.append(hour_ms)
+        results = self._run(requests, self._read_profile)
+        return {(row.subject_key, hour_ms) for hour_ms, rows in zip(hours, results, strict=True) for row in rows}
+
     def write(self, pairs: Iterable[tuple[bytes, int]]) -> None:
         """Write these (row key, start of the hour in epoch ms); return once all are durable.
 
@@ -71,16 +99,16 @@ class HourRows:
         meanwhile, so a bucket's rows of a month go in one batch rather than one per caller. A month new to this
         process is listed in the same round (an hour is findable once this returns).
         """
-        packed = dict.fromkeys(key + hour_ms.to_bytes(8, "big") for key, hour_ms in pairs)
-        if packed:
-            self._writes(packed)
+        rows = dict.fromkeys(key + hour_ms.to_bytes(8, "big") for key, hour_ms in pairs)
+        if rows:
+            self._writes(rows)
 
-    def _write_round(self, packed: dict[bytes, None]) -> dict[bytes, None]:
+    def _write_round(self, asked: dict[bytes, None]) -> dict[bytes, None]:
         from cassandra.query import BatchStatement, BatchType  # noqa: PLC0415
 
         groups: dict[tuple[int, datetime], list[tuple[bytes, datetime]]] = {}
         months: dict[int, datetime] = {}  # month start (epoch ms of its hour key) cache within this call
-        for row in packed:
+        for row in asked:
             key, hour_ms = row[:-8], int.from_bytes(row[-8:], "big")
             month_key = hour_ms - hour_ms % (_HOUR_MS * 24)  # a day's hours share a month: compute it once a day
             month = months.get(month_key)
@@ -93,16 +121,15 @@ class HourRows:
         if new_months:
             listed = self._prepare(INSERT_MONTH, MONTHS_TABLE, True)
             requests += [(listed, (MONTHS_SCOPE, month)) for month in sorted(new_months)]
-        for (bucket, month), rows in groups.items():
-            for i in range(0, len(rows), WRITE_GROUP):
-                batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-                batch.is_idempotent = True
-                for key, hour in rows[i : i + WRITE_GROUP]:
-                    batch.add(insert, (bucket, month, key, hour))
-                requests.append((batch, None))
+        for rows in packed(groups, WRITE_GROUP):
+            batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+            batch.is_idempotent = True
+            for (bucket, month), (key, hour) in rows:
+                batch.add(insert, (bucket, month, key, hour))
+            requests.append((batch, None))
         self._run(requests, self._write_profile)
         self._months |= new_months
-        return dict.fromkeys(packed)
+        return dict.fromkeys(asked)
 
     def months(self) -> list[datetime]:
         """Return the months that hold any subject's hours, oldest first."""

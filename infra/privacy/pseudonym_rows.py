@@ -27,12 +27,16 @@ BUCKETS: Final = 256  # partitions of subject_pseudonyms: fixed, a row's bucket 
 # Users created per conditional batch: ~70 bytes a row keeps a batch under Cassandra's default batch-size warning
 # (batch_size_warn_threshold, 5 KiB).
 CREATE_GROUP: Final = 50
-READ_GROUP: Final = 100  # keys read per request (a clustering IN within one bucket)
+READ_GROUP: Final = 100  # keys read per request
+# Partitions a request spans: a client request costs far more (in the driver, in Python) than a partition costs the
+# node, so a read or an unlogged batch takes several buckets at once. Cassandra warns about unlogged batches over
+# 10 partitions (unlogged_batch_across_partitions_warn_threshold); a read's cartesian IN stays small at this size.
+SPAN: Final = 10
 ROUNDS: Final = 8  # passes in a row that resolve no user before a round gives up
 
 TABLE: Final = "subject_pseudonyms"
 LEGACY_TABLE: Final = "subjects"
-SELECT = "SELECT subject_key, pseudonym FROM {t} WHERE bucket = ? AND subject_key IN ?"
+SELECT = "SELECT subject_key, pseudonym FROM {t} WHERE bucket IN ? AND subject_key IN ?"
 SELECT_ONE = "SELECT pseudonym FROM {t} WHERE bucket = ? AND subject_key = ?"
 INSERT = "INSERT INTO {t} (bucket, subject_key, pseudonym, created_at) VALUES (?, ?, ?, ?) IF NOT EXISTS"
 DELETE = "DELETE FROM {t} WHERE bucket = ? AND subject_key = ? IF EXISTS"
@@ -53,6 +57,27 @@ Run = Callable[[list[tuple[Any, Any]], str], list[Any]]
 def bucket_of(key: bytes) -> int:
     """Return the bucket (partition) of a row key: its first byte."""
     return key[0]
+
+
+def packed(groups: dict[Any, list[V]], rows: int, span: int = SPAN) -> list[list[tuple[Any, V]]]:
+    """Return the rows of these partitions in requests of at most ``rows`` rows and ``span`` partitions.
+
+    A partition with more rows than a request takes is split over several.
+    """
+    out: list[list[tuple[Any, V]]] = []
+    current: list[tuple[Any, V]] = []
+    partitions = 0
+    for partition, values in groups.items():
+        for i in range(0, len(values), rows):
+            part = values[i : i + rows]
+            if current and (len(current) + len(part) > rows or partitions >= span):
+                out.append(current)
+                current, partitions = [], 0
+            current += [(partition, v) for v in part]
+            partitions += 1
+    if current:
+        out.append(current)
+    return out
 
 
 def by_bucket(keys: Iterable[bytes]) -> dict[int, list[bytes]]:
@@ -98,15 +123,15 @@ class PseudonymRows:
         return {key: found.get(key) for key in keys}
 
     def read_requests(self, keys: list[bytes]) -> list[tuple[Any, tuple[Any, ...]]]:
-        """Return the reads of these keys' rows: a request per bucket and :data:`READ_GROUP` keys.
+        """Return the reads of these keys' rows: up to :data:`READ_GROUP` keys of up to :data:`SPAN` buckets each.
 
-        Their results go to :func:`found_in`.
+        Their results go to :func:`found_in` (a key lives in one bucket, so the IN's cartesian product finds only
+        the keys asked for).
         """
         select = self._prepare(SELECT, TABLE, True)
         return [
-            (select, (bucket, group[i : i + READ_GROUP]))
-            for bucket, group in by_bucket(keys).items()
-            for i in range(0, len(group), READ_GROUP)
+            (select, (list(dict.fromkeys(bucket for bucket, _ in request)), [key for _, key in request]))
+            for request in packed(by_bucket(keys), READ_GROUP)
         ]
 
     def legacy(self, keys: list[bytes]) -> dict[bytes, str]:

@@ -24,7 +24,7 @@ import time
 import unicodedata
 from base64 import urlsafe_b64encode
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -174,6 +174,7 @@ class StoreStats:
     raced: int = 0  # LWTs lost to another producer: its pseudonym taken
     hours_written: int = 0
     hours_skipped: int = 0  # (subject, hour) pairs already written by this process
+    hours_known: int = 0  # (subject, hour) pairs found recorded already (by another process), not written again
 
     def add(self, counts: dict[str, int]) -> None:
         """Add another process's counts (a validation worker's) to these."""
@@ -184,7 +185,8 @@ class StoreStats:
         """Return the summary line of a producing run."""
         return (
             f"pseudonyms {self.created:,} created, {self.read:,} found, {self.raced:,} taken from a racing producer, "
-            f"{self.cache_hits:,} from the cache; subject hours written {self.hours_written:,}"
+            f"{self.cache_hits:,} from the cache; subject hours written {self.hours_written:,}, "
+            f"{self.hours_known:,} found recorded"
         )
 
 
@@ -244,6 +246,7 @@ class SubjectStore:
         )
         self._inflight: dict[str, Future[dict[str, str]]] = {}  # user -> the call resolving it now
         self._lock = threading.Lock()
+        self._hour_writer: ThreadPoolExecutor | None = None  # writes hours while new users are created
         self._cluster: Cluster | None = None
         self._session = session
         self._owns_session = session is None
@@ -410,11 +413,21 @@ class SubjectStore:
         found = self._rows.read(distinct)
         absent = [key for key in distinct if key not in found]
         legacy = self._rows.legacy(absent)  # rows from before the buckets: copied into theirs below
-        self._hours.write(fresh)
+        # hours of users known to the store may be recorded (by another producer): read, not written, if so
+        new = set(absent)
+        known = self._hours.recorded([pair for pair in fresh if pair[0] not in new and pair[0] in found])
+        write = [pair for pair in fresh if pair not in known]
+        # the hour rows and the new users' rows are written at once: each write waits for a commit-log sync
+        hours_done = self._writer().submit(self._hours.write, write) if write and absent else None
+        if hours_done is None:
+            self._hours.write(write)
         try:
             made = self._rows.create({key: legacy.get(key) or new_pseudonym() for key in absent})
         except PseudonymRowsError as exc:
             raise SubjectStoreError(str(exc)) from exc
+        finally:
+            if hours_done is not None:
+                hours_done.result()
         created = 0
         for key, (pseudonym, mine) in made.items():
             found[key] = pseudonym
@@ -424,7 +437,8 @@ class SubjectStore:
             stats.read += len(distinct) - len(absent) + len(legacy)
             stats.created += created
             stats.raced += len(absent) - len(legacy) - created
-            stats.hours_written += len(fresh)
+            stats.hours_written += len(write)
+            stats.hours_known += len(known)
         return {user: found[key] for user, key in lookup.items()}
 
     def _concurrent(self, requests: list[tuple[Any, Any]], profile: str) -> list[Any]:
@@ -519,8 +533,17 @@ class SubjectStore:
                     self._ready.pop(ready, None)
         return Unlinked(self.keys.subject_hash(user), pseudonym, hours)
 
+    def _writer(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._hour_writer is None:
+                self._hour_writer = ThreadPoolExecutor(1, thread_name_prefix="subject-hours")
+            return self._hour_writer
+
     def close(self) -> None:
         """Close the store's own connection (nothing is pending: every call returns once its writes are done)."""
+        if self._hour_writer is not None:
+            self._hour_writer.shutdown(wait=True)
+            self._hour_writer = None
         if self._owns_session and self._cluster is not None:
             self._cluster.shutdown()
             self._cluster = None

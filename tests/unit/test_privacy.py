@@ -270,3 +270,13 @@ def test_a_full_recent_map_drops_its_oldest_half() -> None:
         recent[i] = i
     assert len(recent) <= 4 and recent.get(4) == 4
     assert recent.get(0) is None
+
+
+def test_requests_take_several_partitions_and_split_a_large_one() -> None:
+    from infra.privacy.pseudonym_rows import packed
+
+    groups = {1: ["a", "b"], 2: ["c"], 3: list("defgh"), 4: ["i"]}
+    requests = packed(groups, rows=4, span=2)
+    assert [[p for p, _ in r] for r in requests] == [[1, 1, 2], [3, 3, 3, 3], [3, 4]]
+    assert [v for r in requests for _, v in r] == list("abcdefghi")
+    assert all(len({p for p, _ in r}) <= 2 and len(r) <= 4 for r in requests)
