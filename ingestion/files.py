@@ -349,6 +349,24 @@ def _validate_in_worker(
     return out
 
 
+def _resolved_ahead(
+    records: Iterator[tuple[RawRecord, Event | Reject]], pseudonymiser: Pseudonymiser | None
+) -> Iterator[tuple[RawRecord, Event | Reject]]:
+    """Pass the records on, the users of each :data:`BATCH_RECORDS` resolved in one call to the subject store first.
+
+    The producer then finds each event's pseudonym (and hour) in the store's memory: one call per record would
+    wait for Cassandra once per new user.
+    """
+    if pseudonymiser is None:
+        yield from records
+        return
+    while batch := list(itertools.islice(records, BATCH_RECORDS)):
+        users = [(o.user, o.ts_ms) for _r, o in batch if isinstance(o, Event) and o.user is not None]
+        if users:
+            pseudonymiser.table(dict.fromkeys(u for u, _ in users), users)
+        yield from batch
+
+
 def _columns(batch: list[RawRecord]) -> tuple[list[bytes], list[int], dict[int, int]]:
     sizes = {i: r.size for i, r in enumerate(batch) if r.size is not None}
     return [r.raw for r in batch], [r.line for r in batch], sizes
@@ -488,7 +506,7 @@ def replay(
             if on_progress is not None:
                 on_progress(stats, source)
             return stats
-        for _record, outcome in outcomes(source, path, resolved, ctx):
+        for _record, outcome in _resolved_ahead(outcomes(source, path, resolved, ctx), producer.pseudonymiser):
             if isinstance(outcome, Event):
                 if stats.first_event_time is None:
                     stats.first_event_time = outcome.ts

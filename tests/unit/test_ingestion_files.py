@@ -221,3 +221,32 @@ def test_replay_in_worker_processes_produces_what_one_process_does_in_the_same_o
         assert [s for s in got[2] if s[0] == topic] == [s for s in got[1] if s[0] == topic]
     assert sum(1 for s in got[1] if s[0] == "reject") >= n // 97 - 1
     assert [s[1] for s in got[2] if s[0] == "event"][:3] == [s[1] for s in got[1] if s[0] == "event"][:3]
+
+
+def test_one_process_resolves_a_batch_of_users_at_once_and_passes_every_record_on() -> None:
+    """A replay in one process asks the subject store once per batch, not once per event."""
+    from typing import Any, cast
+
+    from ingestion.files import BATCH_RECORDS, RawRecord, _resolved_ahead
+    from views.event import Event
+
+    class Store:
+        calls: list[tuple[list[str], list[tuple[str, int]]]] = []  # noqa: RUF012 - one test's record
+
+        def table(self, users: dict[str, None], hours: list[tuple[str, int]]) -> dict[str, str]:
+            self.calls.append((list(users), hours))
+            return {u: f"p_{u}" for u in users}
+
+    t = datetime(2026, 11, 1, tzinfo=UTC)
+    records: list[tuple[Any, Any]] = []
+    for i in range(BATCH_RECORDS + 5):
+        event = Event(id=f"e{i}", ts=t, item="#a", user=f"u{i % 3}" if i % 2 else None)
+        reject = Reject(b"{", Reason.MALFORMED_JSON, "x", "f", i, t)
+        records.append((RawRecord(raw=b"", line=i), event if i % 10 else reject))
+    store = Store()
+    out = list(_resolved_ahead(iter(records), cast("Any", store)))
+    assert out == records
+    assert len(store.calls) == 2
+    assert sorted(store.calls[0][0]) == ["u0", "u1", "u2"]
+    assert all(ts == int(t.timestamp() * 1000) for _u, ts in store.calls[0][1])
+    assert list(_resolved_ahead(iter(records), None)) == records
