@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from infra.privacy.pseudonym_rows import GroupCommit, Prepare, Run, bucket_of, packed
+from infra.privacy.pseudonym_rows import GroupCommit, Prepare, Run, StoreRows, bucket_of, packed
 
 TABLE: Final = "subject_hours_by_month"
 MONTHS_TABLE: Final = "subject_hour_months"
@@ -53,19 +53,11 @@ def _utc(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC)
 
 
-class HourRows:
-    """Write, read and delete subjects' hour rows (see the module's docstring).
-
-    :arg prepare: prepares a statement template for a table (the store's, which caches them).
-    :arg run: runs requests concurrently with the store's retries.
-    :arg read_profile: the execution profile of reads; ``write_profile`` of writes.
-    """
+class HourRows(StoreRows):
+    """Write, read and delete subjects' hour rows (see the module's docstring)."""
 
     def __init__(self, prepare: Prepare, run: Run, read_profile: str, write_profile: str) -> None:
-        self._prepare = prepare
-        self._run = run
-        self._read_profile = read_profile
-        self._write_profile = write_profile
+        super().__init__(prepare, run, read_profile, write_profile)
         self._months: set[datetime] = set()  # months this process listed in subject_hour_months
         self._writes: GroupCommit[None, None] = GroupCommit(self._write_round)
 

@@ -92,8 +92,8 @@ class PseudonymRowsError(RuntimeError):
     """Users' rows could be neither created nor read: :data:`ROUNDS` passes in a row resolved none of them."""
 
 
-class PseudonymRows:
-    """Read, create and delete pseudonym rows (see the module's docstring).
+class StoreRows:
+    """Rows of one kind in the subject store, read and written through the store's statements and retries.
 
     :arg prepare: prepares a statement template for a table (the store's, which caches them).
     :arg run: runs requests concurrently with the store's retries.
@@ -105,6 +105,13 @@ class PseudonymRows:
         self._run = run
         self._read_profile = read_profile
         self._write_profile = write_profile
+
+
+class PseudonymRows(StoreRows):
+    """Read, create and delete pseudonym rows (see the module's docstring)."""
+
+    def __init__(self, prepare: Prepare, run: Run, read_profile: str, write_profile: str) -> None:
+        super().__init__(prepare, run, read_profile, write_profile)
         self._legacy: bool | None = None
         self._reads: GroupCommit[None, str | None] = GroupCommit(self._read_round)
         self._creates: GroupCommit[str, tuple[str, bool]] = GroupCommit(self._round)
