@@ -30,9 +30,9 @@ logger = logging.getLogger(__name__)
 
 _DECODE: Final = msgspec.json.Decoder()
 _HOUR_MS: Final = 3_600_000
-# Batches resolved at once by table_async: each has up to privacy.lookup_concurrency requests in flight, and
-# Cassandra's group commit makes a lightweight transaction wait for several commit-log syncs, so the rate of new
-# users grows with the requests in flight.
+# Batches table_async resolves at once at most (a caller decides how many it keeps ahead: the generator
+# GROUPS_AHEAD + 1). Each has up to privacy.lookup_concurrency requests in flight, and a process's reads and writes
+# are group-committed.
 PIPELINE_DEPTH: Final = 8
 
 # An event as it goes to Kafka: its JSON, key and record timestamp (epoch ms).

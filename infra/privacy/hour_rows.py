@@ -16,6 +16,7 @@ Rows written before (``subject_hours``, one partition per subject) are still rea
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -40,13 +41,15 @@ SELECT_MONTHS = "SELECT month FROM {t} WHERE scope = ?"
 LEGACY_SELECT = "SELECT hour FROM {t} WHERE subject_key = ?"
 LEGACY_DELETE = "DELETE FROM {t} WHERE subject_key = ?"
 
-_HOUR_MS: Final = 3_600_000
 
+@functools.lru_cache(maxsize=4096)
+def hour_and_month(hour_ms: int) -> tuple[datetime, datetime]:
+    """Return an hour (epoch ms) as the driver binds it, and the start of the UTC month holding it.
 
-def month_of(hour_ms: int) -> datetime:
-    """Return the start of the UTC month holding an hour (epoch ms)."""
+    Cached: a batch's rows share a few hours, and the conversion costs more than the rest of a row.
+    """
     hour = datetime.fromtimestamp(hour_ms // 1000, UTC)
-    return hour.replace(day=1, hour=0)
+    return hour, hour.replace(day=1, hour=0)
 
 
 def _utc(value: datetime) -> datetime:
@@ -76,7 +79,7 @@ class HourRows(StoreRows):
         requests: list[tuple[Any, Any]] = []
         hours: list[int] = []
         for hour_ms, buckets in by_hour.items():
-            month, hour = month_of(hour_ms), datetime.fromtimestamp(hour_ms // 1000, UTC)
+            hour, month = hour_and_month(hour_ms)
             for request in packed(buckets, READ_GROUP):
                 in_buckets = list(dict.fromkeys(bucket for bucket, _ in request))
                 requests.append((select, (in_buckets, month, [key for _, key in request], hour)))
@@ -99,14 +102,10 @@ class HourRows(StoreRows):
         from cassandra.query import BatchStatement, BatchType  # noqa: PLC0415
 
         groups: dict[tuple[int, datetime], list[tuple[bytes, datetime]]] = {}
-        months: dict[int, datetime] = {}  # month start (epoch ms of its hour key) cache within this call
         for row in asked:
-            key, hour_ms = row[:-8], int.from_bytes(row[-8:], "big")
-            month_key = hour_ms - hour_ms % (_HOUR_MS * 24)  # a day's hours share a month: compute it once a day
-            month = months.get(month_key)
-            if month is None:
-                month = months[month_key] = month_of(hour_ms)
-            groups.setdefault((bucket_of(key), month), []).append((key, datetime.fromtimestamp(hour_ms // 1000, UTC)))
+            key = row[:-8]
+            hour, month = hour_and_month(int.from_bytes(row[-8:], "big"))
+            groups.setdefault((bucket_of(key), month), []).append((key, hour))
         insert = self._prepare(INSERT, TABLE, True)
         requests: list[tuple[Any, Any]] = []
         new_months = {month for _bucket, month in groups} - self._months

@@ -414,8 +414,7 @@ class SubjectStore:
         absent = [key for key in distinct if key not in found]
         legacy = self._rows.legacy(absent)  # rows from before the buckets: copied into theirs below
         # hours of users known to the store may be recorded (by another producer): read, not written, if so
-        new = set(absent)
-        known = self._hours.recorded([pair for pair in fresh if pair[0] not in new and pair[0] in found])
+        known = self._hours.recorded([pair for pair in fresh if pair[0] in found])
         write = [pair for pair in fresh if pair not in known]
         # the hour rows and the new users' rows are written at once: each write waits for a commit-log sync
         hours_done = self._writer().submit(self._hours.write, write) if write and absent else None
