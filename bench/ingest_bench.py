@@ -59,6 +59,7 @@ TRENDS = ROOT / ".venv" / "bin" / "trends"
 PRODUCER_PROPS = {"acks": "all", "compression.type": "lz4", "linger.ms": "5", "batch.size": "131072"}
 SMOKE = 3000  # --smoke: records per measurement
 LONG_RUN = 4  # the long-running producer's lane generates this many times the records, in one process
+PROGRESS_RE = re.compile(r"([\d,]+) records\s+([\d,]+)/s")  # a progress line: events handed out, their mean rate
 SUMMARY_RE = re.compile(r"sent\s+([\d,]+) events in ([\d.]+) s \(([\d,]+) events/s\)")
 PERF_RE = re.compile(r"(\d+) records sent, ([\d.]+) records/sec")
 
@@ -161,6 +162,23 @@ def summary_rate(output: str, expected: int) -> tuple[int, float, float]:
     if sent != expected:
         sys.exit(f"trends ingest sent {sent:,} events, not {expected:,}:\n{output[-2000:]}")
     return sent, float(match[2]), float(match[3].replace(",", ""))
+
+
+def steady_rate(output: str, after: int) -> float | None:
+    """Return the events/s between the first progress line past ``after`` events and the last (None: too few).
+
+    A producer that keeps running has read its users once: this is its rate from then on, without the start.
+    """
+    points = [
+        (events, events / mean)
+        for events, mean in ((int(r.replace(",", "")), int(m.replace(",", ""))) for r, m in PROGRESS_RE.findall(output))
+        if mean > 0
+    ]
+    past = [p for p in points if p[0] >= after]
+    if len(past) < 2 or past[-1][1] <= past[0][1]:
+        return None
+    (first, t_first), (last, t_last) = past[0], past[-1]
+    return (last - first) / (t_last - t_first)
 
 
 def validate_alone(path: Path) -> float:
@@ -395,8 +413,10 @@ def bridge_lanes(settings: Settings, path: Path, formats: list[str], run: str, n
         print(f"  ratio to the bare consume-produce loop {rate / bare:.2f} (goal >= 0.5)")
 
 
-def generate(label: str, n: int, names: dict[str, str], env: dict[str, str], bare: float, perf: float) -> float:
-    """Run ``trends ingest generate --fast -n N`` into the bench's topic; print and return its events/s."""
+def generate(
+    label: str, n: int, names: dict[str, str], env: dict[str, str], bare: float, perf: float
+) -> tuple[float, str]:
+    """Run ``trends ingest generate --fast -n N`` into the bench's topic; print its events/s; return it, the output."""
     out, wall = trends(
         ["ingest", "generate", "--fast", "-n", str(n), "--topic", names["gen"], "--dlq-topic", names["dlq"]], env
     )
@@ -411,7 +431,7 @@ def generate(label: str, n: int, names: dict[str, str], env: dict[str, str], bar
     print(
         f"  ratio to the bare keyed producer {rate / bare:.2f} (goal >= 0.5); to ProducerPerformance {rate / perf:.2f}"
     )
-    return rate
+    return rate, out
 
 
 def store_costs(settings: Settings, n: int) -> None:
@@ -514,17 +534,26 @@ def main() -> None:
             perf = producer_performance(settings, names["perf"], n, path)
             bare = bare_keyed(settings, names["bare"], path)
 
-            cold = generate(", pseudonymised, cold store (every user new)", n, names, env, bare, perf)
-            warm = generate(", pseudonymised, warm store (users known)", n, names, env, bare, perf)
-            long = generate(
+            cold, _ = generate(", pseudonymised, cold store (every user new)", n, names, env, bare, perf)
+            warm, _ = generate(", pseudonymised, warm store (users known)", n, names, env, bare, perf)
+            long, long_out = generate(
                 f", pseudonymised, warm store, {LONG_RUN}x the records (a long-running producer: its users cached)",
-                LONG_RUN * n, names, env, bare, perf,
+                LONG_RUN * n, names, {**env, "TRENDS_INGEST__PROGRESS_INTERVAL_S": "0.5"}, bare, perf,
             )  # fmt: skip
-            off = generate(", not pseudonymised", n, names, off_env, bare, perf)
+            off, _ = generate(", not pseudonymised", n, names, off_env, bare, perf)
             print(
                 f"  pseudonymised / not: cold store {cold / off:.2f}, warm store {warm / off:.2f}, "
                 f"long-running {long / off:.2f}"
             )
+            steady = steady_rate(long_out, n)
+            if steady is None:
+                print("  the long-running producer printed too little progress for its rate after the start")
+            else:
+                print(
+                    f"  the long-running producer after its first {n:,} events (its users read): {steady:,.0f} "
+                    f"events/s = {steady / bare:.2f} of the bare keyed producer (goal >= 0.5), "
+                    f"{steady / off:.2f} of not pseudonymised"
+                )
 
             file_rates = {}
             for label, file_env in ((", pseudonymised", env), (", not pseudonymised", off_env)):

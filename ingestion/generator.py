@@ -18,10 +18,11 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Final
 
@@ -44,6 +45,12 @@ PACE_SLICE_S: Final = 0.02  # a paced stream releases events in slices of this m
 COUNTRIES: Final = ("US", "IN", "BR", "DE", "GB", "FR", "JP", "ID", "MX", "IT", "ES", "CA", "KR", "NG", "PL")
 DEVICES: Final = ("android", "ios", "web")
 DEVICE_WEIGHTS: Final = (0.5, 0.3, 0.2)
+_HOUR_MS: Final = 3_600_000
+_MS_TEXT: Final = [f".{ms:03d}Z" for ms in range(1000)]  # the millisecond and zone of a timestamp's text
+
+
+# The user indexes a group asked the store for, and the future of its answer (user -> pseudonym).
+_Asked = tuple[list[int], "Future[dict[str, str]]"]
 
 
 @dataclass
@@ -63,7 +70,7 @@ class _Plan:
     ts: list[int]
     items: list[int]
     users: list[int]
-    values: list[float]
+    values: list[str]  # as written in the JSON
     dims: list[int]
     in_bursts: list[tuple[int, int]]  # per burst: events in its window, and of those the burst's item
 
@@ -112,6 +119,64 @@ def _zipf_cdf(n: int, s: float) -> np.ndarray[Any, np.dtype[np.float64]]:
     return cdf
 
 
+def _ranks(cdf: np.ndarray[Any, np.dtype[np.float64]], draws: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Return ``searchsorted(cdf, draws, side="right")``, searched in sorted order (half the cost on a large cdf)."""
+    order = np.argsort(draws)
+    ranks = np.empty(len(draws), dtype=np.int64)
+    ranks[order] = np.searchsorted(cdf, draws[order], side="right")
+    return ranks
+
+
+def _value_texts(mu: float, sigma: float) -> np.ndarray[Any, np.dtype[np.object_]]:
+    """Return the text of every two-decimal value up to 4 sigmas above the median, by its hundredths.
+
+    Formatting a float costs more than the rest of an event's JSON, and the values repeat: the table is looked up.
+    ``repr(c / 100)`` is the text of ``np.round(x, 2)`` for ``c = rint(x * 100)`` (numpy rounds that way).
+    """
+    top = min(int(math.exp(mu + 4 * sigma) * 100) + 1, 1_000_000)
+    return np.asarray([repr(c / 100) for c in range(top)], dtype=object)
+
+
+def _ts_texts(ts: list[int]) -> Iterable[str]:
+    """Return the timestamps' text (``2025-01-01T00:00:00.000Z``), once for a chunk whose events share one."""
+    if not ts:
+        return []
+    if ts.count(ts[0]) == len(ts):  # live: a chunk is stamped with the clock once
+        t = ts[0]
+        return repeat(datetime.fromtimestamp(t // 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S") + _MS_TEXT[t % 1000])
+    heads = {sec: datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S") for sec in {t // 1000 for t in ts}}
+    return [heads[t // 1000] + _MS_TEXT[t % 1000] for t in ts]
+
+
+class _KnownUsers:
+    """What a generator may reuse of its users' pseudonyms, by user index, without asking the store again.
+
+    A user is known for the last hour recorded for it. The store's memory bounds how long a pseudonym may be
+    trusted (``privacy.pseudonym_cache_ttl_s``); whatever was copied from it is dropped when it turns, so this
+    never outlives it. Marks are set when a group is asked for, before its answer: groups are produced in order,
+    and each only after its own answer, so a later group that relies on an earlier one's mark has it.
+    """
+
+    def __init__(self, users: int) -> None:
+        self.hour = np.full(users, -1, dtype=np.int64)  # per user index: the hour (since the epoch) recorded
+        self.names: list[str] = [""] * users  # per user index: its pseudonym, once answered
+        self.turns: int | None = None  # the store's memory turns when the marks were set
+
+    def ask(self, users: np.ndarray[Any, Any], ts: np.ndarray[Any, Any], turns: int | None) -> tuple[Any, Any]:
+        """Return the (user index, hour) pairs to ask the store for, and mark them known."""
+        if turns is None or turns != self.turns:
+            self.hour.fill(-1)
+            self.turns = turns
+        hours = ts // _HOUR_MS
+        need = self.hour[users] != hours
+        size = len(self.hour)
+        pairs = np.unique(hours[need] * size + users[need])
+        pair_users, pair_hours = pairs % size, pairs // size
+        if turns is not None:  # no memory in the store: nothing is trusted past its batch
+            self.hour[pair_users] = pair_hours  # sorted by hour: a user's last mark is its latest hour
+        return pair_users, pair_hours
+
+
 class SyntheticStream:
     """The generator: iterate :meth:`chunks`, then read :attr:`truth`.
 
@@ -136,7 +201,9 @@ class SyntheticStream:
         self._user_cdf = _zipf_cdf(config.users, config.user_zipf_s)
         self._country_cdf = _zipf_cdf(len(COUNTRIES), 1.0)
         self._device_cdf = np.cumsum(DEVICE_WEIGHTS) / sum(DEVICE_WEIGHTS)
-        self._item_json = [json.dumps(item_name(r)) for r in range(1, config.items + 1)]
+        # an event's item and the start of its user, written once per item
+        self._item_json = [f'"item":{json.dumps(item_name(r))},"user":"' for r in range(1, config.items + 1)]
+        self._value_texts = _value_texts(config.value_mu, config.value_sigma)
         self._item_keys = [item_name(r).encode() for r in range(1, config.items + 1)]
         self._user_names = [f"u{u}" for u in range(1, config.users + 1)]
         self._dims_json = [
@@ -176,11 +243,19 @@ class SyntheticStream:
     def _draw(self, n: int) -> dict[str, list[Any]]:
         """Draw the random parts of the next ``n`` events (always CHUNK-sized draws, sliced)."""
         rng = self._rng
+        items = _ranks(self._item_cdf, rng.random(n)).tolist()
+        burst = self._burst_rng.random((len(self._bursts), n))
+        users = _ranks(self._user_cdf, rng.random(n)).tolist()
+        hundredths = np.rint(rng.lognormal(self.config.value_mu, self.config.value_sigma, n) * 100).astype(np.int64)
+        texts = self._value_texts
+        values = texts[np.minimum(hundredths, len(texts) - 1)].tolist()
+        for i in np.flatnonzero(hundredths >= len(texts)).tolist():  # beyond the table: rare
+            values[i] = repr(int(hundredths[i]) / 100)
         return {
-            "item": np.searchsorted(self._item_cdf, rng.random(n), side="right").tolist(),
-            "burst": self._burst_rng.random((len(self._bursts), n)),
-            "user": np.searchsorted(self._user_cdf, rng.random(n), side="right").tolist(),
-            "value": np.round(rng.lognormal(self.config.value_mu, self.config.value_sigma, n), 2).tolist(),
+            "item": items,
+            "burst": burst,
+            "user": users,
+            "value": values,
             "dims": (
                 np.searchsorted(self._country_cdf, rng.random(n), side="right") * len(DEVICES)
                 + np.searchsorted(self._device_cdf, rng.random(n), side="right")
@@ -217,32 +292,40 @@ class SyntheticStream:
             for plan in plans:
                 yield self._render(plan, self._pseudonymised(pseudonymiser, plan))
             return
-        ahead: deque[tuple[list[_Plan], Future[dict[str, str]]]] = deque()
+        known = _KnownUsers(len(self._user_names))
+        ahead: deque[tuple[list[_Plan], _Asked]] = deque()
         group: list[_Plan] = []
         for plan in plans:
             group.append(plan)
             if len(group) < RESOLVE_CHUNKS:
                 continue
-            ahead.append((group, self._resolve_async(pseudonymiser, group)))
+            ahead.append((group, self._resolve_async(pseudonymiser, group, known)))
             group = []
             if len(ahead) > GROUPS_AHEAD:
-                yield from self._render_resolved(*ahead.popleft())
+                yield from self._render_resolved(*ahead.popleft(), known)
         if group:
-            ahead.append((group, self._resolve_async(pseudonymiser, group)))
+            ahead.append((group, self._resolve_async(pseudonymiser, group, known)))
         while ahead:
-            yield from self._render_resolved(*ahead.popleft())
+            yield from self._render_resolved(*ahead.popleft(), known)
 
-    def _resolve_async(self, pseudonymiser: Pseudonymiser, group: list[_Plan]) -> Future[dict[str, str]]:
+    def _resolve_async(self, pseudonymiser: Pseudonymiser, group: list[_Plan], known: _KnownUsers) -> _Asked:
+        """Ask the store for the group's (user, hour) pairs that ``known`` does not hold yet."""
+        users = np.concatenate([np.asarray(plan.users, dtype=np.int64) for plan in group])
+        ts = np.concatenate([np.asarray(plan.ts, dtype=np.int64) for plan in group])
+        pair_users, pair_hours = known.ask(users, ts, pseudonymiser.memory_turns())
         names = self._user_names
-        users = [names[u] for plan in group for u in plan.users]
-        ts = [t for plan in group for t in plan.ts]
-        return pseudonymiser.table_async(dict.fromkeys(users), zip(users, ts, strict=True))
+        asked = np.unique(pair_users).tolist()
+        hours = [(names[u], h * _HOUR_MS) for u, h in zip(pair_users.tolist(), pair_hours.tolist(), strict=True)]
+        return asked, pseudonymiser.table_async([names[u] for u in asked], hours)
 
-    def _render_resolved(self, group: list[_Plan], table: Future[dict[str, str]]) -> Iterator[Chunk]:
+    def _render_resolved(self, group: list[_Plan], asked: _Asked, known: _KnownUsers) -> Iterator[Chunk]:
+        users, table = asked
         found = table.result()
-        names = self._user_names
+        names, pseudonyms = self._user_names, known.names
+        for u in users:
+            pseudonyms[u] = found[names[u]]
         for plan in group:
-            yield self._render(plan, {u: found[names[u]] for u in set(plan.users)})
+            yield self._render(plan, pseudonyms)
 
     def _plans(self, sizes: Iterator[int] | None) -> Iterator[_Plan]:
         total = self.config.total()
@@ -290,20 +373,13 @@ class SyntheticStream:
             truth.all_events_in_window += in_window
             truth.events_in_window += hits
         item_json, dims_json, prefix = self._item_json, self._dims_json, self._id_prefix
-        out: list[bytes] = []
-        last_sec = -1
-        head = ""
-        for i in range(n):
-            t = ts_list[i]
-            sec = t // 1000
-            if sec != last_sec:
-                last_sec = sec
-                head = datetime.fromtimestamp(sec, UTC).strftime("%Y-%m-%dT%H:%M:%S")
-            out.append(
-                f'{{"v":{EVENT_SCHEMA_VERSION},"id":"{prefix}{first + i}","ts":"{head}.{t % 1000:03d}Z",'
-                f'"item":{item_json[items[i]]},"user":"{user_names[users[i]]}","value":{values[i]},'
-                f'"dims":{dims_json[dims[i]]}}}'.encode()
+        head = f'{{"v":{EVENT_SCHEMA_VERSION},"id":"{prefix}'
+        out = [
+            f'{head}{i}","ts":"{ts}",{item_json[item]}{user_names[user]}","value":{value},"dims":{dims_json[dim]}}}'.encode()
+            for i, ts, item, user, value, dim in zip(
+                range(first, first + n), _ts_texts(ts_list), items, users, values, dims, strict=False
             )
+        ]
         keys: list[bytes | None]
         key_field = self.config.key_field
         if key_field == "item":

@@ -107,6 +107,10 @@ class Pseudonymiser:
             self._pool = ThreadPoolExecutor(PIPELINE_DEPTH, thread_name_prefix="pseudonyms")
         return self._pool.submit(self.table, list(users), list(hours))
 
+    def memory_turns(self) -> int | None:
+        """Return the store's :meth:`~infra.privacy.subjects.SubjectStore.memory_turns` (a copy follows it)."""
+        return self.store.memory_turns()
+
     def event(self, event: Event) -> Event:
         """Return the event with its user pseudonymised (and its content-derived id recomputed from the pseudonym)."""
         if event.user is None:

@@ -31,6 +31,7 @@ class RecentMap(Generic[K, V]):
         self._young: dict[K, V] = {}
         self._old: dict[K, V] = {}
         self._turned = timer()
+        self.turns = 0  # how often entries were dropped (a turn or a pop): what a copy of them must follow
 
     def tick(self) -> None:
         """Turn the generations the clock says are due (call it before a batch of reads and writes)."""
@@ -40,6 +41,7 @@ class RecentMap(Generic[K, V]):
         self._old = {} if steps >= 2 else self._young
         self._young = {}
         self._turned += steps * self._half_ttl
+        self.turns += 1
 
     def get(self, key: K, default: V | None = None) -> V | None:
         """Return the entry's value, or ``default``."""
@@ -51,6 +53,7 @@ class RecentMap(Generic[K, V]):
     def __setitem__(self, key: K, value: V) -> None:
         if len(self._young) >= self._half_size and key not in self._young:
             self._old, self._young = self._young, {}
+            self.turns += 1
         self._young[key] = value
 
     def split(self, keys: Iterable[K]) -> tuple[dict[Any, V], list[K]]:
@@ -76,6 +79,8 @@ class RecentMap(Generic[K, V]):
         old = self._old.pop(key, _MISSING)
         young = self._young.pop(key, _MISSING)
         found = young if young is not _MISSING else old
+        if found is not _MISSING:
+            self.turns += 1
         return default if found is _MISSING else found  # type: ignore[return-value]
 
     def __contains__(self, key: object) -> bool:

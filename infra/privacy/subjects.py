@@ -316,6 +316,18 @@ class SubjectStore:
             out.update(found)
         return out
 
+    def memory_turns(self) -> int | None:
+        """Return how often this process's memory of pseudonyms dropped entries; None when it keeps none.
+
+        A caller that copies answers of :meth:`resolve` into its own memory drops them when this changes, so a
+        forgotten user's pseudonym still leaves it within ``privacy.pseudonym_cache_ttl_s``.
+        """
+        if self._ready is None:
+            return None
+        with self._lock:
+            self._ready.tick()
+            return self._ready.turns
+
     def _resolve(self, users: Iterable[str], hours: Iterable[tuple[str, int]]) -> dict[str, str]:
         claim = _Claim()
         self._claim_users(claim, users)

@@ -47,6 +47,7 @@ FIGURES: dict[str, tuple[str, ...]] = {
         r"trends ingest generate, pseudonymised, warm store .*: 3,000 events -> [\d,]+ events/s",
         r"trends ingest generate, not pseudonymised: 3,000 events -> [\d,]+ events/s",
         r"pseudonymised / not: cold store [\d.]+, warm store [\d.]+",
+        r"the long-running producer (after its first 3,000 events .*: [\d,]+ events/s|printed too little progress)",
         r"trends ingest file .*, pseudonymised: 3,000 events -> [\d,]+ events/s",
         r"ratio to the bare keyed producer \d+\.\d\d",
         r"trends collect \(HTTP, 1000 events per request as JSON lines, 4 clients\): 3,000 events -> [\d,]+ events/s",

@@ -119,10 +119,17 @@ class _Table:
     def __init__(self) -> None:
         self.table: dict[str, str] = {}
         self.hours: set[tuple[str, datetime]] = set()
+        self.asked: list[tuple[str, int]] = []  # every (user, hour) asked for, repeats included
+        self.turns: int | None = 0
 
     def resolve(self, users: Iterable[str], hours: Iterable[tuple[str, int]] = ()) -> dict[str, str]:
-        self.hours.update((u, datetime.fromtimestamp(ms // 1000, UTC)) for u, ms in hours)
+        pairs = list(hours)
+        self.asked += pairs
+        self.hours.update((u, datetime.fromtimestamp(ms // 1000, UTC)) for u, ms in pairs)
         return {u: self.table.setdefault(u, new_pseudonym()) for u in users}
+
+    def memory_turns(self) -> int | None:
+        return self.turns
 
     def close(self) -> None:
         pass
@@ -212,6 +219,40 @@ def test_the_generator_emits_one_pseudonym_per_user() -> None:
     assert not any(re.search(rb'"u\d+"', v) for c in done for v in c.values)
 
 
+def test_the_generator_asks_again_only_for_new_hours_and_after_the_store_forgot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ingestion import generator
+    from ingestion.generator import CHUNK, SyntheticStream
+    from ingestion.generator_config import GeneratorConfig
+
+    monkeypatch.setattr(generator, "RESOLVE_CHUNKS", 1)
+    monkeypatch.setattr(generator, "GROUPS_AHEAD", 0)
+    start = datetime(2025, 5, 1, 9, 58, tzinfo=UTC)  # two hours: 10:00 starts at the 2nd minute's events
+    config = GeneratorConfig(seed=7, count=6 * CHUNK, rate=None, users=50, start=start, event_rate=100.0)
+    raw = [json.loads(v) for c in SyntheticStream(config).chunks() for v in c.values]
+    pseudonymiser, table = _pseudonymiser()
+    done = SyntheticStream(config, pseudonymiser=pseudonymiser).chunks()
+    users = [json.loads(v)["user"] for v in next(done).values]
+    expected = {(e["user"], e["ts"][:13]) for e in raw[:CHUNK]}
+    assert len(table.asked) == len(expected)  # each (user, hour) of the first chunk once
+    for _ in range(2):
+        users += [json.loads(v)["user"] for v in next(done).values]
+    expected = {(e["user"], e["ts"][:13]) for e in raw[: 3 * CHUNK]}
+    assert len(table.asked) == len(expected) and len(set(table.asked)) == len(expected)  # no pair twice
+    table.turns = 1  # the store's memory dropped entries: whatever the generator copied of it goes too
+    users += [json.loads(v)["user"] for v in next(done).values]
+    assert len(table.asked) == len(expected) + len({(e["user"], e["ts"][:13]) for e in raw[3 * CHUNK : 4 * CHUNK]})
+    table.turns = None  # a store that keeps no memory: every chunk asks for all of its pairs
+    before = len(table.asked)
+    for chunk in done:
+        users += [json.loads(v)["user"] for v in chunk.values]
+    per_chunk = [{(e["user"], e["ts"][:13]) for e in raw[i * CHUNK : (i + 1) * CHUNK]} for i in (4, 5)]
+    assert len(table.asked) - before == sum(map(len, per_chunk))
+    assert users == [table.table[e["user"]] for e in raw]
+    assert {(u, f"{h:%Y-%m-%dT%H}") for u, h in table.hours} == {(e["user"], e["ts"][:13]) for e in raw}
+
+
 @pytest.mark.parametrize(("days", "configured"), [(30, 30 * 86_400_000), (30, -1), (2, -1), (90, 7 * 86_400_000)])
 def test_the_dead_letters_are_deleted_before_the_erasure_deadline(days: int, configured: int) -> None:
     from infra.pipeline_settings import PrivacySettings
@@ -260,6 +301,9 @@ def test_a_recent_map_keeps_an_entry_between_half_its_ttl_and_its_ttl() -> None:
     recent.tick()  # long idle: both generations dropped
     assert recent.get("b") is None and len(recent) == 0
     assert recent.pop("b", 7) == 7
+    turns = recent.turns
+    recent["c"] = 3
+    assert recent.pop("c") == 3 and recent.turns == turns + 1  # a pop drops an entry: a copy must follow it
 
 
 def test_a_full_recent_map_drops_its_oldest_half() -> None:
@@ -270,6 +314,7 @@ def test_a_full_recent_map_drops_its_oldest_half() -> None:
         recent[i] = i
     assert len(recent) <= 4 and recent.get(4) == 4
     assert recent.get(0) is None
+    assert recent.turns == 2  # turned early at the 3rd and the 5th entry
 
 
 def test_requests_take_several_partitions_and_split_a_large_one() -> None:
