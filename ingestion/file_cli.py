@@ -73,7 +73,7 @@ def file_(
     except (MappingError, files.SourceError) as exc:
         raise click.UsageError(str(exc)) from exc
     progress = Progress(settings.ingest.progress_interval_s, enabled=not no_progress)
-    producer = EventProducer(settings)
+    producer = EventProducer(settings, success_reports=False)  # no acks per record here: failures are still reported
     producer.check_topics()
 
     def show(stats: files.ReplayStats, source: files.OpenSource) -> None:

@@ -174,7 +174,7 @@ def _generate_to_kafka(settings: Settings, config: Any, wall_duration: float | N
 
     progress = Progress(settings.ingest.progress_interval_s)
     total = config.total()
-    producer = EventProducer(settings)
+    producer = EventProducer(settings, success_reports=False)  # no acks per record here: failures are still reported
     producer.check_topics()
     # Users are pseudonymised as each chunk is made (privacy.pseudonymise); a file (-o) keeps the generated ids.
     stream = gen.SyntheticStream(config, pseudonymiser=producer.pseudonymiser)

@@ -152,10 +152,19 @@ class EventProducer:
     :arg config: extra librdkafka properties, applied last (tests, benchmarks).
     :arg pseudonymise: replace users by pseudonyms in :meth:`produce` (default: ``privacy.pseudonymise``); the
         :attr:`pseudonymiser` is there for the callers that encode events themselves (:meth:`produce_many`).
+    :arg success_reports: take a delivery report for every record (needed for per-record acks). Without them the
+        broker's failures are still reported, and the acknowledged counts are what was queued less the failures
+        and what is still in flight: exact once flushed, never above the truth before. A report per record costs a
+        Python call each, about a tenth of fast generation.
     """
 
     def __init__(
-        self, settings: Settings, *, config: dict[str, Any] | None = None, pseudonymise: bool | None = None
+        self,
+        settings: Settings,
+        *,
+        config: dict[str, Any] | None = None,
+        pseudonymise: bool | None = None,
+        success_reports: bool = True,
     ) -> None:
         from confluent_kafka import KafkaError, Producer  # noqa: PLC0415
 
@@ -175,8 +184,12 @@ class EventProducer:
         self._since_poll = 0
         self._closed = False
         self._started = time.monotonic()
+        self._success_reports = success_reports
+        self._queued = {self.events_topic: 0, self.dlq_topic: 0}  # records queued per topic (counted without reports)
+        self._refused_queued = 0  # events the broker refused after they were queued (the client refuses some before)
         conf = {
             **producer_config(settings),
+            **({} if success_reports else {"delivery.report.only.error": True}),
             "on_delivery": self._on_delivery,
             "error_cb": self._on_error,
             "logger": logging.getLogger(f"{__name__}.librdkafka"),
@@ -219,6 +232,7 @@ class EventProducer:
             if err.code() in self._content_errors:
                 self._reroute.append((msg.value() or b"", f"the broker refused the event: {err.str()}", ack))
                 summary.refused += 1
+                self._refused_queued += 1
                 return
             summary.failed += 1
         else:
@@ -245,10 +259,11 @@ class EventProducer:
         from confluent_kafka import KafkaException  # noqa: PLC0415
 
         # A record with an ack gets its own delivery callback (which still counts it in the summary).
-        extra: dict[str, Any] = {} if ack is None else {"on_delivery": partial(self._on_delivery, ack=ack)}
+        extra: dict[str, Any] = {} if ack is None else {"on_delivery": self._acked(ack)}
         while True:
             try:
                 self._producer.produce(topic, value, key, timestamp=ts_ms, headers=headers, **extra)
+                self._queued[topic] += 1
                 break
             except BufferError:
                 self._wait_for_room()
@@ -262,6 +277,15 @@ class EventProducer:
         self._since_poll += 1
         if self._since_poll >= POLL_EVERY:
             self.poll(0)
+
+    def _acked(self, ack: Ack) -> Callable[..., None]:
+        self._need_reports()
+        return partial(self._on_delivery, ack=ack)
+
+    def _need_reports(self) -> None:
+        if not self._success_reports:
+            msg = "a record with an ack needs a producer with success_reports"
+            raise ValueError(msg)
 
     def _wait_for_room(self) -> None:
         """Apply back-pressure: serve delivery reports until the local queue has room again."""
@@ -290,6 +314,8 @@ class EventProducer:
 
         :arg ack: called once with where the record ended up (acknowledged, failed, or re-routed).
         """
+        if ack is not None:
+            self._need_reports()
         self.summary.produced += 1
         self._send(self.events_topic, value if self._avro is None else self._avro(value), key, ts_ms, ack=ack)
 
@@ -302,11 +328,12 @@ class EventProducer:
         produce = self._producer.produce
         topic = self.events_topic
         since_poll = self._since_poll
-        queued = 0
+        queued = fast = 0
         try:
             for value, key, ts in zip(values, keys, ts_ms, strict=True):
                 try:
                     produce(topic, value, key, timestamp=ts)
+                    fast += 1
                 except (BufferError, KafkaException):
                     self._send(topic, value, key, ts)  # the slow path: waits for room, re-routes, raises fatal errors
                 queued += 1
@@ -318,6 +345,7 @@ class EventProducer:
         finally:  # a fatal error mid-batch: the events queued before it are counted
             self._since_poll = since_poll
             self.summary.produced += queued
+            self._queued[topic] += fast
 
     def produce_acked(self, records: Sequence[tuple[bytes, bytes | None, int, Ack]]) -> None:
         """Queue already normalized events (value, key, timestamp, ack), each with its ack (the HTTP collector).
@@ -333,12 +361,14 @@ class EventProducer:
         produce = self._producer.produce
         topic = self.events_topic
         on_delivery = self._on_delivery
+        self._need_reports()
         since_poll = self._since_poll
         queued = 0
         try:
             for value, key, ts, ack in records:
                 try:
                     produce(topic, value, key, timestamp=ts, on_delivery=partial(on_delivery, ack=ack))
+                    self._queued[topic] += 1
                 except (BufferError, KafkaException):
                     self._send(topic, value, key, ts, ack=ack)
                 queued += 1
@@ -356,6 +386,8 @@ class EventProducer:
 
         :arg ack: called once with where the record ended up (acknowledged or failed).
         """
+        if ack is not None:
+            self._need_reports()
         value, headers, ts_ms = encode_reject(reject)
         self.summary.invalid[str(reject.reason)] += 1
         self._send(self.dlq_topic, value, None, ts_ms, headers, ack=ack)
@@ -372,6 +404,15 @@ class EventProducer:
         self._since_poll = 0
         self._producer.poll(timeout)
         self._drain_reroutes()
+        self._count_unreported()
+
+    def _count_unreported(self) -> None:
+        """Without success reports: acknowledged = queued - failed - still in flight (a lower bound until flushed)."""
+        if self._success_reports:
+            return
+        summary, in_flight = self.summary, len(self._producer)
+        summary.sent = max(0, self._queued[self.events_topic] - summary.failed - self._refused_queued - in_flight)
+        summary.dlq_sent = max(0, self._queued[self.dlq_topic] - summary.dlq_failed - in_flight)
 
     def _drain_reroutes(self) -> None:
         while self._reroute:
@@ -414,6 +455,7 @@ class EventProducer:
                 if (remaining == 0 and not self._reroute) or time.monotonic() >= deadline or self._fatal:
                     break
             self._drain_reroutes()
+            self._count_unreported()
             self.summary.undelivered = len(self._producer)
             self.summary.elapsed_s = time.monotonic() - self._started
             logger.info(

@@ -249,8 +249,9 @@ def test_records_are_keyed_and_stamped_with_event_time(ingest_settings: Settings
     assert len(partitions) == 1  # one item, one partition
 
 
+@pytest.mark.parametrize("success_reports", [True, False])  # without them, the counts come from what was queued
 def test_events_the_broker_refuses_are_rerouted_to_the_dlq(
-    ingest_settings: Settings, new_topic: Callable[..., str]
+    ingest_settings: Settings, new_topic: Callable[..., str], success_reports: bool
 ) -> None:
     import random
 
@@ -264,16 +265,19 @@ def test_events_the_broker_refuses_are_rerouted_to_the_dlq(
     }
     when = datetime(2025, 11, 22, tzinfo=UTC)
     big = Event(id="big", ts=when, item="#big", dims=noise)  # ~3.5 KB of incompressible text
-    with EventProducer(scoped, config={"linger.ms": 0}) as producer:
+    with EventProducer(scoped, config={"linger.ms": 0}, success_reports=success_reports) as producer:
         producer.produce(Event(id="before", ts=when, item="#a"))
         producer.poll(0)
         assert producer._producer.flush(30) == 0
         producer.produce(big)
         assert producer._producer.flush(30) == 0
         producer.produce(Event(id="after", ts=when, item="#a"))
+        if not success_reports:  # an ack per record needs a report per record: refused before anything is queued
+            with pytest.raises(ValueError, match="success_reports"):
+                producer.produce_encoded(b"{}", None, 0, ack=lambda _delivery: None)
     summary = producer.summary
     assert (summary.sent, summary.refused, summary.failed) == (2, 1, 0), summary.errors
-    assert summary.invalid == {"broker_rejected": 1}
+    assert (summary.invalid, summary.dlq_sent) == ({"broker_rejected": 1}, 1)
     assert sorted(event_ids(read_topic(scoped, small))) == ["after", "before"]
     (letter,) = read_dead_letters(scoped)
     assert letter.reason == "broker_rejected" and letter.raw == big.to_json()
