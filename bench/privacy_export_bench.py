@@ -10,6 +10,8 @@ Run: ``.venv/bin/python bench/privacy_export_bench.py [--hours 8760] [--per-hour
    only those read from Kafka), against the bare alternative measured in the same run: one consumer reading every
    record of the topic and keeping the subject's (``bare``). Prints seconds, records read and ratio = bare s /
    export s, and checks each export found exactly the subject's events (exit 1 when not).
+3. ``forget`` of each subject: ``sparse`` unlinked, ``dense`` excluded (its recompute not run: no Airflow here); the
+   time of its part done at once, the hours it found, and an export after it that must find nothing.
 Figures only, from a shared machine: nothing is asserted about timing. ``--smoke``: two days of 5 events an hour.
 """
 
@@ -29,8 +31,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from infra import migrations, topics
 from infra.cassandra import session
+from infra.privacy.ledger import Request
 from infra.privacy.subjects import SubjectStore, ensure_key_file
 from infra.settings import Settings
+from privacy.erasure import forget
 from privacy.export import export
 from views.event import Event
 from views.indexing.indexer import run_index
@@ -60,6 +64,35 @@ def bare_scan(settings: Settings, topic: str, pseudonym: str) -> tuple[int, int,
                 done.add(msg.partition())
     consumer.close()
     return found, read, time.monotonic() - t0
+
+
+def forget_lanes(settings: Settings, store: SubjectStore, wanted: dict[str, int]) -> bool:
+    """Time a forget in each mode over the year (its part at once: Airflow's recompute is the backfill bench's).
+
+    ``sparse`` is unlinked, ``dense`` excluded with a trigger that only keeps the hours it is handed (this bench runs
+    no Airflow). Each must find every hour of its subject, and the export must then find nothing.
+    """
+    handed: list[int] = []
+
+    def keep_hours(_settings: Settings, request: Request) -> list[str]:
+        handed.append(len(request.hours))
+        return ["bench"]
+
+    ok = True
+    for who, exclude in (("sparse", False), ("dense", True)):
+        t0 = time.perf_counter()
+        result = forget(settings, who, exclude=exclude, store=store, trigger=keep_hours)
+        took = time.perf_counter() - t0
+        after = export(settings, who, lambda _v: None, store=store)
+        hours = 0 if result.request is None else len(result.request.hours)
+        ok &= hours == wanted[who] and after.events == 0
+        mode = "exclude" if exclude else "unlink"
+        print(
+            f"forget --{mode} {who}: {result.outcome} ({result.request.state if result.request else '-'}) in "
+            f"{took:.2f} s, {hours} hour(s) found{f', {handed[-1]} handed to the recompute' if exclude else ''}; "
+            f"export after it: {after.events} events"
+        )
+    return ok
 
 
 def main() -> int:
@@ -127,6 +160,7 @@ def main() -> int:
                     + ", ".join(f"{k} {v:.2f} s" for k, v in got.phases_s.items())
                     + ")"
                 )
+            ok &= forget_lanes(settings, store, wanted)
     finally:
         with session(base) as sess:  # schema changes are slow on a busy node: wait for it
             sess.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=180)

@@ -88,6 +88,8 @@ FIGURES: dict[str, tuple[str, ...]] = {
     "privacy_export_bench.py": (
         r"sparse +2 +2 +\d+ +\d+ +[\d.]+ +[\d.]+ +[\d.]+ ",
         r"dense +48 +48 +\d+ +\d+ +[\d.]+ +[\d.]+ +[\d.]+ ",
+        r"forget --unlink sparse: forgotten \(done\) in [\d.]+ s, 2 hour\(s\) found; export after it: 0 events",
+        r"forget --exclude dense: pending_recompute \(recompute_started\) in [\d.]+ s, 48 hour\(s\) found, 48 handed",
     ),
     "peers/peers_bench.py": (
         r"bare Kafka -> noop +[1-9][\d,]* rows/s +\(baseline\)",
