@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Final
 
 import numpy as np
 
-from ingestion.generator_config import GeneratorConfig, item_name
+from ingestion.generator_config import HOUR_MS, GeneratorConfig, item_name
 from views.event import EVENT_SCHEMA_VERSION, format_ts, ts_millis
 
 if TYPE_CHECKING:
@@ -45,7 +45,6 @@ PACE_SLICE_S: Final = 0.02  # a paced stream releases events in slices of this m
 COUNTRIES: Final = ("US", "IN", "BR", "DE", "GB", "FR", "JP", "ID", "MX", "IT", "ES", "CA", "KR", "NG", "PL")
 DEVICES: Final = ("android", "ios", "web")
 DEVICE_WEIGHTS: Final = (0.5, 0.3, 0.2)
-_HOUR_MS: Final = 3_600_000
 _MS_TEXT: Final = [f".{ms:03d}Z" for ms in range(1000)]  # the millisecond and zone of a timestamp's text
 
 
@@ -167,7 +166,7 @@ class _KnownUsers:
         if turns is None or turns != self.turns:
             self.hour.fill(-1)
             self.turns = turns
-        hours = ts // _HOUR_MS
+        hours = ts // HOUR_MS
         need = self.hour[users] != hours
         size = len(self.hour)
         pairs = np.unique(hours[need] * size + users[need])
@@ -315,7 +314,7 @@ class SyntheticStream:
         pair_users, pair_hours = known.ask(users, ts, pseudonymiser.memory_turns())
         names = self._user_names
         asked = np.unique(pair_users).tolist()
-        hours = [(names[u], h * _HOUR_MS) for u, h in zip(pair_users.tolist(), pair_hours.tolist(), strict=True)]
+        hours = [(names[u], h * HOUR_MS) for u, h in zip(pair_users.tolist(), pair_hours.tolist(), strict=True)]
         return asked, pseudonymiser.table_async([names[u] for u in asked], hours)
 
     def _render_resolved(self, group: list[_Plan], asked: _Asked, known: _KnownUsers) -> Iterator[Chunk]:

@@ -155,7 +155,7 @@ class EventProducer:
     :arg success_reports: take a delivery report for every record (needed for per-record acks). Without them the
         broker's failures are still reported, and the acknowledged counts are what was queued less the failures
         and what is still in flight: exact once flushed, never above the truth before. A report per record costs a
-        Python call each, about a tenth of fast generation.
+        Python call each, about a sixth of fast generation.
     """
 
     def __init__(
@@ -259,7 +259,7 @@ class EventProducer:
         from confluent_kafka import KafkaException  # noqa: PLC0415
 
         # A record with an ack gets its own delivery callback (which still counts it in the summary).
-        extra: dict[str, Any] = {} if ack is None else {"on_delivery": self._acked(ack)}
+        extra: dict[str, Any] = {} if ack is None else {"on_delivery": partial(self._on_delivery, ack=ack)}
         while True:
             try:
                 self._producer.produce(topic, value, key, timestamp=ts_ms, headers=headers, **extra)
@@ -278,11 +278,8 @@ class EventProducer:
         if self._since_poll >= POLL_EVERY:
             self.poll(0)
 
-    def _acked(self, ack: Ack) -> Callable[..., None]:
-        self._need_reports()
-        return partial(self._on_delivery, ack=ack)
-
     def _need_reports(self) -> None:
+        """Refuse a record with an ack before anything is counted: its ack needs a report (every path with one asks)."""
         if not self._success_reports:
             msg = "a record with an ack needs a producer with success_reports"
             raise ValueError(msg)
@@ -355,13 +352,13 @@ class EventProducer:
         """
         from confluent_kafka import KafkaException  # noqa: PLC0415
 
+        self._need_reports()
         if self._avro is not None:
             avro = self._avro
             records = [(avro(value), key, ts, ack) for value, key, ts, ack in records]
         produce = self._producer.produce
         topic = self.events_topic
         on_delivery = self._on_delivery
-        self._need_reports()
         since_poll = self._since_poll
         queued = 0
         try:
