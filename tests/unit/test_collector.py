@@ -238,7 +238,10 @@ def test_a_full_producer_queue_is_a_429_with_retry_after() -> None:
         first: list[int] = []
         thread = threading.Thread(target=lambda: first.append(post(c, json.dumps([EVENT] * 1000).encode())[0]))
         thread.start()
-        time.sleep(1.0)  # the first request's 1000 records fill the queue while Kafka does not answer
+        loop = c.app.state.collector._loop()  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 2.5  # within the delivery timeout: the first request is still waiting
+        while loop.queued() < 1000 and time.monotonic() < deadline:
+            time.sleep(0.02)  # the first request's 1000 records fill the queue while Kafka does not answer
         status, answer, headers = post(c, json.dumps([EVENT]).encode())
         thread.join()
     assert status == 429 and "queue is full" in answer["detail"] and headers["retry-after"] == "1"
