@@ -24,7 +24,7 @@ import msgspec
 
 from infra.privacy.subjects import StoreStats, SubjectStore
 from infra.settings import Settings
-from views.event import CONTENT_ID_PREFIX, Event, content_id, content_id_ms, encode_wire
+from views.event import CONTENT_ID_PREFIX, EVENT_SCHEMA_VERSION, Event, content_id, content_id_ms, encode_wire
 
 logger = logging.getLogger(__name__)
 
@@ -124,23 +124,35 @@ class Pseudonymiser:
     def encoded(self, events: list[Encoded], key_field: str) -> list[Encoded]:
         """Return validated events (JSON, key, timestamp) with their users pseudonymised, in the same order.
 
-        The JSON is the canonical wire form (validated already): it is read back, its user and a content-derived
-        id replaced, and written again by the event's own wire encoder, so the bytes are what the model path
-        would write for the pseudonymised event.
+        The JSON is the canonical wire form (validated already), so the bytes are what the model path would write
+        for the pseudonymised event. Where the user's text needs no escape and the id is not content-derived, the
+        pseudonym is put in place of the user's bytes (:func:`_user_span`); otherwise the JSON is read back, its
+        user and a content-derived id replaced, and written again by the event's own wire encoder.
         """
-        decoded: list[dict[str, Any]] = [_DECODE.decode(value) for value, _key, _ts in events]
-        users = {d["user"] for d in decoded if "user" in d}
-        if not users:
+        spans: list[tuple[int, int] | None] = []
+        users: list[str | None] = []
+        for value, _key, _ts in events:
+            span = _user_span(value)
+            spans.append(span)
+            if span is None:
+                users.append(_DECODE.decode(value).get("user"))
+            else:
+                users.append(None if span[0] < 0 else value[span[0] : span[1]].decode())
+        hours = [(user, ts) for user, (_v, _k, ts) in zip(users, events, strict=True) if user is not None]
+        if not hours:
             return events
-        hours = [(d["user"], ts) for d, (_v, _k, ts) in zip(decoded, events, strict=True) if "user" in d]
-        table = self.table(users, hours)
+        table = self.table({user for user, _ts in hours}, hours)
         out: list[Encoded] = []
-        for fields, original in zip(decoded, events, strict=True):
-            user = fields.get("user")
+        for span, user, original in zip(spans, users, events, strict=True):
             if user is None:
                 out.append(original)
-                continue
-            out.append(_rewrite(fields, user, table[user], key_field, original[2]))
+            elif span is None:
+                out.append(_rewrite(_DECODE.decode(original[0]), user, table[user], key_field, original[2]))
+            else:
+                value, key, ts_ms = original
+                pseudonym = table[user].encode()
+                start, end = span
+                out.append((value[:start] + pseudonym + value[end:], pseudonym if key_field == "user" else key, ts_ms))
         return out
 
     def close(self) -> None:
@@ -156,6 +168,33 @@ class Pseudonymiser:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+_HEAD: Final = b'{"v":%d,"id":"' % EVENT_SCHEMA_VERSION
+_CONTENT_HEAD: Final = _HEAD + CONTENT_ID_PREFIX.encode()
+_USER: Final = b',"user":"'
+_DIMS: Final = b',"dims":{'
+
+
+def _user_span(wire: bytes) -> tuple[int, int] | None:
+    """Return where the user's text lies in a canonical wire JSON, (-1, -1) when it has none, or None to decode it.
+
+    In JSON text a quote inside a string is escaped, so ``,"user":"`` before the dims is the user field's own
+    (the fields before it, id, time and item, are strings; the value a number), and dims, written last, may hold a
+    key "user" of their own. The span is exact when no backslash lies inside it; an escaped user, and an id
+    derived from the content (which must be derived again), are decoded instead.
+    """
+    if not wire.startswith(_HEAD) or wire.startswith(_CONTENT_HEAD):
+        return None
+    dims = wire.find(_DIMS)
+    start = wire.find(_USER, 0, len(wire) if dims < 0 else dims)
+    if start < 0:
+        return (-1, -1)
+    start += len(_USER)
+    end = wire.find(b'"', start)
+    if end < 0 or wire.find(b"\\", start, end) >= 0:
+        return None
+    return start, end
 
 
 def _rewrite(fields: dict[str, Any], user: str, pseudonym: str, key_field: str, ts_ms: int) -> Encoded:

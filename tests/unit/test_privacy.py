@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from infra.privacy import subjects
 from infra.privacy.subjects import SubjectKeyError, SubjectStore, ensure_key_file, new_pseudonym, read_key
@@ -190,6 +192,46 @@ def test_pseudonymised_bytes_are_the_model_paths(record: dict[str, Any], key_fie
         update["id"] = content_id(original.ts, original.item, pseudonym, original.value, original.dims)
     expected = original.model_copy(update=update)
     assert (value, key, ts_ms) == (expected.to_json(), expected.key(key_field), expected.ts_ms)
+
+
+_TEXT = st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=12)
+_TRICKY = st.sampled_from(['a","user":"x', "b\\", '"', "caf\u00e9", ',"user":"', "u1"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    event_id=st.one_of(st.none(), _TEXT, _TRICKY),
+    item=st.one_of(_TEXT, _TRICKY),
+    user=st.one_of(st.none(), _TEXT, _TRICKY),
+    value=st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False, width=32)),
+    dims=st.dictionaries(st.sampled_from(["a", "user", "b_2"]), st.one_of(_TEXT, _TRICKY), max_size=2),
+    key_field=st.sampled_from(["item", "user", "id", "none"]),
+)
+def test_the_pseudonym_in_place_of_the_users_bytes_is_the_model_paths(
+    event_id: str | None, item: str, user: str | None, value: float | None, dims: dict[str, str], key_field: str
+) -> None:
+    """Events whose user needs no escape get the pseudonym spliced in: the bytes must be the model path's anyway."""
+    pseudonymiser, table = _pseudonymiser()
+    ctx = Context(source="t", now=datetime(2026, 1, 1, tzinfo=UTC))
+    record: dict[str, Any] = {"ts": "2025-05-01T10:00:00.123Z", "item": item, "user": user, "value": value}
+    if event_id is not None:
+        record["id"] = event_id
+    if dims:
+        record["dims"] = dims
+    encoded = encode_json(json.dumps(record).encode(), ctx, key_field)
+    if not isinstance(encoded, tuple):
+        return  # a reject (text the event refuses): nothing to pseudonymise
+    [(out, key, ts_ms)] = pseudonymiser.encoded([encoded], key_field)
+    original = Event.model_validate(record)
+    if original.user is None:
+        assert (out, key, ts_ms) == encoded
+        return
+    pseudonym = table.table[original.user]
+    update: dict[str, Any] = {"user": pseudonym}
+    if original.id == content_id(original.ts, original.item, original.user, original.value, original.dims):
+        update["id"] = content_id(original.ts, original.item, pseudonym, original.value, original.dims)
+    expected = original.model_copy(update=update)
+    assert (out, key, ts_ms) == (expected.to_json(), expected.key(key_field), expected.ts_ms)
 
 
 def test_the_model_path_pseudonymises_the_event() -> None:
