@@ -328,21 +328,27 @@ class Bridge:
     def _outcomes(self, records: list[Message], should_stop: Callable[[], bool]) -> list[Outcome] | None:
         """Decode, map and validate a batch (no transaction open); None when asked to stop meanwhile."""
         now = datetime.now(UTC)
-        contexts: dict[str, Context] = {}
+        contexts: dict[str | None, Context] = {}
         out: list[Outcome] = []
+        decode, key = self._decode, self.key_field
         for message in records:
-            topic = message.topic() or "?"
+            topic = message.topic()
             ctx = contexts.get(topic)
             if ctx is None:
-                ctx = contexts[topic] = Context(topic, now, self._skew, self.mapping)
-            result = self._outcome(message, ctx, should_stop)
-            if result is None:
-                return None
+                ctx = contexts[topic] = Context(topic or "?", now, self._skew, self.mapping)
+            try:
+                where = (ctx.source, message.partition() or 0, message.offset() or 0)
+                result = transform(message.value(), where, decode, ctx, key)
+            except RegistryUnavailable:
+                waited = self._outcome(message, ctx, should_stop)
+                if waited is None:
+                    return None
+                result = waited
             out.append((message, result))
         return out
 
     def _outcome(self, message: Message, ctx: Context, should_stop: Callable[[], bool]) -> Encoded | Reject | None:
-        """Transform one record, waiting (bounded, with back-off) for a registry that does not answer."""
+        """Transform a record the registry did not answer for, waiting for it (bounded, with back-off)."""
         where = (message.topic() or "?", message.partition() or 0, message.offset() or 0)
         started = time.monotonic()
         wait = self.settings.registry.backoff_s
@@ -389,31 +395,34 @@ class Bridge:
 
     def _transact(self, outcomes: list[Outcome], group: Any) -> bool:
         """Produce a batch's outcomes and commit its offsets in one transaction; False when it was aborted."""
-        from confluent_kafka import KafkaException, TopicPartition  # noqa: PLC0415
+        from confluent_kafka import KafkaException  # noqa: PLC0415
 
         from ingestion.dlq import encode_reject  # noqa: PLC0415
 
         producer = self._producer
         events = 0
         rejects: Counter[str] = Counter()
-        ends: dict[tuple[str, int], int] = {}
         outcomes = self._pseudonymised(outcomes)
         avro = self._events_avro
         try:
             producer.begin_transaction()
-            for message, done in outcomes:
-                if isinstance(done, Reject):
-                    value, headers, ts_ms = encode_reject(done)
-                    self._produce(self.dlq_topic, value, None, ts_ms, headers)
-                    rejects[str(done.reason)] += 1
-                else:
+            produce, events_topic = producer.produce, self.events_topic
+            for _message, done in outcomes:
+                if type(done) is tuple:
                     value = done[0] if avro is None else avro(done[0])
-                    self._produce(self.events_topic, value, done[1], done[2], None)
+                    try:
+                        produce(events_topic, value, done[1], timestamp=done[2])
+                    except BufferError:
+                        self.stats.summary.queue_full_waits += 1
+                        producer.poll(QUEUE_FULL_POLL_S)
+                        self._produce(events_topic, value, done[1], done[2], None)
                     events += 1
-                key = (message.topic() or "", message.partition() or 0)
-                ends[key] = max(ends.get(key, -1), (message.offset() or 0) + 1)
-            offsets = [TopicPartition(t, p, o) for (t, p), o in sorted(ends.items())]
-            producer.send_offsets_to_transaction(offsets, group, TIMEOUT_S)
+                else:
+                    reject = cast("Reject", done)
+                    value, headers, ts_ms = encode_reject(reject)
+                    self._produce(self.dlq_topic, value, None, ts_ms, headers)
+                    rejects[str(reject.reason)] += 1
+            producer.send_offsets_to_transaction(_next_offsets(outcomes), group, TIMEOUT_S)
             producer.commit_transaction(TIMEOUT_S * 2)
         except KafkaException as exc:
             err = exc.args[0]
@@ -427,8 +436,7 @@ class Bridge:
         stats = self.stats
         stats.transactions += 1
         stats.records += len(outcomes)
-        for message, _ in outcomes:
-            stats.by_topic[message.topic() or "?"] += 1
+        stats.by_topic.update(message.topic() or "?" for message, _ in outcomes)
         s = stats.summary
         s.produced += events
         s.sent += events
@@ -481,3 +489,16 @@ class Bridge:
             if self._pseudonymiser is not None:
                 self._pseudonymiser.close()
         self.stats.summary.elapsed_s = time.monotonic() - self._started
+
+
+def _next_offsets(outcomes: list[Outcome]) -> list[Any]:
+    """Return the offsets to commit for a batch: per source partition, one past its last record."""
+    from confluent_kafka import TopicPartition  # noqa: PLC0415
+
+    ends: dict[tuple[str, int], int] = {}
+    for message, _ in outcomes:
+        at = (message.topic() or "", message.partition() or 0)
+        end = (message.offset() or 0) + 1
+        if end > ends.get(at, -1):
+            ends[at] = end
+    return [TopicPartition(t, p, o) for (t, p), o in sorted(ends.items())]
