@@ -51,9 +51,12 @@ FIGURES: dict[str, tuple[str, ...]] = {
         r"trends ingest file .*, pseudonymised: 3,000 events -> [\d,]+ events/s",
         r"ratio to the bare keyed producer \d+\.\d\d",
         r"trends collect \(HTTP, 1000 events per request as JSON lines, 4 clients\): 3,000 events -> [\d,]+ events/s",
-        r"bare consume-produce loop \(json .*\): 3,000 records -> [\d,]+/s",
-        r"trends ingest kafka --format json .*: 3,000 events -> [\d,]+ events/s",
+        r"bare HTTP forwarder .*: 3,000 records -> [\d,]+/s",
+        r"ratio to the bare HTTP forwarder \d+\.\d\d",
+        r"bare consume-produce loop \(json .*\): 6,000 records -> [\d,]+/s",  # the file twice
+        r"trends ingest kafka --format json .*: 6,000 events -> [\d,]+ events/s",
         r"ratio to the bare consume-produce loop \d+\.\d\d",
+        r"the long-running bridge after its first 3,000 records .*: ([\d,]+|nan) events/s",
         r"subject store alone .*: create \(LWT\) [\d,]+/s, read [\d,]+/s, .*subject hours: written [\d,]+/s",
     ),
     "serving_bench.py": (
