@@ -53,6 +53,7 @@ FIGURES: dict[str, tuple[str, ...]] = {
         r"trends collect \(HTTP, 1000 events per request as JSON lines, 4 clients\): 3,000 events -> [\d,]+ events/s",
         r"bare HTTP forwarder .*: 3,000 records -> [\d,]+/s",
         r"ratio to the bare HTTP forwarder \d+\.\d\d",
+        r"the long-running collector, the same events again .*: [\d,]+ events/s = \d+\.\d\d of the bare HTTP",
         r"bare consume-produce loop \(json .*\): 6,000 records -> [\d,]+/s",  # the file twice
         r"trends ingest kafka --format json .*: 6,000 events -> [\d,]+ events/s",
         r"ratio to the bare consume-produce loop \d+\.\d\d",
