@@ -129,29 +129,31 @@ class Pseudonymiser:
         pseudonym is put in place of the user's bytes (:func:`_user_span`); otherwise the JSON is read back, its
         user and a content-derived id replaced, and written again by the event's own wire encoder.
         """
-        spans: list[tuple[int, int] | None] = []
+        found: list[tuple[int, int] | dict[str, Any]] = []  # per event: its user's span, or its decoded fields
         users: list[str | None] = []
         for value, _key, _ts in events:
             span = _user_span(value)
-            spans.append(span)
             if span is None:
-                users.append(_DECODE.decode(value).get("user"))
+                fields = _DECODE.decode(value)
+                found.append(fields)
+                users.append(fields.get("user"))
             else:
+                found.append(span)
                 users.append(None if span[0] < 0 else value[span[0] : span[1]].decode())
         hours = [(user, ts) for user, (_v, _k, ts) in zip(users, events, strict=True) if user is not None]
         if not hours:
             return events
         table = self.table({user for user, _ts in hours}, hours)
         out: list[Encoded] = []
-        for span, user, original in zip(spans, users, events, strict=True):
+        for where, user, original in zip(found, users, events, strict=True):
             if user is None:
                 out.append(original)
-            elif span is None:
-                out.append(_rewrite(_DECODE.decode(original[0]), user, table[user], key_field, original[2]))
+            elif isinstance(where, dict):
+                out.append(_rewrite(where, user, table[user], key_field, original[2]))
             else:
                 value, key, ts_ms = original
                 pseudonym = table[user].encode()
-                start, end = span
+                start, end = where
                 out.append((value[:start] + pseudonym + value[end:], pseudonym if key_field == "user" else key, ts_ms))
         return out
 
