@@ -336,20 +336,21 @@ class Bridge:
             ctx = contexts.get(topic)
             if ctx is None:
                 ctx = contexts[topic] = Context(topic or "?", now, self._skew, self.mapping)
+            where = (ctx.source, message.partition() or 0, message.offset() or 0)
             try:
-                where = (ctx.source, message.partition() or 0, message.offset() or 0)
                 result = transform(message.value(), where, decode, ctx, key)
             except RegistryUnavailable:
-                waited = self._outcome(message, ctx, should_stop)
+                waited = self._outcome(message, where, ctx, should_stop)
                 if waited is None:
                     return None
                 result = waited
             out.append((message, result))
         return out
 
-    def _outcome(self, message: Message, ctx: Context, should_stop: Callable[[], bool]) -> Encoded | Reject | None:
+    def _outcome(
+        self, message: Message, where: tuple[str, int, int], ctx: Context, should_stop: Callable[[], bool]
+    ) -> Encoded | Reject | None:
         """Transform a record the registry did not answer for, waiting for it (bounded, with back-off)."""
-        where = (message.topic() or "?", message.partition() or 0, message.offset() or 0)
         started = time.monotonic()
         wait = self.settings.registry.backoff_s
         waited = False
@@ -408,20 +409,17 @@ class Bridge:
             producer.begin_transaction()
             produce, events_topic = producer.produce, self.events_topic
             for _message, done in outcomes:
-                if type(done) is tuple:
+                if isinstance(done, Reject):
+                    value, headers, ts_ms = encode_reject(done)
+                    self._produce(self.dlq_topic, value, None, ts_ms, headers)
+                    rejects[str(done.reason)] += 1
+                else:
                     value = done[0] if avro is None else avro(done[0])
                     try:
                         produce(events_topic, value, done[1], timestamp=done[2])
-                    except BufferError:
-                        self.stats.summary.queue_full_waits += 1
-                        producer.poll(QUEUE_FULL_POLL_S)
+                    except BufferError:  # a full queue: the slow path waits for room (and counts the waits)
                         self._produce(events_topic, value, done[1], done[2], None)
                     events += 1
-                else:
-                    reject = cast("Reject", done)
-                    value, headers, ts_ms = encode_reject(reject)
-                    self._produce(self.dlq_topic, value, None, ts_ms, headers)
-                    rejects[str(reject.reason)] += 1
             producer.send_offsets_to_transaction(_next_offsets(outcomes), group, TIMEOUT_S)
             producer.commit_transaction(TIMEOUT_S * 2)
         except KafkaException as exc:
