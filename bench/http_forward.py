@@ -26,10 +26,9 @@ from ingestion.producer import producer_config
 def create_app(topic: str) -> FastAPI:
     """Return the forwarding app: one producer, polled on a thread of its own."""
     producer = Producer(producer_config(Settings()))
-    stop = threading.Event()
 
-    def poll() -> None:
-        while not stop.is_set():
+    def poll() -> None:  # serves the delivery reports for as long as the process lives
+        while True:
             producer.poll(0.05)
 
     app = FastAPI()
