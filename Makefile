@@ -18,7 +18,7 @@ help:
 	@echo "make test-faults       speed rows expiring, checkpoints lost (also under the running job), records lost before indexing, a far-future record, the console (not part of make test)"
 	@echo "make test-reliability  the fault-injection suite (not part of make test)"
 	@echo "make test-cluster      Spark standalone cluster, 3-broker Kafka, 2-node Cassandra (not part of make test)"
-	@echo "make test-backfill     trends batch backfill over 30 days, with Cassandra stopped, and the DAG under Airflow's scheduler (not part of make test)"
+	@echo "make test-backfill     trends batch backfill over 30 days, with Cassandra stopped, the DAG under Airflow's scheduler, Airflow's backfill and reprocess (not part of make test)"
 	@echo "make wheel       build the wheel and sdist that deploy every role into dist/, constraints.txt beside them"
 	@echo "make test-install      the built wheel in a fresh venv, no checkout: admin init, ingest, speed, Airflow's recompute, serve; and pip install . without extras"
 	@echo "make test-tls          the pipeline over TLS and SASL_SSL on a private TLS stack (not part of make test)"
@@ -94,10 +94,12 @@ test-unit: $(INSTALLED) $(PROMTOOL)
 # (test_speed_lost_checkpoint), records removed before indexing (test_batch_loss), a far-future record
 # (test_event_time_guard), the operator console over them in Chromium, Schemathesis with Cassandra unreachable,
 # a failing speed service restarted with backoff (test_speed_restart), a broker restart under the producer
-# (test_ingestion_kafka) and the event-time indexer killed mid-run (test_batch_history).
+# (test_ingestion_kafka), the event-time indexer killed mid-run and history replayed behind live events
+# (test_batch_history), and late events and duplicates in the speed layer (test_speed_layer).
 test-faults: setup $(BROWSER)
 	$(BIN)/pytest -m faults tests/services/test_speed_coverage.py tests/services/test_speed_from_watermark.py tests/services/test_speed_lost_checkpoint.py tests/services/test_batch_loss.py tests/services/test_event_time_guard.py tests/services/test_console.py tests/services/test_view_versions.py tests/services/test_serving_api.py \
-		tests/services/test_speed_restart.py tests/services/test_ingestion_kafka.py tests/services/test_batch_history.py
+		tests/services/test_speed_restart.py tests/services/test_ingestion_kafka.py tests/services/test_batch_history.py \
+		tests/services/test_speed_layer.py
 
 # Faults against the whole pipeline (broker restart, Cassandra down, SIGKILLs, duplicates, late events, bad input);
 # prints the table of cases and writes artifacts/reliability.md.
@@ -109,10 +111,11 @@ test-cluster: setup
 	$(BIN)/pytest -m cluster tests/cluster
 
 # `trends batch backfill --wait` over 30 days (exact) and with Cassandra stopped mid-run, on a private Cassandra and
-# Airflow, and the hourly DAG's runs over empty, missing and stale hours (5-9 min; kept out of make test, which
+# Airflow, the hourly DAG's runs over empty, missing and stale hours, and Airflow's own backfill (CLI and REST) and
+# reprocess of completed hours on the stack's Airflow (6-10 min; kept out of make test, which
 # would pass 25 minutes with it).
 test-backfill: setup
-	$(BIN)/pytest -m backfill tests/services/test_batch_backfill_cli.py tests/services/test_batch_dag.py
+	$(BIN)/pytest -m backfill tests/services/test_batch_backfill_cli.py tests/services/test_batch_dag.py tests/services/test_airflow_stack.py
 
 # The install without extras (`pip install .`, the pinned versions, no Airflow) in its own venv, non-editable:
 # `trends ingest`, the speed job, `trends batch index|run` and `trends serve` against the local stack, and

@@ -251,6 +251,7 @@ def test_every_airflow_socket_is_on_loopback(instance: Instance) -> None:
     assert {addr.port for addr in listening} == {instance.settings.airflow.api_port}
 
 
+@pytest.mark.backfill  # Airflow's own backfill (make test-backfill): kept out of make test for its time
 def test_cli_backfill_runs_every_hour_through_the_scheduler(instance: Instance) -> None:
     # New DAGs are paused; a backfill of a paused DAG stays queued for ever, so unpause it first (as the README says).
     proc = instance.airflow_cli("dags", "unpause", DAG_ID)
@@ -284,6 +285,7 @@ def test_cli_backfill_runs_every_hour_through_the_scheduler(instance: Instance) 
     assert not log.startswith("(log: HTTP") and "Done. Returned value was: None" in log, log
 
 
+@pytest.mark.backfill  # Airflow's own backfill (make test-backfill): kept out of make test for its time
 def test_rest_backfill_and_reprocess_of_completed_hours(instance: Instance) -> None:
     instance.airflow_cli("dags", "unpause", DAG_ID)  # idempotent; the test may run alone
     instance.wait_backfills_completed()

@@ -71,6 +71,7 @@ def day_rows(settings: Settings, slice_: str = "*") -> dict[date, Any]:
         return out
 
 
+@pytest.mark.faults  # slow (make test-faults): kept out of make test to hold it under 25 minutes
 def test_history_replayed_behind_live_events_is_computed_exactly_hour_by_hour(
     history_settings: Settings, spark: Any
 ) -> None:

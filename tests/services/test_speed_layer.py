@@ -227,6 +227,7 @@ def assert_rollups_match(env: SpeedEnv, truth: Truth, start: datetime, end: date
     assert got.merged.rows < minutes, "the answer read no rollup"
 
 
+@pytest.mark.faults  # slow (make test-faults; the batch layer's correction of both stays in make test)
 def test_late_events_and_duplicates(speed_env: SpeedEnv) -> None:
     env = speed_env
     env.env["TRENDS_SPEED__ALLOWED_LATENESS_S"] = "120"
