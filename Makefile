@@ -15,7 +15,7 @@ help:
 	@echo "make demo        set up, start the stack and run the whole pipeline (stream, Airflow backfill, API, dashboard)"
 	@echo "make test        set up, lint (ruff, mypy) and run the whole test suite against the real services"
 	@echo "make test-unit   fast tests only (no services)"
-	@echo "make test-faults       speed rows expiring, checkpoints lost (also under the running job), records lost before indexing, a far-future record, the console (not part of make test)"
+	@echo "make test-faults       speed rows expiring, checkpoints lost (also under the running job), records lost before indexing, a far-future record, history behind live events, the speed layer's late events and duplicates, the console (not part of make test)"
 	@echo "make test-reliability  the fault-injection suite (not part of make test)"
 	@echo "make test-cluster      Spark standalone cluster, 3-broker Kafka, 2-node Cassandra (not part of make test)"
 	@echo "make test-backfill     trends batch backfill over 30 days, with Cassandra stopped, the DAG under Airflow's scheduler, Airflow's backfill and reprocess (not part of make test)"
