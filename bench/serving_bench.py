@@ -190,7 +190,8 @@ def write_speed(
             raise BenchError("the speed epoch was not registered by its first batch")
         # the intervals the Spark watermark (the newest event less the lateness) has passed, merged as the job does
         if roll_up:
-            rolled = retried("speed rollups", lambda: sink.roll_up(rollups_until(settings, minutes[-1][0] + MINUTE)))
+            watermark = minutes[-1][0] + LAST_MS - timedelta(seconds=settings.speed.allowed_lateness_s)
+            rolled = retried("speed rollups", lambda: sink.roll_up(watermark))
             print(f"  {rolled:,} speed rollups of {SPEED_ROLLUP.total_seconds() / 60:.0f} minutes merged")
     finally:
         sink.close()
@@ -274,8 +275,12 @@ def fill(settings: Settings, end: datetime, days: int, events: int, items: int) 
 
 
 def rollups_until(settings: Settings, fresh: datetime) -> datetime:
-    """Return the end of the speed intervals closed when the newest minute read ends at ``fresh`` (the watermark)."""
-    return floor(fresh - timedelta(seconds=settings.speed.allowed_lateness_s), MINUTE)
+    """Return the end of the speed intervals surely merged when the newest minute read ends at ``fresh``.
+
+    The newest event is at least a minute before ``fresh`` and the job's watermark is the lateness behind it: the
+    intervals ending a minute before ``fresh`` less the lateness are closed (the one ending at it may not be yet).
+    """
+    return floor(fresh - timedelta(seconds=settings.speed.allowed_lateness_s), MINUTE) - MINUTE
 
 
 def expected_rows(start: datetime, end: datetime, watermark: datetime, rolled: datetime | None) -> int:

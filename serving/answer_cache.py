@@ -291,13 +291,11 @@ def _settled_before(allowed_lateness_s: float, cov: Coverage) -> datetime:
     """Return the minute before which the speed layer no longer changes its rows (its lateness behind its newest).
 
     Late events up to ``speed.allowed_lateness_s`` behind the newest event still update a minute's row; older
-    minutes are final for their epoch, so the answer keeps them merged in one part, and a speed move re-merges only
-    the minutes after it.
+    minutes are final for their epoch (:meth:`SpeedCoverage.final_until`), so the answer keeps them merged in one
+    part, and a speed move re-merges only the minutes after it.
     """
-    fresh = cov.speed.fresh_until
-    if fresh is None:
-        return datetime.min.replace(tzinfo=UTC)
-    return floor(fresh - timedelta(seconds=allowed_lateness_s), MINUTE) - MINUTE
+    final = cov.speed.final_until(allowed_lateness_s)
+    return datetime.min.replace(tzinfo=UTC) if final is None else final
 
 
 def _settled_part(

@@ -80,6 +80,16 @@ class SpeedCoverage:
         """Return the end of the newest minute any epoch has read (None: nothing yet)."""
         return max((e.seen_until for e in self.epochs if e.seen_until is not None), default=None)
 
+    def final_until(self, allowed_lateness_s: float) -> datetime | None:
+        """Return the end of the minutes (and speed intervals) no event changes any more (None: nothing read yet).
+
+        The newest event read is at least a minute before :attr:`fresh_until`, and the speed job drops events more
+        than ``allowed_lateness_s`` behind the newest as late (its Spark watermark): the minutes ending by this time
+        are final, and the speed layer has merged every interval ending by it into its rollup (a batch later).
+        """
+        fresh = self.fresh_until
+        return None if fresh is None else floor(fresh - timedelta(seconds=allowed_lateness_s), MINUTE) - MINUTE
+
     def owner(self, minute: datetime) -> Epoch | None:
         """Return the newest epoch that counts ``minute`` completely (it alone writes that minute's rows)."""
         owners = [e for e in self.epochs if e.counts_from is not None and e.counts_from <= minute]

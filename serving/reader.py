@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime
 from time import monotonic
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +33,7 @@ from serving.lru import RowCache
 from serving.plan import Coverage, ServedBy, Span, SpeedCoverage
 from serving.read_schedule import ReadSchedule
 from serving.served_row import ServedRow
-from views.buckets import HOUR, MINUTE, as_date, days_between, floor, month_key
+from views.buckets import HOUR, as_date, days_between, floor, month_key
 from views.definition import slice_matcher, view_definition
 from views.store import cql
 from views.store.batch import BatchRows
@@ -157,13 +157,10 @@ def _batch_state(
 def rollups_until(speed: SpeedCoverage | None, settings: Settings) -> datetime | None:
     """Return the time by which speed intervals are worth reading from rollups (None: none).
 
-    The speed layer merges an interval once the Spark watermark (its newest event less the allowed lateness) has
-    passed its end; newer ones are read as minutes at once rather than looked up and missed.
+    The speed layer merges an interval once its Spark watermark has passed its end: the intervals ending by
+    :meth:`SpeedCoverage.final_until`. Newer ones are read as minutes at once rather than looked up and missed.
     """
-    fresh = speed.fresh_until if speed is not None else None
-    if fresh is None:
-        return None
-    return floor(fresh - timedelta(seconds=settings.speed.allowed_lateness_s), MINUTE)
+    return speed.final_until(settings.speed.allowed_lateness_s) if speed is not None else None
 
 
 class ViewReader:

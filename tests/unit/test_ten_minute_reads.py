@@ -143,3 +143,19 @@ def test_a_batch_span_reads_the_ten_minute_rows_of_runs_that_wrote_them() -> Non
         ("tens", T0, T0 + HOUR),
         ("minutes", T0 + 40 * MINUTE, T0 + 43 * MINUTE),
     ]
+
+
+@pytest.mark.parametrize("fresh_min", [40, 41, 49, 50])
+def test_rollups_are_read_only_where_the_job_has_surely_merged_them(fresh_min: int) -> None:
+    """The job's watermark is the lateness behind its newest event, which may be the first instant of the minute
+    before ``fresh_until``: only the intervals ending by then are surely merged. The interval ending exactly at
+    ``fresh_until`` less the lateness may not be (its rollup looked up would miss: a second read), and the minutes
+    the answer cache keeps as settled end at the same time, so both read the same rows.
+    """
+    fresh = T0 + fresh_min * MINUTE
+    cov = SpeedCoverage((Epoch("a", T0 - HOUR, None, fresh, first_hour=T0),))
+    final = cov.final_until(600)
+    assert final == fresh - MINUTE - 10 * MINUTE  # the worst watermark: the newest event at fresh - 1 min
+    rolled = [(a, b) for name, a, b in reads(Span(T0, fresh, "speed", "minute"), final) if name == "rollups"]
+    assert rolled == [(T0, T0 + ((fresh_min - 11) // 10) * SPEED_ROLLUP)]
+    assert SpeedCoverage(()).final_until(600) is None
