@@ -353,7 +353,9 @@ def latency(settings: Settings, env: dict[str, str], rate: float, seconds: float
     trends = str(Path(sys.executable).parent / "trends")
     log = (settings.data_dir / "bench-speed-latency.log").open("wb")
     proc = subprocess.Popen(
-        [trends, "speed", "run", "--trigger", "1", "--starting-offsets", "latest"],
+        # earliest: the topic is this run's own, and an epoch from the beginning counts its first minute (one from
+        # latest counts from the next whole minute: up to a minute of waiting for its first row)
+        [trends, "speed", "run", "--trigger", "1", "--starting-offsets", "earliest"],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
