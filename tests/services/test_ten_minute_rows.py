@@ -184,8 +184,10 @@ def test_windows_from_rollups_equal_the_same_windows_from_minutes(speed: Speed) 
     sp, h0 = speed, speed.h0
     sink = plant(sp)
     try:
-        closed = h0 + 3 * HOUR - 10 * MINUTE  # the Spark watermark: the newest event less the allowed lateness
-        assert sink.roll_up(closed) == int((closed - h0) / SPEED_ROLLUP)  # every interval has rows
+        # the Spark watermark: the newest event (the last minute's last instant) less the allowed lateness; the
+        # interval ending at 2:50 is not closed by it, and serving reads rollups only up to 2:49 (final_until)
+        closed = h0 + 3 * HOUR - MINUTE + LAST_MS - 10 * MINUTE
+        assert sink.roll_up(closed) == int((closed - h0) / SPEED_ROLLUP) == 16  # every interval has rows
         assert sink.roll_up(closed) == 0  # merged once
     finally:
         sink.close()
@@ -263,8 +265,9 @@ def test_a_new_epoch_answers_from_its_own_minutes_and_rollups(speed: Speed) -> N
         with session(sp.settings) as sess:
             got = window.load(sp.reader(sess), h0, h0 + 3 * HOUR, "*", keep_rows=False)
             check(got, sp.events(h0, h0 + 3 * HOUR))
-            # read as rollups up to the newest event less the lateness (2:50): 6 + 11 intervals, 10 minutes
-            assert got.merged.rows == 6 + 11 + 10
+            # read as rollups up to the minutes surely final (the newest minute's end less the lateness and a
+            # minute: 2:49): 6 + 10 intervals, 20 minutes
+            assert got.merged.rows == 6 + 10 + 20
     finally:
         new.close()
 
@@ -292,7 +295,7 @@ def test_a_promoted_view_version_answers_from_its_own_rollups(own_keyspace: Sett
         applied, now = store.promote(query, sp.definition, store.serving())
         assert applied and now.query == query
         got = window.load(reader, h0, h0 + HOUR, "*", keep_rows=False)
-        assert got.merged.rows == 5 + 10  # its intervals up to its newest event less the lateness, then minutes
+        assert got.merged.rows == 4 + 20  # its intervals up to its minutes surely final (0:49), then minutes
         check(got, list(recount.values()))
 
 
@@ -341,7 +344,7 @@ def test_a_run_killed_before_merging_leaves_its_intervals_to_the_next_run_of_the
     with session(sp.settings) as sess:
         got = window.load(sp.reader(sess), h0, h0 + HOUR, "*", keep_rows=False)
         check(got, list(sp.truth.values()))
-        assert got.merged.rows == 5 + 10  # up to its newest event less the lateness, then minutes
+        assert got.merged.rows == 4 + 20  # up to its minutes surely final (0:49), then minutes
 
 
 def test_the_speed_coverage_is_read_with_the_state_once_the_boundary_is_known(
