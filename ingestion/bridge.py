@@ -314,11 +314,10 @@ class Bridge:
         return False
 
     def _usable(self, message: Message) -> bool:
-        from confluent_kafka import KafkaError  # noqa: PLC0415
-
         err = message.error()
         if err is None:
             return True
+        from confluent_kafka import KafkaError  # noqa: PLC0415 - only for an error: this runs for every record
         if err.fatal() or err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED):
             msg = f"reading {message.topic()}: {err.str()}"
             raise BridgeError(msg)
