@@ -39,8 +39,9 @@ from infra.settings_env import env_var
 from ingestion.mapping import DEFAULT_MAPPING, ColumnMapping
 from ingestion.producer import IngestSummary, producer_config
 from ingestion.pseudonyms import Pseudonymiser
-from ingestion.validate import Context, Encoded, Reason, Reject, encode_fields, encode_json
-from ingestion.wire import Decoder, Format, RegistryUnavailable, Undecodable, decoder
+from ingestion.validate import MAX_RECORD_BYTES, Context, Encoded, Reason, Reject, encode_fields, encode_json
+from ingestion.wire import MAGIC, Decoder, Format, RegistryUnavailable, Undecodable, decoder
+from views.event import encode_raw_fast
 from views.event_avro import events_writer
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ logger = logging.getLogger(__name__)
 
 TIMEOUT_S: Final = 30.0
 QUEUE_FULL_POLL_S: Final = 0.05
+HOUR_MS: Final = 3_600_000
 
 
 class BridgeError(TrendsError):
@@ -154,6 +156,18 @@ class Bridge:
         self._decode: Decoder = decoder(fmt, settings.registry)
         self._events_avro = events_writer(settings)  # None: the events topic takes the wire JSON as it is
         self._pseudonymiser = Pseudonymiser.from_settings(settings)  # None with privacy.pseudonymise off
+        # (user, hour) -> pseudonym of the pairs this bridge had recorded: a JSON record of a known pair in the
+        # event's own form is encoded with its pseudonym at once, not pseudonymised after (its own copy of the
+        # store's memory, dropped whenever that memory turns, so a forgotten user still leaves it in time)
+        self._fuse = (
+            fmt == "json"
+            and self._pseudonymiser is not None
+            and mapping.is_identity
+            and settings.privacy.pseudonym_cache_size > 0
+        )
+        self._known: dict[tuple[str, int], str] = {}
+        self._known_turns: int | None = None
+        self._known_max = settings.privacy.pseudonym_cache_size
         self._skew = timedelta(seconds=settings.ingest.max_future_skew_s)
         self._consumer = Consumer(
             {
@@ -264,7 +278,7 @@ class Bridge:
                     idle_since = time.monotonic()
                     if self.stats.first_record_at is None:
                         self.stats.first_record_at = idle_since
-                    outcomes = self._outcomes(records, should_stop)
+                    outcomes, fused = self._outcomes(records, should_stop)
                     if outcomes is None:  # asked to stop while waiting for the registry: nothing was produced
                         self._settled(committing, [], on_batch)
                         committing = None
@@ -276,7 +290,7 @@ class Bridge:
                     # the group's generation as these records were read: a rebalance while the transaction commits
                     # (the next consume takes part in it) fences the commit, and the batch is read again
                     group = self._consumer.consumer_group_metadata()
-                    committing = (pool.submit(self._transact, outcomes, group), records)
+                    committing = (pool.submit(self._transact, outcomes, group, fused), records)
             finally:
                 self._settled(committing, [], on_batch)
         self.stats.stopped = should_stop()
@@ -318,33 +332,54 @@ class Bridge:
         if err is None:
             return True
         from confluent_kafka import KafkaError  # noqa: PLC0415 - only for an error: this runs for every record
+
         if err.fatal() or err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED):
             msg = f"reading {message.topic()}: {err.str()}"
             raise BridgeError(msg)
         logger.warning("consumer: %s", err.str())
         return False
 
-    def _outcomes(self, records: list[Message], should_stop: Callable[[], bool]) -> list[Outcome] | None:
-        """Decode, map and validate a batch (no transaction open); None when asked to stop meanwhile."""
+    def _outcomes(
+        self, records: list[Message], should_stop: Callable[[], bool]
+    ) -> tuple[list[Outcome] | None, frozenset[int]]:
+        """Decode, map and validate a batch (no transaction open); None when asked to stop meanwhile.
+
+        :returns: the outcomes, and the positions of events already encoded with their pseudonyms.
+        """
         now = datetime.now(UTC)
         contexts: dict[str | None, Context] = {}
         out: list[Outcome] = []
+        fused: set[int] = set()
         decode, key = self._decode, self.key_field
+        known = self._known
+
+        def pseudonym(user: str, ts_ms: int) -> str | None:
+            return known.get((user, ts_ms - ts_ms % HOUR_MS))
+
+        fuse = pseudonym if self._fuse and known else None
         for message in records:
             topic = message.topic()
             ctx = contexts.get(topic)
             if ctx is None:
                 ctx = contexts[topic] = Context(topic or "?", now, self._skew, self.mapping)
+            if fuse is not None:
+                value = message.value()
+                if value and value[0] != MAGIC and len(value) <= MAX_RECORD_BYTES:
+                    done = encode_raw_fast(value, key, fuse)
+                    if done is not None and done[2] <= ctx.latest_allowed_ms:
+                        fused.add(len(out))
+                        out.append((message, done))
+                        continue
             where = (ctx.source, message.partition() or 0, message.offset() or 0)
             try:
                 result = transform(message.value(), where, decode, ctx, key)
             except RegistryUnavailable:
                 waited = self._outcome(message, where, ctx, should_stop)
                 if waited is None:
-                    return None
+                    return None, frozenset()
                 result = waited
             out.append((message, result))
-        return out
+        return out, frozenset(fused)
 
     def _outcome(
         self, message: Message, where: tuple[str, int, int], ctx: Context, should_stop: Callable[[], bool]
@@ -380,20 +415,33 @@ class Bridge:
     def _where(message: Message) -> str:
         return f"{message.topic()} partition {message.partition()} offset {message.offset()}"
 
-    def _pseudonymised(self, outcomes: list[Outcome]) -> list[Outcome]:
-        """Replace the events' users by their pseudonyms (their hours recorded first), as every path into Kafka does."""
-        if self._pseudonymiser is None:
+    def _pseudonymised(self, outcomes: list[Outcome], fused: frozenset[int] = frozenset()) -> list[Outcome]:
+        """Replace the events' users by their pseudonyms (their hours recorded first), as every path into Kafka does.
+
+        The events at ``fused`` carry theirs already. The pairs recorded here are remembered for the next batches.
+        """
+        pseudonymiser = self._pseudonymiser
+        if pseudonymiser is None:
             return outcomes
-        at = [i for i, (_m, done) in enumerate(outcomes) if not isinstance(done, Reject)]
+        at = [i for i, (_m, done) in enumerate(outcomes) if i not in fused and not isinstance(done, Reject)]
+        learned: dict[tuple[str, int], str] | None = None
+        if self._fuse and (at or self._known):  # checked every batch: a fused batch asks the store nothing else
+            turns = pseudonymiser.memory_turns()
+            if turns != self._known_turns or len(self._known) >= self._known_max:
+                self._known = {}  # a new dict: a batch being read keeps the one it started with
+                self._known_turns = turns
+            learned = {}
         if not at:
             return outcomes
-        events = self._pseudonymiser.encoded([cast("Encoded", outcomes[i][1]) for i in at], self.key_field)
+        events = pseudonymiser.encoded([cast("Encoded", outcomes[i][1]) for i in at], self.key_field, learned)
+        if learned:
+            self._known.update(learned)
         out = list(outcomes)
         for i, event in zip(at, events, strict=True):
             out[i] = (out[i][0], event)
         return out
 
-    def _transact(self, outcomes: list[Outcome], group: Any) -> bool:
+    def _transact(self, outcomes: list[Outcome], group: Any, fused: frozenset[int] = frozenset()) -> bool:
         """Produce a batch's outcomes and commit its offsets in one transaction; False when it was aborted."""
         from confluent_kafka import KafkaException  # noqa: PLC0415
 
@@ -402,7 +450,7 @@ class Bridge:
         producer = self._producer
         events = 0
         rejects: Counter[str] = Counter()
-        outcomes = self._pseudonymised(outcomes)
+        outcomes = self._pseudonymised(outcomes, fused)
         avro = self._events_avro
         try:
             producer.begin_transaction()

@@ -121,13 +121,18 @@ class Pseudonymiser:
             update["id"] = content_id(event.ts, event.item, pseudonym, event.value, event.dims)
         return event.model_copy(update=update)
 
-    def encoded(self, events: list[Encoded], key_field: str) -> list[Encoded]:
+    def encoded(
+        self, events: list[Encoded], key_field: str, learned: dict[tuple[str, int], str] | None = None
+    ) -> list[Encoded]:
         """Return validated events (JSON, key, timestamp) with their users pseudonymised, in the same order.
 
         The JSON is the canonical wire form (validated already), so the bytes are what the model path would write
         for the pseudonymised event. Where the user's text needs no escape and the id is not content-derived, the
         pseudonym is put in place of the user's bytes (:func:`_user_span`); otherwise the JSON is read back, its
         user and a content-derived id replaced, and written again by the event's own wire encoder.
+
+        :arg learned: filled with ``(user, hour start in epoch ms) -> pseudonym`` of these events, every hour
+            recorded when this returns (a caller's memory of what needs no store next time).
         """
         found: list[tuple[int, int] | dict[str, Any]] = []  # per event: its user's span, or its decoded fields
         users: list[str | None] = []
@@ -144,6 +149,9 @@ class Pseudonymiser:
         if not hours:
             return events
         table = self.table({user for user, _ts in hours}, hours)
+        if learned is not None:
+            for who, ts in hours:
+                learned[(who, ts - ts % _HOUR_MS)] = table[who]
         out: list[Encoded] = []
         for where, user, original in zip(found, users, events, strict=True):
             if user is None:

@@ -19,6 +19,7 @@ import re
 import types
 import typing
 import unicodedata
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Annotated, Any, Final
 
@@ -411,7 +412,9 @@ def wire_ts_ms(text: str) -> int:
     return ms if ms is not None else ts_millis(parse_time(text))
 
 
-def encode_raw_fast(raw: bytes, key_field: str) -> tuple[bytes, bytes | None, int] | None:  # noqa: PLR0911
+def encode_raw_fast(  # noqa: PLR0911
+    raw: bytes, key_field: str, user_as: Callable[[str, int], str | None] | None = None
+) -> tuple[bytes, bytes | None, int] | None:
     """Return what the model would put on the wire for a JSON record — JSON, key, timestamp — or None.
 
     The fast path of records already in the event's own form (another system's export, a replay, the collector's
@@ -419,6 +422,10 @@ def encode_raw_fast(raw: bytes, key_field: str) -> tuple[bytes, bytes | None, in
     msgspec in C), a canonical time. About three times as fast as :func:`encode_fast`. Anything else returns None,
     and the caller takes the path that gives the exact event or reject; ``tests/unit/test_view_event.py`` checks
     that both write the same bytes, key and timestamp.
+
+    :arg user_as: the text that replaces a user (its pseudonym), given the user and the event's epoch ms; its None,
+        and an explicit id in the form of a content-derived one (whether it was derived from the user is the
+        caller's to tell), return None. A derived id is derived from the replacement, as the model path would be.
     """
     if not raw.isascii() or b"\\" in raw or b"\x7f" in raw or key_field not in ("item", "user", "id", "none"):
         return None
@@ -438,9 +445,16 @@ def encode_raw_fast(raw: bytes, key_field: str) -> tuple[bytes, bytes | None, in
     ts_ms = _canonical_ms(record.ts)
     if ts_ms is None:
         return None
-    event_id = record.id or content_id_ms(ts_ms, record.item, record.user, value, record.dims)
+    user = record.user
+    if user_as is not None and user is not None:
+        if record.id.startswith(CONTENT_ID_PREFIX):
+            return None
+        user = user_as(user, ts_ms)
+        if user is None:
+            return None
+    event_id = record.id or content_id_ms(ts_ms, record.item, user, value, record.dims)
     return encode_wire(
-        _wire_fields(record.v, event_id, record.ts, record.item, record.user, value, record.dims), ts_ms, key_field
+        _wire_fields(record.v, event_id, record.ts, record.item, user, value, record.dims), ts_ms, key_field
     )
 
 
