@@ -38,10 +38,9 @@ from infra.settings import Settings
 from infra.settings_env import env_var
 from ingestion.mapping import DEFAULT_MAPPING, ColumnMapping
 from ingestion.producer import IngestSummary, producer_config
-from ingestion.pseudonyms import Pseudonymiser
-from ingestion.validate import MAX_RECORD_BYTES, Context, Encoded, Reason, Reject, encode_fields, encode_json
-from ingestion.wire import MAGIC, Decoder, Format, RegistryUnavailable, Undecodable, decoder
-from views.event import encode_raw_fast
+from ingestion.pseudonyms import KnownPairs, Pseudonymiser
+from ingestion.validate import Context, Encoded, Reason, Reject, encode_fields, encode_json, encode_json_fast
+from ingestion.wire import Decoder, Format, RegistryUnavailable, Undecodable, decoder
 from views.event_avro import events_writer
 
 if TYPE_CHECKING:
@@ -51,7 +50,6 @@ logger = logging.getLogger(__name__)
 
 TIMEOUT_S: Final = 30.0
 QUEUE_FULL_POLL_S: Final = 0.05
-HOUR_MS: Final = 3_600_000
 
 
 class BridgeError(TrendsError):
@@ -156,18 +154,11 @@ class Bridge:
         self._decode: Decoder = decoder(fmt, settings.registry)
         self._events_avro = events_writer(settings)  # None: the events topic takes the wire JSON as it is
         self._pseudonymiser = Pseudonymiser.from_settings(settings)  # None with privacy.pseudonymise off
-        # (user, hour) -> pseudonym of the pairs this bridge had recorded: a JSON record of a known pair in the
-        # event's own form is encoded with its pseudonym at once, not pseudonymised after (its own copy of the
-        # store's memory, dropped whenever that memory turns, so a forgotten user still leaves it in time)
-        self._fuse = (
-            fmt == "json"
-            and self._pseudonymiser is not None
-            and mapping.is_identity
-            and settings.privacy.pseudonym_cache_size > 0
-        )
-        self._known: dict[tuple[str, int], str] = {}
-        self._known_turns: int | None = None
-        self._known_max = settings.privacy.pseudonym_cache_size
+        # a JSON record of a (user, hour) this bridge had recorded, in the event's own form, is encoded with its
+        # pseudonym at once rather than pseudonymised after
+        fuse = fmt == "json" and self._pseudonymiser is not None and mapping.is_identity
+        cache = settings.privacy.pseudonym_cache_size
+        self._known = KnownPairs(cache) if fuse and cache > 0 else None
         self._skew = timedelta(seconds=settings.ingest.max_future_skew_s)
         self._consumer = Consumer(
             {
@@ -351,12 +342,7 @@ class Bridge:
         out: list[Outcome] = []
         fused: set[int] = set()
         decode, key = self._decode, self.key_field
-        known = self._known
-
-        def pseudonym(user: str, ts_ms: int) -> str | None:
-            return known.get((user, ts_ms - ts_ms % HOUR_MS))
-
-        fuse = pseudonym if self._fuse and known else None
+        fuse = self._known.lookup() if self._known is not None else None
         for message in records:
             topic = message.topic()
             ctx = contexts.get(topic)
@@ -364,12 +350,12 @@ class Bridge:
                 ctx = contexts[topic] = Context(topic or "?", now, self._skew, self.mapping)
             if fuse is not None:
                 value = message.value()
-                if value and value[0] != MAGIC and len(value) <= MAX_RECORD_BYTES:
-                    done = encode_raw_fast(value, key, fuse)
-                    if done is not None and done[2] <= ctx.latest_allowed_ms:
-                        fused.add(len(out))
-                        out.append((message, done))
-                        continue
+                raw = decode(value) if value else None  # JSON: its bytes, unframed
+                done = encode_json_fast(raw, ctx, key, fuse) if isinstance(raw, bytes) else None
+                if done is not None:
+                    fused.add(len(out))
+                    out.append((message, done))
+                    continue
             where = (ctx.source, message.partition() or 0, message.offset() or 0)
             try:
                 result = transform(message.value(), where, decode, ctx, key)
@@ -424,18 +410,16 @@ class Bridge:
         if pseudonymiser is None:
             return outcomes
         at = [i for i, (_m, done) in enumerate(outcomes) if i not in fused and not isinstance(done, Reject)]
+        known = self._known
         learned: dict[tuple[str, int], str] | None = None
-        if self._fuse and (at or self._known):  # checked every batch: a fused batch asks the store nothing else
-            turns = pseudonymiser.memory_turns()
-            if turns != self._known_turns or len(self._known) >= self._known_max:
-                self._known = {}  # a new dict: a batch being read keeps the one it started with
-                self._known_turns = turns
+        if known is not None and (at or known):  # every batch: a fused batch asks the store nothing else
+            known.refresh(pseudonymiser)
             learned = {}
         if not at:
             return outcomes
         events = pseudonymiser.encoded([cast("Encoded", outcomes[i][1]) for i in at], self.key_field, learned)
-        if learned:
-            self._known.update(learned)
+        if known is not None and learned:
+            known.learn(learned)
         out = list(outcomes)
         for i, event in zip(at, events, strict=True):
             out[i] = (out[i][0], event)

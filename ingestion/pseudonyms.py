@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any, Final, cast
@@ -37,6 +37,49 @@ PIPELINE_DEPTH: Final = 8
 
 # An event as it goes to Kafka: its JSON, key and record timestamp (epoch ms).
 Encoded = tuple[bytes, bytes | None, int]
+
+
+def hour_ms(ts_ms: int) -> int:
+    """Return the start of the UTC hour of an epoch-ms time: the hour a subject's event is recorded under."""
+    return ts_ms - ts_ms % _HOUR_MS
+
+
+class KnownPairs:
+    """A producer's copy of the (user, hour) pairs it had recorded, with their pseudonyms.
+
+    An event of a known pair can be encoded with its pseudonym at once: its hour is durable and its pseudonym is
+    what the store answered. The copy is dropped whenever the store's memory turns (its TTL, an early turn, a
+    forget), so a forgotten user leaves it within ``privacy.pseudonym_cache_ttl_s`` as it leaves the store's, and
+    when it reaches ``max_pairs``.
+    """
+
+    def __init__(self, max_pairs: int) -> None:
+        self._max = max_pairs
+        self._pairs: dict[tuple[str, int], str] = {}
+        self._turns: int | None = None
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def lookup(self) -> Callable[[str, int], str | None] | None:
+        """Return ``(user, epoch ms) -> pseudonym or None`` over the copy as it is now (None: it is empty)."""
+        pairs = self._pairs  # a caller reading a batch keeps this one even if the copy is dropped meanwhile
+
+        def pseudonym(user: str, ts_ms: int) -> str | None:
+            return pairs.get((user, ts_ms - ts_ms % _HOUR_MS))  # hour_ms, inlined: this runs for every record
+
+        return pseudonym if pairs else None
+
+    def refresh(self, pseudonymiser: Pseudonymiser) -> None:
+        """Drop the copy if the store's memory turned since it was taken, or the copy is full."""
+        turns = pseudonymiser.memory_turns()
+        if turns != self._turns or len(self._pairs) >= self._max:
+            self._pairs = {}  # a new dict: a lookup handed out before keeps the old one
+            self._turns = turns
+
+    def learn(self, learned: dict[tuple[str, int], str]) -> None:
+        """Add the pairs :meth:`Pseudonymiser.encoded` recorded (its ``learned``)."""
+        self._pairs.update(learned)
 
 
 class Pseudonymiser:
@@ -93,7 +136,7 @@ class Pseudonymiser:
             recorded in the subject store (durably) when this returns. An hour recorded for an event that then
             fails is harmless; an event in the log whose hour is missing would escape an erasure.
         """
-        pairs = {(user, ts // _HOUR_MS * _HOUR_MS) for user, ts in hours}
+        pairs = {(user, hour_ms(ts)) for user, ts in hours}
         return self.store.resolve(users, pairs)
 
     def table_async(self, users: Iterable[str], hours: Iterable[tuple[str, int]] = ()) -> Future[dict[str, str]]:
@@ -151,7 +194,7 @@ class Pseudonymiser:
         table = self.table({user for user, _ts in hours}, hours)
         if learned is not None:
             for who, ts in hours:
-                learned[(who, ts - ts % _HOUR_MS)] = table[who]
+                learned[(who, hour_ms(ts))] = table[who]
         out: list[Encoded] = []
         for where, user, original in zip(found, users, events, strict=True):
             if user is None:

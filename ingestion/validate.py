@@ -12,7 +12,7 @@ import io
 import json
 import logging
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -221,9 +221,9 @@ def encode_json(
     record in the event's own form is checked in C by :func:`views.event.encode_raw_fast`, others field by field
     by :func:`views.event.encode_fast`); every other record, and every error, goes through the model.
     """
-    if size is None and len(raw) <= MAX_RECORD_BYTES and ctx.mapping.is_identity:
-        done = encode_raw_fast(raw, key_field)
-        if done is not None and done[2] <= ctx.latest_allowed_ms:
+    if size is None:
+        done = encode_json_fast(raw, ctx, key_field)
+        if done is not None:
             return done
     obj = _parse_json(raw, ctx, line, size)
     if isinstance(obj, Reject):
@@ -238,6 +238,21 @@ def encode_json(
         if fast is not None and fast[2] <= ctx.latest_allowed_ms:
             return fast
     return encoded(validate_fields(obj, raw, ctx, line), key_field)
+
+
+def encode_json_fast(
+    raw: bytes, ctx: Context, key_field: str, user_as: Callable[[str, int], str | None] | None = None
+) -> Encoded | None:
+    """Return a plainly valid record in the event's own form as it goes to Kafka, or None for the full path.
+
+    :func:`encode_json`'s first step: :func:`views.event.encode_raw_fast` on a record within the size limit, read
+    without a mapping, and not too far in the future. ``user_as`` replaces its user (see there).
+    """
+    if len(raw) <= MAX_RECORD_BYTES and ctx.mapping.is_identity:
+        done = encode_raw_fast(raw, key_field, user_as)
+        if done is not None and done[2] <= ctx.latest_allowed_ms:
+            return done
+    return None
 
 
 def encode_fields(fields: Mapping[str, Any], raw: bytes, ctx: Context, key_field: str) -> Encoded | Reject:
