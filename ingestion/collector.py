@@ -23,7 +23,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -48,7 +48,8 @@ from ingestion.collector_body import (
     records,
 )
 from ingestion.collector_delivery import Answer, Batch, DeliveryFailedError, ProducerLoop
-from ingestion.validate import Context, Encoded, Reject, encode_json
+from ingestion.pseudonyms import KnownPairs
+from ingestion.validate import Context, Encoded, Reject, encode_json, encode_json_fast
 
 logger = logging.getLogger(__name__)
 
@@ -184,35 +185,66 @@ class Collector:
         self.skew = timedelta(seconds=settings.ingest.max_future_skew_s)
         self.producer_config = producer_config
         self.loop: ProducerLoop | None = None
+        # the (user, hour) pairs this process recorded: a record of one is encoded with its pseudonym at once
+        cache = settings.privacy.pseudonym_cache_size
+        self._known = KnownPairs(cache) if settings.privacy.pseudonymise and cache > 0 else None
 
-    def validate(self, body: bytes, fmt: BodyFormat) -> list[tuple[int, Encoded | Reject]]:
-        """Split a body into records and validate each as a file line is (``index + 1`` as its line)."""
+    def validate(self, body: bytes, fmt: BodyFormat) -> tuple[list[tuple[int, Encoded | Reject]], frozenset[int]]:
+        """Split a body into records and validate each as a file line is (``index + 1`` as its line).
+
+        :returns: the outcomes, and the positions of events already encoded with their pseudonyms: a record in the
+            event's own form whose (user, hour) this process had recorded (:class:`KnownPairs`).
+        """
         ctx = Context(source=SOURCE, now=datetime.now(UTC), max_future_skew=self.skew)
         key_field = self.settings.ingest.key_field
-        return [
-            (index, encode_json(raw, ctx, key_field, index + 1, size=size))
-            for index, raw, size in records(body, fmt, self.cfg.max_records)
-        ]
+        fuse = self._known_lookup()
+        out: list[tuple[int, Encoded | Reject]] = []
+        fused: set[int] = set()
+        for index, raw, size in records(body, fmt, self.cfg.max_records):
+            done = encode_json_fast(raw, ctx, key_field, fuse) if fuse is not None and size is None else None
+            if done is not None:
+                fused.add(len(out))
+                out.append((index, done))
+            else:
+                out.append((index, encode_json(raw, ctx, key_field, index + 1, size=size)))
+        return out, frozenset(fused)
 
-    def pseudonymise(self, outcomes: list[tuple[int, Encoded | Reject]]) -> list[tuple[int, Encoded | Reject]]:
+    def _known_lookup(self) -> Callable[[str, int], str | None] | None:
+        """Return the lookup of the known pairs, dropped first if the store's memory turned (None: nothing known)."""
+        known, loop = self._known, self.loop
+        pseudonymiser = loop.producer.pseudonymiser if loop is not None else None
+        if known is None or pseudonymiser is None:
+            return None
+        try:
+            known.refresh(pseudonymiser)
+        except TrendsError:  # the store cannot open: nothing is fused, and pseudonymise answers the 503
+            return None
+        return known.lookup()
+
+    def pseudonymise(
+        self, outcomes: list[tuple[int, Encoded | Reject]], fused: frozenset[int] = frozenset()
+    ) -> list[tuple[int, Encoded | Reject]]:
         """Replace the events' users by their pseudonyms (their hours recorded first), with ``privacy.pseudonymise``.
 
         Run on the request's own thread: requests resolve their users concurrently, and the producer's thread
-        only produces.
+        only produces. The events at ``fused`` carry theirs already; the pairs recorded here are remembered.
 
         :raises Refusal: 503 when the subject store does not answer (nothing of the request is produced).
         """
         key_field = self.settings.ingest.key_field
         pseudonymiser = self._loop().producer.pseudonymiser
-        at = [i for i, (_index, done) in enumerate(outcomes) if not isinstance(done, Reject)]
+        at = [i for i, (_index, done) in enumerate(outcomes) if i not in fused and not isinstance(done, Reject)]
         if pseudonymiser is None or not at:
             return outcomes
+        learned: dict[tuple[str, int], str] | None = {} if self._known is not None else None
         try:
-            events = pseudonymiser.encoded([cast("Encoded", outcomes[i][1]) for i in at], key_field)
+            events = pseudonymiser.encoded([cast("Encoded", outcomes[i][1]) for i in at], key_field, learned)
         except TrendsError as exc:  # the store did not answer, or the subject key is missing
             logger.warning("503 for a request of %d records: %s", len(outcomes), exc)
             msg = "the subject store (Cassandra) did not answer; send the same request again"
             raise Refusal(503, msg, {"Retry-After": str(self.cfg.retry_after_s)}) from None
+        if self._known is not None and learned:
+            self._known.learn(learned)
         for i, event in zip(at, events, strict=True):
             outcomes[i] = (outcomes[i][0], event)
         return outcomes
@@ -253,9 +285,9 @@ class Collector:
         body = await read_body(request.stream(), cfg.max_body_bytes)
         if encoding != "identity":
             body = await run_in_threadpool(inflate, body, cfg.max_body_bytes)
-        outcomes = await run_in_threadpool(self.validate, body, fmt)
+        outcomes, fused = await run_in_threadpool(self.validate, body, fmt)
         self._admit(len(outcomes))
-        outcomes = await run_in_threadpool(self.pseudonymise, outcomes)
+        outcomes = await run_in_threadpool(self.pseudonymise, outcomes, fused)
         batch = Batch(outcomes)
         self._loop().submit(batch)
         try:

@@ -25,7 +25,7 @@ from infra.privacy import subjects
 from infra.privacy.subjects import SubjectKeyError, SubjectStore, ensure_key_file, new_pseudonym, read_key
 from infra.settings import Settings
 from ingestion.pseudonyms import Pseudonymiser
-from ingestion.validate import Context, encode_json
+from ingestion.validate import Context, Reject, encode_json
 from views.event import Event, content_id
 
 KEY = b"k" * 32
@@ -495,5 +495,36 @@ def test_the_bridge_encodes_recorded_pairs_at_once_and_forgets_them_when_the_sto
     fused, _ = batch("bob")
     assert fused == {0}  # read with the copy before the turn was seen: the store's own bound holds it
     fused, third = batch("alice")
+    assert fused == frozenset() and [u for u, _h in table.asked[2:]] == ["alice"]
+    assert third[0] == first[0]
+
+
+def test_the_collector_encodes_recorded_pairs_at_once_and_forgets_them_when_the_store_memory_turns() -> None:
+    from types import SimpleNamespace
+
+    from ingestion.collector import Collector
+
+    collector = Collector(_settings())
+    pseudonymiser, table = _pseudonymiser()
+    collector.loop = cast("Any", SimpleNamespace(producer=SimpleNamespace(pseudonymiser=pseudonymiser)))
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:00:00.000Z")
+
+    def request(*users: str) -> tuple[frozenset[int], list[bytes]]:
+        body = b"\n".join(
+            json.dumps({"ts": now, "item": "#a", "user": u}, separators=(",", ":")).encode() for u in users
+        )
+        outcomes, fused = collector.validate(body + b"\n{not json\n", "ndjson")
+        done = collector.pseudonymise(outcomes, fused)
+        assert isinstance(done[-1][1], Reject)  # a reject stays one, whatever the copy holds
+        return fused, [cast("tuple[bytes, bytes | None, int]", e)[0] for _i, e in done[:-1]]
+
+    fused, first = request("alice", "alice")
+    assert fused == frozenset() and len(table.asked) == 1  # one pair asked for both
+    fused, second = request("alice", "bob")
+    assert fused == {0} and [u for u, _h in table.asked[1:]] == ["bob"]  # alice's hour is not asked again
+    assert second[0] == first[0]  # the same bytes as pseudonymised after
+    assert table.table["alice"].encode() in second[0] and b"alice" not in second[0]
+    table.turns = 1  # the store's memory turned (its TTL, or a forget): the next request reads without the copy
+    fused, third = request("alice")
     assert fused == frozenset() and [u for u, _h in table.asked[2:]] == ["alice"]
     assert third[0] == first[0]
