@@ -119,6 +119,7 @@ class Filled:
     epoch: str
     definition: str
     rolled: datetime | None = None  # speed intervals ending by then are merged into rollups
+    live: bool = False  # and the open ones after them (speed.live_rollups)
     moved: int = 0
 
     def events_in(self, start: datetime, end: datetime) -> int:
@@ -192,7 +193,11 @@ def write_speed(
         if roll_up:
             watermark = minutes[-1][0] + LAST_MS - timedelta(seconds=settings.speed.allowed_lateness_s)
             rolled = retried("speed rollups", lambda: sink.roll_up(watermark))
-            print(f"  {rolled:,} speed rollups of {SPEED_ROLLUP.total_seconds() / 60:.0f} minutes merged")
+            live = retried("open speed rollups", sink.roll_up_live)  # as after every micro-batch
+            print(
+                f"  {rolled:,} speed rollups of {SPEED_ROLLUP.total_seconds() / 60:.0f} minutes merged, "
+                f"{live} of open intervals"
+            )
     finally:
         sink.close()
     return epoch
@@ -271,7 +276,8 @@ def fill(settings: Settings, end: datetime, days: int, events: int, items: int) 
     print(f"  speed view written in {t1 - t0:.1f} s, batch view in {time.monotonic() - t1:.1f} s")
     if mark != watermark or batch_definition != definition:
         raise BenchError(f"the batch watermark is {mark} (expected {watermark}), definitions {batch_definition}")
-    return Filled(start, end, watermark, events, row_kb, epoch, definition, rollups_until(settings, end))
+    live = settings.speed.write_rollups and settings.speed.live_rollups
+    return Filled(start, end, watermark, events, row_kb, epoch, definition, rollups_until(settings, end), live)
 
 
 def rollups_until(settings: Settings, fresh: datetime) -> datetime:
@@ -283,13 +289,17 @@ def rollups_until(settings: Settings, fresh: datetime) -> datetime:
     return floor(fresh - timedelta(seconds=settings.speed.allowed_lateness_s), MINUTE) - MINUTE
 
 
-def expected_rows(start: datetime, end: datetime, watermark: datetime, rolled: datetime | None) -> int:
+def expected_rows(
+    start: datetime, end: datetime, watermark: datetime, rolled: datetime | None, planted: datetime | None = None
+) -> int:
     """Return the rows an answer over ``[start, end)`` must read when both views hold every minute planted.
 
     Below the watermark: a daily rollup per whole UTC day, an hourly rollup per whole hour, a ten-minute row per
     other whole ten minutes and minute rows elsewhere; from it, a speed rollup per whole interval ending by ``rolled``
-    and a speed row per other minute (``rolled`` None: ten-minute rows off, minutes only): the merge rule of
-    ``serving.plan`` and the reads of ``serving.read_schedule``, stated here on their own.
+    and a speed row per other minute (``rolled`` None: ten-minute rows off, minutes only). With live rollups
+    (``planted``: the end of the minutes planted), every interval has its rollup, and the one a span ends inside is
+    read from it when nothing was planted after the span's end. The merge rule of ``serving.plan`` and the reads of
+    ``serving.read_schedule``, stated here on their own.
     """
     split = min(max(watermark, start), end)
     rows, t = 0, start
@@ -309,27 +319,43 @@ def expected_rows(start: datetime, end: datetime, watermark: datetime, rolled: d
     for day in days_between(split, end):  # a speed span is read a UTC day at a time
         first = max(split, datetime.combine(day, dtime(), UTC))
         last = min(end, datetime.combine(day, dtime(), UTC) + DAY)
-        rows += _edge_rows(first, last, rolled)
+        rows += _edge_rows(first, last, rolled, planted)
     return rows
 
 
-def _edge_rows(first: datetime, last: datetime, rolled: datetime | None) -> int:
-    """Return the rows of ``[first, last)`` read as whole ten minutes ending by ``rolled`` and minutes elsewhere."""
+def _edge_rows(first: datetime, last: datetime, rolled: datetime | None, planted: datetime | None = None) -> int:
+    """Return the rows of ``[first, last)`` read as whole ten minutes ending by ``rolled`` and minutes elsewhere.
+
+    ``planted`` (live rollups): every interval is read whole, and so is the one ``last`` falls inside when nothing
+    was planted after ``last``.
+    """
     lo = floor(first + SPEED_ROLLUP - MINUTE, SPEED_ROLLUP)
-    hi = floor(min(last, rolled), SPEED_ROLLUP) if rolled is not None else lo
+    if rolled is None:
+        hi = lo
+    elif planted is not None:
+        top = floor(last - MINUTE, SPEED_ROLLUP) + SPEED_ROLLUP
+        hi = top if last >= planted else floor(last, SPEED_ROLLUP)
+    else:
+        hi = floor(min(last, rolled), SPEED_ROLLUP)
     if hi <= lo:
         return int((last - first) / MINUTE)
-    return int((lo - first) / MINUTE) + int((hi - lo) / SPEED_ROLLUP) + int((last - hi) / MINUTE)
+    return int((lo - first) / MINUTE) + int((hi - lo) / SPEED_ROLLUP) + max(0, int((last - hi) / MINUTE))
 
 
-def check_answer(what: str, windows: Sequence[Window], filled: Filled, rollups: bool = True) -> tuple[int, int]:
+def check_answer(
+    what: str, windows: Sequence[Window], filled: Filled, rollups: bool = True, live: bool = True
+) -> tuple[int, int]:
     """Fail unless every window is answered with no gap, from the expected rows, with every event planted.
+
+    ``live``: the rollups of open intervals are read (if the speed layer writes them); an answer from the answer cache
+    reads its newest minutes (those the speed layer may still change) as minutes.
 
     :returns: the rows and events of all windows.
     """
     for w in windows:
         gaps = w.provenance.gaps
-        want_rows = expected_rows(w.start, w.end, filled.watermark, filled.rolled if rollups else None)
+        planted = filled.end if rollups and live and filled.live else None
+        want_rows = expected_rows(w.start, w.end, filled.watermark, filled.rolled if rollups else None, planted)
         want_events = filled.events_in(w.start, w.end)
         if gaps or w.merged.rows != want_rows or w.merged.events != want_events:
             raise BenchError(
@@ -450,7 +476,7 @@ def in_process(settings: Settings, filled: Filled, label: str, runs: int, warmup
         trending_once(warm, end, window)
         hits = answers.hits
         cached = timed(lambda: keep_last(last, trending_once(warm, end, window)), runs, warmup)
-        check_answer(f"{label} cached", last[-1], filled)
+        check_answer(f"{label} cached", last[-1], filled, live=False)
         if answers.hits != hits + runs + warmup:
             raise BenchError(f"{label}: {answers.hits - hits} of {runs + warmup} cached runs were lookups")
         state = timed(lambda: warm.coverage(end - 2 * window, end, "*"), runs, warmup)
@@ -461,7 +487,7 @@ def in_process(settings: Settings, filled: Filled, label: str, runs: int, warmup
         reusing = ViewReader(settings, sess)
         trending_once(reusing, end, window)
         reused = timed(lambda: keep_last(last, trending_once(reusing, end, window)), runs, warmup)
-        check_answer(f"{label} cached, the state reused", last[-1], filled)
+        check_answer(f"{label} cached, the state reused", last[-1], filled, live=False)
         print(
             f"trending {label:>3} cached, the state reused (serving.state_max_age_ms "
             f"{settings.serving.state_max_age_ms}): p50 {pct(reused, 0.5):6.2f} ms  p99 {pct(reused, 0.99):6.2f} ms"
@@ -474,13 +500,14 @@ def in_process(settings: Settings, filled: Filled, label: str, runs: int, warmup
             filled.moved += 1
             row = ViewRow("*", newest, filled.events + filled.moved, *variant, newest, newest + LAST_MS)
             sink.write_rows([row], 1_000_000 + filled.moved)
+            sink.roll_up_live()
             sink.read_all(datetime.now(UTC))  # the micro-batch read to the latest offsets
 
         try:
             partial = answers.partial
             moves = max(runs // 4, 10)
             moved = timed(lambda: keep_last(last, trending_once(warm, end, window)), moves, warmup, before=move)
-            check_answer(f"{label} speed moved", last[-1], filled)
+            check_answer(f"{label} speed moved", last[-1], filled, live=False)
             if answers.partial != partial + moves + warmup:
                 raise BenchError(
                     f"{label}: {answers.partial - partial} of {moves + warmup} speed moves kept the batch part"

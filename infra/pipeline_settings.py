@@ -188,6 +188,14 @@ class SpeedSettings(BaseModel):
         "watermark has passed it (after the batch that passed it), so serving reads a window above the batch "
         "watermark from one row per interval plus its edge minutes. Off: serving reads minutes only.",
     )
+    live_rollups: bool = Field(
+        True,
+        description="With `speed.write_rollups`, also rewrite the rollup of each interval still open (its minutes may "
+        "change) after every micro-batch that changed it, so serving reads a window's newest minutes as one row per "
+        "interval too. Each costs the sink a read and a merge of the interval's minute rows per batch and slice "
+        "changed (a few milliseconds each): with hundreds of slices, turn it off. Serving reads open intervals' "
+        "rollups only when it is on (the same setting for both).",
+    )
     stop_timeout_s: float = Field(
         60.0, gt=0, description="On SIGTERM/Ctrl-C, how long to let the running micro-batch finish before stopping."
     )
@@ -339,9 +347,9 @@ class ServingSettings(BaseModel):
         True,
         description="Read the whole ten minutes of a window from ten-minute rows instead of their minutes: below "
         "the batch watermark from the batch view's (hours whose run wrote them), above it from the speed layer's "
-        "rollups (`speed.write_rollups`) of closed intervals, wherever a rollup matches the minutes its epoch "
-        "counted there (else its minutes are read, gaps and all). Off: minutes only. A series by the minute never "
-        "uses them.",
+        "rollups (`speed.write_rollups`) of closed intervals (and of open ones with `speed.live_rollups`), wherever "
+        "a rollup matches the minutes its epoch counted there (else its minutes are read, gaps and all). Off: "
+        "minutes only. A series by the minute never uses them.",
     )
     speed_live_within_s: float = Field(
         30.0,

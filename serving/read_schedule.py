@@ -59,11 +59,14 @@ class ReadSchedule:
         rollups: SpeedCoverage | None = None,
         rollups_until: datetime | None = None,
         tens: frozenset[datetime] = frozenset(),
+        live: bool = False,
     ) -> None:
         self.query = query  # the speed query (view version) whose rows the speed spans read
-        # speed rollups are read for whole intervals ending by rollups_until, checked against this coverage
-        self.rollups = rollups if rollups_until is not None else None
+        # speed rollups are read for whole intervals ending by rollups_until, checked against this coverage; with
+        # live rollups (speed.live_rollups) for open intervals too
+        self.rollups = rollups if rollups_until is not None or (live and rollups is not None) else None
         self.rollups_until = rollups_until
+        self.live = live
         self.tens = tens  # batch hours whose current run wrote ten-minute rows
         self.sess = sess
         self.stmt = statements
@@ -106,27 +109,40 @@ class ReadSchedule:
 
         With rollups, the whole closed intervals inside the span are read from their rollups (one read per day piece)
         and only the minutes at its edges (and of intervals whose rollup is missing or does not match) as minutes.
+        With live rollups, open intervals are read from theirs too, and so is the interval the span ends inside when
+        the speed layer counted nothing in it past the span's end (the newest interval of a window ending now).
         """
         for day in days_between(span.start, span.end):
             first = max(span.start, datetime.combine(day, time(), UTC))
             last = min(span.end, datetime.combine(day, time(), UTC) + DAY)
             lo = floor(first + SPEED_ROLLUP - MINUTE, SPEED_ROLLUP)  # the first interval starting inside
-            hi = floor(min(last, self.rollups_until or first), SPEED_ROLLUP)  # the end of the last one closed
+            hi = self._rolled_end(first, last)
             if self.rollups is None or hi <= lo:
                 self._speed_minutes(day, first, last)
                 continue
             if first < lo:
                 self._speed_minutes(day, first, lo)
-            self._speed_rollups(day, lo, hi)
+            self._speed_rollups(day, lo, hi, last)
             if hi < last:
                 self._speed_minutes(day, hi, last)
+
+    def _rolled_end(self, first: datetime, last: datetime) -> datetime:
+        """Return the end of the last interval of ``[first, last)`` worth reading from its rollup."""
+        if not self.live or self.rollups is None:
+            return floor(min(last, self.rollups_until or first), SPEED_ROLLUP)  # the end of the last one closed
+        top = floor(last - MINUTE, SPEED_ROLLUP) + SPEED_ROLLUP  # the end of the interval holding the last minute
+        past = (m for m in Span(last, top, "speed", "minute").minutes())
+        return top if all(self.rollups.expected(m) == 0 for m in past) else floor(last, SPEED_ROLLUP)
 
     def _speed_minutes(self, day: date, first: datetime, last: datetime) -> None:
         minutes = int((last - first) / MINUTE)
         self._add(first, "speed", (self.query, self.slice, day, first, last), _minute_rows, minutes)
 
-    def _speed_rollups(self, day: date, lo: datetime, hi: datetime) -> None:
-        """Serve ``[lo, hi)`` from rollups that match the coverage; the minutes of any other interval read at once."""
+    def _speed_rollups(self, day: date, lo: datetime, hi: datetime, last: datetime) -> None:
+        """Serve ``[lo, min(hi, last))`` from rollups matching the coverage; the minutes of any other read at once.
+
+        ``hi`` may pass ``last`` (the span's end) inside an interval the speed layer counted nothing in after it.
+        """
         cov = self.rollups
         assert cov is not None  # noqa: S101 - only called with rollups
 
@@ -141,8 +157,8 @@ class ReadSchedule:
                     yield ServedRow.of_row(t, "10min", "speed", r)
                     todo = t + SPEED_ROLLUP
                 t += SPEED_ROLLUP
-            if todo < hi:
-                yield from self._read_minutes_now(day, todo, hi)
+            if todo < min(hi, last):
+                yield from self._read_minutes_now(day, todo, min(hi, last))
 
         self._add(lo, "rollups", (self.query, self.slice, day, lo, hi), emit, int((hi - lo) / SPEED_ROLLUP))
 

@@ -410,6 +410,7 @@ class ViewReader:
         reads = ReadSchedule(
             self.sess, self.statements(wanted), self.cache, slice_, wanted, runs, query or self._serving_query,
             tens.speed if tens is not None else None, until, tens.tens if tens is not None else frozenset(),
+            live=self.settings.speed.write_rollups and self.settings.speed.live_rollups,
         )  # fmt: skip
         hour_spans: dict[date, list[Span]] = {}
         for span in spans:

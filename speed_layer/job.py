@@ -347,6 +347,7 @@ def run(settings: Settings, *, available_now: bool = False, max_seconds: float |
         begin=begin,
         definition=definition,
         rollups=settings.speed.write_rollups,
+        live=settings.speed.live_rollups,
     )
     adapter = _ProgressListener(
         registry,

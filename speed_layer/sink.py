@@ -82,11 +82,13 @@ class SpeedViewSink:
     begin: StreamStart | None = None  # a start from the batch watermark: the epoch counts from its hour
     definition: str | None = None  # the view definition's fingerprint, recorded on a new epoch
     rollups: bool = True  # merge closed intervals into rollups (speed.write_rollups)
+    live: bool = True  # and rewrite open intervals' rollups after each batch that changed them (speed.live_rollups)
     _cluster: Cluster | None = field(default=None, init=False, repr=False)
     _rows: SpeedRows | None = field(default=None, init=False, repr=False)
     _rollups: SpeedRollups | None = field(default=None, init=False, repr=False)
     _open: set[Interval] = field(default_factory=set, init=False, repr=False)  # written, not yet rolled up
     _open_of: str | None = field(default=None, init=False, repr=False)  # the epoch whose to-do _open holds
+    _touched: set[Interval] = field(default_factory=set, init=False, repr=False)  # changed since their last merge
     _epoch: Epoch | None = field(default=None, init=False, repr=False)
     _marked: set[datetime] = field(default_factory=set, init=False, repr=False)
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC), init=False)
@@ -130,7 +132,7 @@ class SpeedViewSink:
         if self._cluster is not None:
             self._cluster.shutdown()
         self._cluster, self._rows, self._epoch, self._rollups = None, None, None, None
-        self._marked, self._open, self._open_of = set(), set(), None
+        self._marked, self._open, self._open_of, self._touched = set(), set(), None, set()
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         """Write one micro-batch (Spark calls this on the driver)."""
@@ -148,10 +150,11 @@ class SpeedViewSink:
         collect_ms = int((time.perf_counter() - t0) * 1000)
         result = self.write_rows(rows, batch_id)
         result.collect_ms = collect_ms
+        t1 = time.perf_counter()
         if self.watermark is not None:  # the watermark of the batches before: their late events are dropped
-            t1 = time.perf_counter()
             result.rollups = self.roll_up(self.watermark)
-            result.rollup_ms = int((time.perf_counter() - t1) * 1000)
+        result.rollups += self.roll_up_live()
+        result.rollup_ms = int((time.perf_counter() - t1) * 1000)
         self.last = result
         logger.debug("batch %s wrote %d bucket rows", batch_id, result.rows)
 
@@ -255,6 +258,30 @@ class SpeedViewSink:
         self._open -= closed
         return written
 
+    def roll_up_live(self) -> int:
+        """Rewrite the rollups of the open intervals changed since they were last merged; return how many.
+
+        An open interval's minutes may still change (late events within the lateness), so its rollup holds what they
+        hold now and is rewritten after every batch that changes them: serving uses it only while its events equal
+        what the coverage counted there, and reads the minutes otherwise. Closed intervals are left to
+        :meth:`roll_up` (call it first). Best effort like it: a failed write is retried after the next batch.
+        """
+        epoch = self._epoch
+        touched, self._touched = self._touched, set()
+        if not (self.rollups and self.live) or epoch is None or self._open_of != epoch.id:
+            return 0
+        live = {iv for iv in touched & self._open if epoch.covered_from is None or iv[1] >= epoch.covered_from}
+        if not live:
+            return 0
+        try:
+            return self._rollup_store().write(self.query, epoch.id, live, self.ttl_seconds)
+        except Exception:  # the minutes serve until the next try
+            logger.warning(
+                "could not rewrite %d open speed rollups; retried after the next batch", len(live), exc_info=True
+            )
+            self._touched |= live
+            return 0
+
     def _rollup_store(self) -> SpeedRollups:
         if self._rollups is None:
             self._rollups = SpeedRollups(self.settings, self._connect().sess)
@@ -265,9 +292,11 @@ class SpeedViewSink:
         store = self._rollup_store()
         if self._open_of != epoch.id:  # this run's first batch of the epoch: a killed run's to-do is ours now
             self._open, self._open_of = store.todo(self.query, epoch.id), epoch.id
-        new = {(r.slice, floor(utc(r.bucket_start), SPEED_ROLLUP)) for r in rows} - self._open  # type: ignore[arg-type]
+        intervals = {(r.slice, floor(utc(r.bucket_start), SPEED_ROLLUP)) for r in rows}  # type: ignore[arg-type]
+        new = intervals - self._open
         store.add_todo(self.query, epoch.id, new)
         self._open |= new
+        self._touched |= intervals
 
     def _hours_to_mark(self, epoch: Epoch, rows: list[Any]) -> list[datetime]:
         """Return the hours this batch writes rows in or reads through (quiet hours too), not yet marked here.

@@ -159,3 +159,60 @@ def test_rollups_are_read_only_where_the_job_has_surely_merged_them(fresh_min: i
     rolled = [(a, b) for name, a, b in reads(Span(T0, fresh, "speed", "minute"), final) if name == "rollups"]
     assert rolled == [(T0, T0 + ((fresh_min - 11) // 10) * SPEED_ROLLUP)]
     assert SpeedCoverage(()).final_until(600) is None
+
+
+def live_reads(span: Span, counts: dict[datetime, int]) -> list[tuple[str, Any, Any]]:
+    """Return the reads of a speed span with the rollups of open intervals (speed.live_rollups) on."""
+    stmts = {n: Statement(n) for n in ("speed", "rollups")}
+    sched = ReadSchedule(None, stmts, None, "*", frozenset(), {}, "q", coverage(counts), None, live=True)  # type: ignore[arg-type]
+    sched.speed(span)
+    return [(u.request.name, u.request.params[3], u.request.params[4]) for u in sched.units]
+
+
+def test_live_rollups_serve_open_intervals_and_the_newest_one_a_window_ends_inside() -> None:
+    """Every interval has a rollup, open ones too; the one a span ends inside serves only if nothing came after."""
+    span = Span(T0 + 7 * MINUTE, T0 + 57 * MINUTE, "speed", "minute")
+    upto = {T0 + i * MINUTE: 1 for i in range(57)}  # the newest minute counted is the span's last: a window ending now
+    assert live_reads(span, upto) == [
+        ("speed", T0 + 7 * MINUTE, T0 + 10 * MINUTE),
+        ("rollups", T0 + 10 * MINUTE, T0 + HOUR),
+    ]
+    later = {**upto, T0 + 58 * MINUTE: 1}  # a minute after the span's end in its interval: that one is read as minutes
+    assert live_reads(span, later) == [
+        ("speed", T0 + 7 * MINUTE, T0 + 10 * MINUTE),
+        ("rollups", T0 + 10 * MINUTE, T0 + 50 * MINUTE),
+        ("speed", T0 + 50 * MINUTE, T0 + 57 * MINUTE),
+    ]
+    assert live_reads(Span(T0 + 3 * MINUTE, T0 + 9 * MINUTE, "speed", "minute"), upto) == [
+        ("speed", T0 + 3 * MINUTE, T0 + 9 * MINUTE)  # inside one interval: minutes
+    ]
+
+
+def test_a_newest_rollup_not_matching_reads_only_the_minutes_of_the_span() -> None:
+    """The rollup of the interval a span ends inside, stale (a batch wrote minutes since): the span's minutes alone."""
+    counts = {T0 + i * MINUTE: 2 for i in range(15)}
+    stmts = {n: Statement(n) for n in ("speed", "rollups")}
+    asked: list[tuple[datetime, datetime]] = []
+
+    class Row:
+        def __init__(self, start: datetime, events: int) -> None:
+            self.bucket_start, self.events, self.width_min, self.epoch = start, events, 10, "a"
+
+    class Session:
+        def execute(self, bound: Bound, execution_profile: object = None) -> list[Row]:
+            first, last = bound.params[3], bound.params[4]
+            asked.append((first, last))
+            return [Row(first + i * MINUTE, 2) for i in range(int((last - first) / MINUTE))]
+
+    cov = coverage(counts)
+    sched = ReadSchedule(Session(), stmts, None, "*", frozenset(), {}, "q", cov, None, live=True)  # type: ignore[arg-type]
+    sched.speed(Span(T0, T0 + 15 * MINUTE, "speed", "minute"))
+    (unit,) = sched.units
+    assert (unit.request.params[3], unit.request.params[4]) == (T0, T0 + 20 * MINUTE)
+    got = list(unit.emit([Row(T0, 20), Row(T0 + SPEED_ROLLUP, 8)]))  # 8: merged before the newest minutes' batch
+    assert asked == [(T0 + SPEED_ROLLUP, T0 + 15 * MINUTE)]
+    assert [(b.start, b.resolution) for b in got] == [(T0, "10min")] + [
+        (T0 + i * MINUTE, "minute") for i in range(10, 15)
+    ]
+    fresh = list(unit.emit([Row(T0, 20), Row(T0 + SPEED_ROLLUP, 10)]))  # rewritten after that batch: one row
+    assert [(b.start, b.resolution) for b in fresh] == [(T0, "10min"), (T0 + SPEED_ROLLUP, "10min")]

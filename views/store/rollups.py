@@ -3,7 +3,9 @@
 A window above the batch watermark was one row per slice-minute (a busy minute's frequent-items sketch is ~36 KB):
 an hour of it is 60 rows read and merged for every new question. The speed layer merges each closed
 :data:`~views.buckets.SPEED_ROLLUP` interval once it can no longer change (the Spark watermark has passed its end:
-later events for it are dropped as late) and writes the result beside its minutes (``infra/cql/0012``).
+later events for it are dropped as late) and writes the result beside its minutes (``infra/cql/0012``); with
+``speed.live_rollups`` it also merges an open interval again after every micro-batch that wrote minutes in it, so the
+newest minutes of a window are one row per interval too.
 
 A rollup is a pure function of the interval's final minute rows, overwritten whole when written again, so writing it
 needs no exactly-once bookkeeping: a crash before it is written leaves the minutes, which serving reads instead. It
