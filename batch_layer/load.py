@@ -5,6 +5,7 @@ Every write is a new version or an idempotent upsert, so a pass run again replac
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from datetime import date, datetime
 
@@ -15,6 +16,7 @@ from batch_layer.report import RunResult, counts_of
 from views.buckets import HOUR
 from views.store.index import IndexStore
 from views.store.losses import Loss, losses_json
+from views.store.rows import ViewRow
 
 
 def load(
@@ -48,16 +50,7 @@ def load(
             store.rows.write_versions(runs, done.minutes, done.hours, done.tens)
         swaps = [(hp.hour, runs[hp.hour], hp.records) for hp in plan.hours]
         store.pointers.swap(swaps, definition, tens=done is None or bool(done.tens) or not done.minutes)
-        # Days whose 24 hours are all in the pass have their rollups computed: written together, in one go.
-        computed = {d for d in days if done is not None and d in done.days}
-        if done is not None and computed:
-            current = {d: dict(before[d]) for d in computed}
-            slices: dict[date, Counter[str]] = {d: Counter() for d in computed}
-            for h in hours:
-                if h.date() in computed:
-                    current[h.date()][h] = runs[h]
-                    slices[h.date()].update(r.slice for r in done.hours.get(h, ()))
-            store.write_days([(d, current[d], done.days[d], slices[d]) for d in sorted(computed)])
+        computed = _write_computed_days(store, done, days, runs, before)
         for day in days:
             if day not in computed:
                 store.remerge_day(day)
@@ -73,6 +66,33 @@ def load(
         if hour in before[hour.date()]:
             store.delete_superseded(hour, store.settings.batch.keep_versions)
     return results
+
+
+def _write_computed_days(
+    store: BatchStore,
+    done: Computed | None,
+    days: list[date],
+    runs: dict[datetime, uuid.UUID],
+    before: dict[date, dict[datetime, uuid.UUID]],
+) -> set[date]:
+    """Write the rollups and parts of the days whose 24 hours are all in the pass, together; return those days."""
+    computed = {d for d in days if done is not None and d in done.days}
+    if done is None or not computed:
+        return set()
+    current = {d: dict(before[d]) for d in computed}
+    slices: dict[date, Counter[str]] = {d: Counter() for d in computed}
+    for h, run in runs.items():
+        if h.date() in computed:
+            current[h.date()][h] = run
+            slices[h.date()].update(r.slice for r in done.hours.get(h, ()))
+    store.write_days([(d, current[d], done.days[d], slices[d]) for d in sorted(computed)])
+    for d in sorted(computed):
+        rows: dict[str, list[ViewRow]] = {}
+        for h in current[d]:
+            for r in done.hours.get(h, ()):
+                rows.setdefault(r.slice, []).append(r)
+        store.write_day_parts(d, current[d], rows)
+    return computed
 
 
 def recheck_stale(idx: IndexStore, plan: Plan) -> int:

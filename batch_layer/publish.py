@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from infra.cassandra import READ_PROFILE, table, write_many
 from infra.settings import Settings
 from views import sketches
-from views.buckets import day_key, utc
+from views.buckets import HOUR, day_key, is_day_part, utc
 from views.store.batch import BatchRows
 from views.store.losses import LossStore
 from views.store.pointers import PointerStore, fingerprint_of
@@ -74,12 +74,24 @@ class BatchStore:
         """
         return self.rows.write_days((day, fingerprint_of(runs), rows, hours) for day, runs, rows, hours in rollups)
 
+    def write_day_parts(self, day: date, runs: Mapping[datetime, uuid.UUID], rows: Mapping[str, Sequence[Any]]) -> int:
+        """Write the day's parts (prefixes and suffixes, ``batch_day_parts``) of each slice; return the rows written.
+
+        :arg runs: the current run of each hour of the day (after the swaps).
+        :arg rows: per slice, its hour rows of those runs (``ViewRow`` or rows read back, with their hour).
+        """
+        if not self.settings.batch.day_parts:
+            return 0
+        parts = [p for sl, sl_rows in rows.items() for p in day_parts(sl, day, runs, sl_rows)]
+        return self.rows.write_day_parts([(sl, day) for sl in rows], parts)
+
     def remerge_day(self, day: date) -> int:
-        """Rebuild the day's rollup of every slice from the current hour rows; return the slices written."""
+        """Rebuild the day's rollup and parts of every slice from the current hour rows; return the slices written."""
         current = self.pointers.runs(day)
         merged, hours = [], {}
+        by_slice: dict[str, list[Any]] = {}
         for sl in self.rows.day_slices(day):
-            rows = self.rows.day_hours(sl, day, current)
+            rows = by_slice[sl] = self.rows.day_hours(sl, day, current)
             if not rows:
                 continue
             hll, kll, fi = sketches.merge_all((r.users_hll, r.values_kll, r.items_fi) for r in rows)
@@ -96,6 +108,7 @@ class BatchStore:
                 )
             )
             hours[sl] = len(rows)
+        self.write_day_parts(day, current, by_slice)
         return self.rows.write_days([(day, fingerprint_of(current), merged, hours)])
 
     def delete_superseded(self, hour: datetime, keep: int) -> int:
@@ -166,3 +179,47 @@ class BatchStore:
     def latest_runs(self, hour: datetime, limit: int) -> list[Any]:
         """Return the newest runs of an hour (status, counts, offsets, code version), newest first."""
         return list(self.sess.execute(self.sel_latest_runs, (hour, limit), execution_profile=READ_PROFILE))
+
+
+def day_parts(
+    slice_: str, day: date, runs: Mapping[datetime, uuid.UUID], rows: Sequence[Any]
+) -> list[tuple[str, date, str, int, ViewRow, datetime]]:
+    """Return the slice's parts of a day (:func:`views.buckets.is_day_part`) merged from its hour rows.
+
+    A part is merged only over hours that all have a current run (an hour of it without the slice's row counted
+    nothing there), and records their runs' fingerprint; a part without any row of the slice is not written.
+    Prefixes grow from midnight and suffixes from the next midnight back, each merged once along the way.
+    """
+    midnight = datetime.combine(day, time(), UTC)
+    hours = [midnight + i * HOUR for i in range(24)]
+    by_hour = {_hour_of(r): r for r in rows}
+    out = []
+    for order in (hours, hours[::-1]):
+        union, covered, n, events = sketches.SketchUnion(), {}, 0, 0
+        lows: list[datetime] = []
+        highs: list[datetime] = []
+        for h in order:
+            run = runs.get(h)
+            if run is None:
+                break
+            covered[h] = run
+            r = by_hour.get(h)
+            if r is not None:
+                union.add(r.users_hll, r.values_kll, r.items_fi)
+                n, events = n + 1, events + int(r.events)
+                lows += [t for t in (utc(r.min_ts),) if t is not None]
+                highs += [t for t in (utc(r.max_ts),) if t is not None]
+            first, end = min(covered), max(covered) + HOUR
+            if n and is_day_part(first, end):
+                row = ViewRow(
+                    slice_, first, events, *union.serialized(), min(lows, default=None), max(highs, default=None)
+                )
+                out.append((slice_, day, fingerprint_of(covered), n, row, end))
+    return out
+
+
+def _hour_of(row: Any) -> datetime:
+    """Return the hour of an hour row: read back (``hour``) or computed (``ViewRow.bucket_start``)."""
+    hour = utc(getattr(row, "hour", None) or row.bucket_start)
+    assert hour is not None  # noqa: S101 - an hour row always has its hour
+    return hour

@@ -81,7 +81,7 @@ from serving.merge import Merged
 from serving.reader import ViewReader
 from serving.window import Window, load_many
 from speed_layer.sink import SpeedViewSink
-from views.buckets import DAY, HOUR, MINUTE, SPEED_ROLLUP, days_between, floor
+from views.buckets import DAY, HOUR, MINUTE, SPEED_ROLLUP, days_between, floor, is_day_part
 from views.definition import view_definition
 from views.sketches import merge_all
 from views.store.definitions import DefinitionStore
@@ -120,6 +120,7 @@ class Filled:
     definition: str
     rolled: datetime | None = None  # speed intervals ending by then are merged into rollups
     live: bool = False  # and the open ones after them (speed.live_rollups)
+    parts: bool = False  # the batch view's parts of days are written and read (batch.day_parts)
     moved: int = 0
 
     def events_in(self, start: datetime, end: datetime) -> int:
@@ -277,7 +278,8 @@ def fill(settings: Settings, end: datetime, days: int, events: int, items: int) 
     if mark != watermark or batch_definition != definition:
         raise BenchError(f"the batch watermark is {mark} (expected {watermark}), definitions {batch_definition}")
     live = settings.speed.write_rollups and settings.speed.live_rollups
-    return Filled(start, end, watermark, events, row_kb, epoch, definition, rollups_until(settings, end), live)
+    rolled = rollups_until(settings, end)
+    return Filled(start, end, watermark, events, row_kb, epoch, definition, rolled, live, settings.batch.day_parts)
 
 
 def rollups_until(settings: Settings, fresh: datetime) -> datetime:
@@ -290,7 +292,12 @@ def rollups_until(settings: Settings, fresh: datetime) -> datetime:
 
 
 def expected_rows(
-    start: datetime, end: datetime, watermark: datetime, rolled: datetime | None, planted: datetime | None = None
+    start: datetime,
+    end: datetime,
+    watermark: datetime,
+    rolled: datetime | None,
+    planted: datetime | None = None,
+    parts: bool = False,
 ) -> int:
     """Return the rows an answer over ``[start, end)`` must read when both views hold every minute planted.
 
@@ -298,22 +305,26 @@ def expected_rows(
     other whole ten minutes and minute rows elsewhere; from it, a speed rollup per whole interval ending by ``rolled``
     and a speed row per other minute (``rolled`` None: ten-minute rows off, minutes only). With live rollups
     (``planted``: the end of the minutes planted), every interval has its rollup, and the one a span ends inside is
-    read from it when nothing was planted after the span's end. The merge rule of ``serving.plan`` and the reads of
-    ``serving.read_schedule``, stated here on their own.
+    read from it when nothing was planted after the span's end. With ``parts`` (``batch.day_parts``), the whole hours
+    of a day from or to its midnight are one row when they are a part of the day (``views.buckets.is_day_part``).
+    The merge rule of ``serving.plan`` and the reads of ``serving.read_schedule``, stated here on their own.
     """
     split = min(max(watermark, start), end)
-    rows, t = 0, start
-    while t < split:
-        if t == floor(t, DAY) and t + DAY <= split:
-            step = DAY
-            rows += 1
-        elif t == floor(t, HOUR) and t + HOUR <= split:
-            step = HOUR
-            rows += 1
-        else:
-            step = min(floor(t, HOUR) + HOUR, split) - t
-            rows += _edge_rows(t, t + step, t + step if rolled is not None else None)
-        t += step
+    rows = 0
+    for day in days_between(start, split) if start < split else ():
+        first = max(start, datetime.combine(day, dtime(), UTC))
+        last = min(split, datetime.combine(day, dtime(), UTC) + DAY)
+        if last - first == DAY:
+            rows += 1  # the daily rollup
+            continue
+        a, b = floor(first + HOUR - MINUTE, HOUR), floor(last, HOUR)  # the whole hours of the day piece
+        if b <= a:
+            rows += _edge_rows(first, last, last if rolled is not None else None)
+            continue
+        rows += 1 if parts and is_day_part(a, b) else int((b - a) / HOUR)
+        for lo, hi in ((first, a), (b, last)):  # partial hours at its edges: ten-minute rows and minutes
+            if lo < hi:
+                rows += _edge_rows(lo, hi, hi if rolled is not None else None)
     if rolled is None:
         return rows + int((end - split) / MINUTE)
     for day in days_between(split, end):  # a speed span is read a UTC day at a time
@@ -355,7 +366,8 @@ def check_answer(
     for w in windows:
         gaps = w.provenance.gaps
         planted = filled.end if rollups and live and filled.live else None
-        want_rows = expected_rows(w.start, w.end, filled.watermark, filled.rolled if rollups else None, planted)
+        rolled = filled.rolled if rollups else None
+        want_rows = expected_rows(w.start, w.end, filled.watermark, rolled, planted, filled.parts)
         want_events = filled.events_in(w.start, w.end)
         if gaps or w.merged.rows != want_rows or w.merged.events != want_events:
             raise BenchError(
@@ -396,7 +408,9 @@ def bare_reads(reader: ViewReader, end: datetime, window: timedelta) -> int:
     """The same reads as an uncached answer (the coverage, the rows of its plan), without planning or merging."""
     cov = reader.coverage(end - 2 * window, end, "*")
     spans = [s for a, b in ((end - window, end), (end - 2 * window, end - window)) for s in cov.plan(a, b)]
-    return sum(1 for _ in reader.stream(spans, "*", queries.NEEDS["trending"], runs=cov.runs, rollups=cov))
+    return sum(
+        1 for _ in reader.stream(spans, "*", queries.NEEDS["trending"], runs=cov.runs, rollups=cov, day_parts=True)
+    )
 
 
 def merge_alone(reader: ViewReader, end: datetime, window: timedelta) -> tuple[Callable[[], None], int]:
@@ -404,7 +418,7 @@ def merge_alone(reader: ViewReader, end: datetime, window: timedelta) -> tuple[C
     cov = reader.coverage(end - 2 * window, end, "*")
     windows = [(end - window, end), (end - 2 * window, end - window)]
     needs = queries.NEEDS["trending"]
-    rows = [reader.read(cov.plan(a, b), "*", needs, runs=cov.runs, rollups=cov) for a, b in windows]
+    rows = [reader.read(cov.plan(a, b), "*", needs, runs=cov.runs, rollups=cov, day_parts=True) for a, b in windows]
 
     def merge() -> None:
         merged = [Merged(MINUTE) for _ in windows]

@@ -262,6 +262,13 @@ class BatchSettings(BaseModel):
         description="Each hourly DAG run also computes up to this many closed hours without a current run, and as "
         "many stale hours, oldest first, so the batch view heals itself after an outage or late data.",
     )
+    day_parts: bool = Field(
+        True,
+        description="Write each day's parts beside its rollup: every run of its hours from midnight or to midnight "
+        "of two hours or more, merged, so a window whose edge falls inside a day reads one row for the day's whole "
+        "hours on that side instead of up to 23 (44 rows per day and slice at most). Serving reads them when on "
+        "(the same setting for both).",
+    )
     backfill_parallelism: int = Field(
         2, ge=1, description="Chunks of a backfill DAG run computed at the same time (each one spark-submit)."
     )

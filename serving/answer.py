@@ -76,7 +76,10 @@ def _read_whole(
     holes: set[datetime] = set()  # speed rows holding fewer events than the speed layer counted there, or none
     spans = [s for spans in plans for s in spans]
     rollups = cov if question.coarsest != "minute" else None  # a ten-minute row never splits into minutes
-    rows = reader.stream(spans, question.slice, question.fields, budget, cov.runs, speed_query(cov), rollups)
+    rows = reader.stream(
+        spans, question.slice, question.fields, budget, cov.runs, speed_query(cov), rollups,
+        day_parts=question.coarsest == "day",
+    )  # fmt: skip
     for bucket in rows:
         if bucket.layer == "speed":
             if bucket.resolution == "minute":

@@ -72,6 +72,7 @@ class RowSource(Protocol):
         runs: Mapping[date, Mapping[datetime, uuid.UUID]] | None = None,
         query: str | None = None,
         rollups: Coverage | None = None,
+        day_parts: bool = False,
     ) -> Iterator[ServedRow]:
         """Yield the rows that serve the spans, in time order (speed rows of ``query``, the serving version)."""
         ...
@@ -194,7 +195,15 @@ def merge_cached(
         cache.count("miss")
         batch_spans = [s for spans in plans for s in spans if s.layer == "batch"]
         rows = (
-            reader.stream(batch_spans, question.slice, question.fields, budget, runs=cov.runs, rollups=rollups)
+            reader.stream(
+                batch_spans,
+                question.slice,
+                question.fields,
+                budget,
+                runs=cov.runs,
+                rollups=rollups,
+                day_parts=question.coarsest == "day",
+            )
             if batch_spans
             else ()
         )

@@ -14,7 +14,8 @@ one source:
 So no minute is counted twice (the two ranges do not overlap, and a coarser rollup replaces its finer rows) and
 none is silently skipped or answered as zero unless a layer counted zero there (every minute not served is
 reported as a gap). Cost grows with the number of rollup
-rows read, not with events: a week below the watermark is at most 7 daily rows plus the edge hours and minutes.
+rows read, not with events: a week below the watermark is at most 7 daily rows plus its edges (a part of a day,
+ten-minute rows and minutes at each, :mod:`serving.read_schedule`).
 
 The state it plans with, :class:`Coverage`, is read by :meth:`serving.reader.ViewReader.coverage`.
 """

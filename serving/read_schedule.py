@@ -7,6 +7,7 @@ day's pointers' fingerprint) they belong to, so a cached row cannot be stale.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from infra.cassandra import READ_PROFILE
 from serving.lru import RowCache
 from serving.plan import Span, SpeedCoverage
 from serving.served_row import ServedRow
-from views.buckets import DAY, HOUR, MINUTE, SPEED_ROLLUP, days_between, floor, month_key, utc
+from views.buckets import DAY, HOUR, MINUTE, SPEED_ROLLUP, days_between, floor, is_day_part, month_key, utc
 from views.store.pointers import fingerprint_of
 from views.store.rollups import WIDTH_MIN
 
@@ -60,6 +61,7 @@ class ReadSchedule:
         rollups_until: datetime | None = None,
         tens: frozenset[datetime] = frozenset(),
         live: bool = False,
+        parts: bool = False,
     ) -> None:
         self.query = query  # the speed query (view version) whose rows the speed spans read
         # speed rollups are read for whole intervals ending by rollups_until, checked against this coverage; with
@@ -67,6 +69,7 @@ class ReadSchedule:
         self.rollups = rollups if rollups_until is not None or (live and rollups is not None) else None
         self.rollups_until = rollups_until
         self.live = live
+        self.parts = parts  # whole hours at a day's start or end from the day's parts (batch.day_parts)
         self.tens = tens  # batch hours whose current run wrote ten-minute rows
         self.sess = sess
         self.stmt = statements
@@ -243,7 +246,14 @@ class ReadSchedule:
         self._add(span.start, "minutes", (self.slice, hour, run, lo, hi), emit, int((hi - lo) / MINUTE))
 
     def hours(self, day: date, spans: list[Span]) -> None:
-        """Serve whole hours of a day: cached ones from the cache, the others with one range read (<= 24 rows)."""
+        """Serve whole hours of a day: cached ones from the cache, the others with one range read (<= 24 rows).
+
+        With parts, a run of hours from the day's start or to its end is one row of its part instead.
+        """
+        if self.parts:
+            spans = self._day_parts(day, spans)
+            if not spans:
+                return
         pointers = self.pointers(day)
         cached: dict[datetime, tuple[ServedRow, ...]] = {}
         missing: dict[datetime, Hashable] = {}
@@ -272,6 +282,45 @@ class ReadSchedule:
         else:
             self._add(first, None, (), emit)
 
+    def _day_parts(self, day: date, spans: list[Span]) -> list[Span]:
+        """Serve each run of consecutive hours that is a part of the day from its part; return the other spans."""
+        rest: list[Span] = []
+        group: list[Span] = []
+        for span in [*sorted(spans, key=lambda s: s.start), None]:
+            if span is not None and group and group[-1].end == span.start:
+                group.append(span)
+                continue
+            if group and is_day_part(group[0].start, group[-1].end):
+                self._part(day, group[0].start, group[-1].end)
+            else:
+                rest += group
+            group = [span] if span is not None else []
+        return rest
+
+    def _part(self, day: date, first: datetime, end: datetime) -> None:
+        """Serve ``[first, end)`` from the day's part when it was merged from the current runs (else its hours)."""
+        pointers = self.pointers(day)
+        covered = {h: pointers[h] for h in _hours(first, end)}
+        fingerprint = fingerprint_of(covered)
+        key = ("part", self.slice, first, end, fingerprint, self.fields)
+        hit = self._cached(key)
+        if hit is not None:
+            self._add(first, None, (), lambda _rows: hit)
+            return
+
+        def emit(result: Iterable[Any]) -> list[ServedRow]:
+            found = [r for r in result if r.hour_runs == fingerprint]
+            if not found:  # not written (yet) for these runs, or no row of the slice: its hours, a second read
+                bound = self.stmt["hours"].bind((self.slice, day, first, end))
+                rows = self.sess.execute(bound, execution_profile=READ_PROFILE)
+                hours = ((utc(r.hour), r) for r in rows)
+                return [ServedRow.of_row(h, "hour", "batch", r) for h, r in hours if h and covered.get(h) == r.run_id]
+            got = [dataclasses.replace(ServedRow.of_row(first, "hours", "batch", r), width=end - first) for r in found]
+            self._remember(key, got)
+            return got
+
+        self._add(first, "part", (self.slice, day, first, end), emit, 1)
+
     def run(self) -> Iterator[ServedRow]:
         """Yield every unit's rows in time order, reads running ahead while their first pages stay small.
 
@@ -294,6 +343,13 @@ class ReadSchedule:
             future = pending.pop(i, None)
             ahead_rows -= unit.rows if future is not None else 0
             yield from unit.emit(future.result() if future is not None else ())
+
+
+def _hours(first: datetime, end: datetime) -> Iterator[datetime]:
+    h = first
+    while h < end:
+        yield h
+        h += HOUR
 
 
 def _minute_rows(rows: Iterable[Any]) -> Iterator[ServedRow]:

@@ -369,9 +369,10 @@ class ViewReader:
         fields: Iterable[str] = SKETCH_FIELDS,
         runs: Mapping[date, Mapping[datetime, uuid.UUID]] | None = None,
         rollups: Coverage | None = None,
+        day_parts: bool = False,
     ) -> list[ServedRow]:
         """Return all the rows that serve the spans, in time order (see :meth:`stream`; this holds them all)."""
-        return list(self.stream(spans, slice_, fields, runs=runs, rollups=rollups))
+        return list(self.stream(spans, slice_, fields, runs=runs, rollups=rollups, day_parts=day_parts))
 
     def stream(
         self,
@@ -382,6 +383,7 @@ class ViewReader:
         runs: Mapping[date, Mapping[datetime, uuid.UUID]] | None = None,
         query: str | None = None,
         rollups: Coverage | None = None,
+        day_parts: bool = False,
     ) -> Iterator[ServedRow]:
         """Yield the rows that serve the spans (gaps read nothing) in time order, as they arrive.
 
@@ -400,6 +402,8 @@ class ViewReader:
         :arg rollups: the plan's coverage, to read whole ten minutes from ten-minute rows (``serving.ten_minute_rows``):
             the batch view's of hours whose run wrote them, and the speed rollups of closed intervals (checked
             against its speed coverage). None: minutes only (a series by the minute).
+        :arg day_parts: whole hours at a day's start or end may come from the day's parts (``batch.day_parts``): only
+            for an answer whose coarsest rollup is a day (a series by the hour counts each hour apart).
         """
         if runs is None:
             batch_days = {s.start.date() for s in spans if s.layer == "batch"}
@@ -411,6 +415,7 @@ class ViewReader:
             self.sess, self.statements(wanted), self.cache, slice_, wanted, runs, query or self._serving_query,
             tens.speed if tens is not None else None, until, tens.tens if tens is not None else frozenset(),
             live=self.settings.speed.write_rollups and self.settings.speed.live_rollups,
+            parts=day_parts and self.settings.batch.day_parts,
         )  # fmt: skip
         hour_spans: dict[date, list[Span]] = {}
         for span in spans:

@@ -10,7 +10,8 @@ from typing import Any, Literal
 from serving.plan import Layer
 from views.buckets import DAY, HOUR, MINUTE, SPEED_ROLLUP
 
-RowResolution = Literal["day", "hour", "10min", "minute"]  # "10min": a speed rollup (views.store.rollups)
+# "10min": a speed rollup (views.store.rollups); "hours": a part of a day (views.buckets.is_day_part), of its width
+RowResolution = Literal["day", "hours", "hour", "10min", "minute"]
 WIDTHS: dict[str, timedelta] = {"minute": MINUTE, "10min": SPEED_ROLLUP, "hour": HOUR, "day": DAY}
 
 
@@ -25,6 +26,7 @@ class ServedRow:
     users_hll: bytes
     values_kll: bytes
     items_fi: bytes
+    width: timedelta | None = None  # of a part of a day (the others' is their resolution's)
 
     @property
     def sketch_bytes(self) -> int:
@@ -34,7 +36,7 @@ class ServedRow:
     @property
     def end(self) -> datetime:
         """Return the end of the time the row covers."""
-        return self.start + WIDTHS[self.resolution]
+        return self.start + (self.width if self.width is not None else WIDTHS[self.resolution])
 
     def minutes(self) -> Iterator[datetime]:
         """Yield the minutes the row covers."""

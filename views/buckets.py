@@ -21,6 +21,8 @@ DAY = timedelta(days=1)
 # The speed view's rollup: closed intervals of this many minutes merged once (infra/cql/0012), aligned in the hour.
 SPEED_ROLLUP = timedelta(minutes=10)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# The shortest part of a day the batch view keeps merged (infra/cql/0016): shorter runs of hours are read as hours.
+MIN_DAY_PART = timedelta(hours=2)
 
 
 def utc(ts: datetime | None) -> datetime | None:
@@ -33,6 +35,18 @@ def utc(ts: datetime | None) -> datetime | None:
 def floor(ts: datetime, unit: timedelta) -> datetime:
     """Return ``ts`` truncated to a multiple of ``unit`` (minute, hour or day) in UTC."""
     return EPOCH + ((ts.astimezone(UTC) - EPOCH) // unit) * unit
+
+
+def is_day_part(start: datetime, end: datetime) -> bool:
+    """Tell whether ``[start, end)`` is a part of a day the batch view keeps merged (``batch_day_parts``).
+
+    A run of whole hours of one UTC day from its midnight or to the next, of :data:`MIN_DAY_PART` or more and short
+    of the whole day (that is the daily rollup): the inner side of a window's edge inside a day is one row.
+    """
+    day = floor(start, DAY)
+    if floor(start, HOUR) != start or floor(end, HOUR) != end or not MIN_DAY_PART <= end - start < DAY:
+        return False
+    return end <= day + DAY and (start == day or end == day + DAY)
 
 
 def day_key(ts: datetime) -> date:

@@ -32,7 +32,7 @@ from speed_layer.sink import SpeedViewSink
 from speed_layer.start import StreamStart
 from tests.helpers import drop_keyspace
 from views import sketches
-from views.buckets import HOUR, MINUTE, SPEED_ROLLUP, floor
+from views.buckets import DAY, HOUR, MINUTE, SPEED_ROLLUP, floor
 from views.definition import view_definition
 from views.store.definitions import DefinitionStore
 from views.store.rows import ViewRow
@@ -487,3 +487,41 @@ def batch_rows(start: datetime, end: datetime, tens: set[datetime]) -> int:
             rows += int((lo - t) / MINUTE) + int((hi - lo) / SPEED_ROLLUP) + int((stop - hi) / MINUTE)
         t = stop
     return rows
+
+
+def test_batch_windows_from_day_parts_equal_the_same_windows_from_hours(own_keyspace: Settings) -> None:
+    """A window across midnight reads the whole hours on each side from the day's parts; a rerun of an hour whose
+    parts were not merged again (the batch layer's parts off for it) is read from its hours, exact."""
+    sp = speed_in(own_keyspace, migrate=False)
+    end = sp.h0 - 30 * HOUR  # just below the ten-minute test's hours: one contiguous batch watermark either way
+    d = floor(end - 3 * HOUR, DAY)  # a midnight with 3 or more planted hours after it
+    sp.h0 = start = d - 12 * HOUR
+    plant_batch(sp, start, int((end - start) / HOUR))
+    off = sp.settings.model_copy(update={"batch": sp.settings.batch.model_copy(update={"day_parts": False})})
+    w = (d - 9 * HOUR - 23 * MINUTE, d + 2 * HOUR + 17 * MINUTE)
+    tens = {start + i * HOUR for i in range(int((end - start) / HOUR))}
+    with session(sp.settings) as sess:
+
+        def answers() -> tuple[window.Window, window.Window]:
+            a = window.load(sp.reader(sess), *w, "*", keep_rows=False)
+            b = window.load(Speed(off, sp.h0, sp.definition).reader(sess), *w, "*", keep_rows=False)
+            for got in (a, b):
+                assert not got.provenance.gaps
+                check(got, sp.events(*w))
+            # the same users merged in other groups: the union's estimator may differ slightly (both within bounds)
+            assert a.merged.sketches.users().value == pytest.approx(b.merged.sketches.users().value, rel=0.03)
+            assert b.merged.rows == batch_rows(*w, tens)
+            return a, b
+
+        a, b = answers()
+        assert a.merged.rows == b.merged.rows - 8 - 1  # 9 hours before midnight and 2 after: a part each
+        hourly = window.load(sp.reader(sess), *w, "*", coarsest="hour", keep_rows=False)
+        assert hourly.merged.rows == b.merged.rows  # a series by the hour never reads a part
+        check(hourly, sp.events(*w))
+    # an hour after midnight recomputed with other events, its day's parts left as they were
+    sp.settings = off
+    plant_batch(sp, d + HOUR, 1)
+    sp.settings = off.model_copy(update={"batch": off.batch.model_copy(update={"day_parts": True})})
+    with session(sp.settings) as sess:
+        a, b = answers()
+        assert a.merged.rows == b.merged.rows - 8  # the part after midnight names the old run: its hours read

@@ -82,6 +82,27 @@ class BatchRows:
         self._write(self._stmt(cql.INSERT_DAY), params)
         return len(params)
 
+    def write_day_parts(
+        self, days: Iterable[tuple[str, date]], parts: Iterable[tuple[str, date, str, int, ViewRow, datetime]]
+    ) -> int:
+        """Replace the parts of days (``batch_day_parts``) of slices with new ones; return the rows written.
+
+        The slices' parts of the days are deleted first, so none merged over rows no longer current stays (a slice
+        whose rows an erasure emptied keeps no part); a reader finding none in between reads the hours.
+
+        :arg days: the (slice, day) whose parts are replaced.
+        :arg parts: per part, its slice, day, the fingerprint of its hours' runs, how many of them have a row, its
+            merged row (``bucket_start``: its first hour) and its end.
+        """
+        self._write(self._stmt(cql.DELETE_DAY_PARTS), list(days))
+        params = [
+            (sl, day, r.bucket_start, end, fingerprint, hours, r.events, r.users_hll, r.values_kll, r.items_fi,
+             r.min_ts, r.max_ts)
+            for sl, day, fingerprint, hours, r, end in parts
+        ]  # fmt: skip
+        self._write(self._stmt(cql.INSERT_DAY_PART), params, by=2)
+        return len(params)
+
     def delete_runs(self, hour: datetime, run_ids: Sequence[uuid.UUID]) -> None:
         """Delete the minute, ten-minute and hour rows the runs wrote for the hour, in every slice of its day."""
         day = day_key(hour)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 VIEW_TABLES = (
     "speed_minutes", "speed_progress", "batch_minutes", "batch_hours", "batch_days", "batch_day_slices",
     "batch_intervals", "batch_watermark", "batch_stale", "speed_epochs", "speed_hours", "speed_coverage",
-    "view_definitions", "serving_definition", "speed_rollups", "batch_tens",
+    "view_definitions", "serving_definition", "speed_rollups", "batch_tens", "batch_day_parts",
 )  # fmt: skip
 SKETCH_FIELDS = ("users_hll", "values_kll", "items_fi")
 
@@ -43,6 +43,11 @@ INSERT_DAY = (
     "INSERT INTO {batch_days} (slice, month, day, hour_runs, hours, events, users_hll, values_kll, items_fi, "
     "min_ts, max_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
+INSERT_DAY_PART = (
+    "INSERT INTO {batch_day_parts} (slice, day, first_hour, end_hour, hour_runs, hours, events, users_hll, "
+    "values_kll, items_fi, min_ts, max_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+DELETE_DAY_PARTS = "DELETE FROM {batch_day_parts} WHERE slice = ? AND day = ?"
 INSERT_DAY_SLICE = "INSERT INTO {batch_day_slices} (day, slice) VALUES (?, ?)"
 SELECT_DAY_SLICES = "SELECT slice FROM {batch_day_slices} WHERE day = ?"
 SELECT_DAY_HOURS = (
@@ -143,6 +148,9 @@ SELECT_ALL_PROGRESS = (
 
 # -- the rows a query reads, with only the sketch columns it needs ({cols}: events and some of SKETCH_FIELDS) -------
 READ_DAYS = "SELECT day, hour_runs, {cols} FROM {batch_days} WHERE slice = ? AND month = ? AND day >= ? AND day < ?"
+READ_DAY_PART = (
+    "SELECT hour_runs, {cols} FROM {batch_day_parts} WHERE slice = ? AND day = ? AND first_hour = ? AND end_hour = ?"
+)
 READ_HOURS = "SELECT hour, run_id, {cols} FROM {batch_hours} WHERE slice = ? AND day = ? AND hour >= ? AND hour < ?"
 READ_MINUTES = (
     "SELECT bucket_start, {cols} FROM {batch_minutes} "
@@ -186,7 +194,7 @@ SELECT_MONTH_FINGERPRINTS = "SELECT day, hour_runs FROM {batch_days} WHERE slice
 IDEMPOTENT = frozenset((
     INSERT_MINUTE, INSERT_TEN, INSERT_HOUR, INSERT_DAY, INSERT_DAY_SLICE, INSERT_POINTER, INSERT_STALE,
     UPSERT_SPEED, UPSERT_PROGRESS, INSERT_EPOCH, ADVANCE_EPOCH, INSERT_SPEED_HOUR, UPSERT_COUNTS, INSERT_DEFINITION,
-    READ_ALL_EPOCH, UPSERT_ROLLUP, ADD_ROLLUP_TODO, DONE_ROLLUP_TODO,
+    READ_ALL_EPOCH, UPSERT_ROLLUP, ADD_ROLLUP_TODO, DONE_ROLLUP_TODO, INSERT_DAY_PART, DELETE_DAY_PARTS,
 ))  # fmt: skip
 
 
@@ -211,6 +219,7 @@ def prepare_reads(sess: Session, settings: Settings, fields: frozenset[str]) -> 
         for name, template in (
             ("days", READ_DAYS),
             ("hours", READ_HOURS),
+            ("part", READ_DAY_PART),
             ("minutes", READ_MINUTES),
             ("tens", READ_TENS),
             ("speed", READ_SPEED),
