@@ -119,7 +119,7 @@ def rows_cacheable(settings: Settings) -> bool:
 def _batch_state(
     days: list[date],
     months: Mapping[str, list[date]],
-    pointer_rows: list[list[Any]],
+    pointer_rows: list[Any],
     rollup_rows: list[list[Any]],
     stale_rows: list[Any],
 ) -> tuple[
@@ -129,16 +129,13 @@ def _batch_state(
 
     The last: the hours whose current run wrote ten-minute rows.
     """
-    runs: dict[date, dict[datetime, uuid.UUID]] = {}
-    indexed: dict[datetime, int | None] = {}
-    definitions: dict[datetime, str | None] = {}
-    tens: set[datetime] = set()
-    for day, day_rows in zip(days, pointer_rows, strict=True):
-        pointers = decode_pointers(day_rows)
-        runs[day] = {h: p.run_id for h, p in pointers.items()}
-        indexed.update({h: p.indexed for h, p in pointers.items()})
-        definitions.update({h: p.definition for h, p in pointers.items()})
-        tens.update(h for h, p in pointers.items() if p.tens)
+    runs: dict[date, dict[datetime, uuid.UUID]] = {day: {} for day in days}
+    pointers = decode_pointers(pointer_rows)  # the days' rows, read together
+    for h, p in pointers.items():
+        runs.setdefault(h.date(), {})[h] = p.run_id
+    indexed = {h: p.indexed for h, p in pointers.items()}
+    definitions = {h: p.definition for h, p in pointers.items()}
+    tens = {h for h, p in pointers.items() if p.tens}
     current: set[date] = set()
     for month_days, rollups in zip(months.values(), rollup_rows, strict=True):
         wanted = set(month_days)
@@ -225,13 +222,13 @@ class ViewReader:
     ) -> tuple[dict[date, dict[datetime, uuid.UUID]], dict[datetime, int | None]]:
         """Return the current run per hour of each day, and the indexed records each run read (one round)."""
         wanted = sorted(set(days))
-        runs: dict[date, dict[datetime, uuid.UUID]] = {}
         indexed: dict[datetime, int | None] = {}
-        rows = read_many(self.sess, [self.pointer_store.pointers_request(d) for d in wanted])
-        for day, day_rows in zip(wanted, rows, strict=True):
-            pointers = decode_pointers(day_rows)
-            runs[day] = {h: p.run_id for h, p in pointers.items()}
-            indexed.update({h: p.indexed for h, p in pointers.items()})
+        rows = read_many(self.sess, self.pointer_store.pointers_requests(wanted))
+        pointers = decode_pointers(r for chunk in rows for r in chunk)
+        runs: dict[date, dict[datetime, uuid.UUID]] = {day: {} for day in wanted}
+        for h, p in pointers.items():
+            runs.setdefault(h.date(), {})[h] = p.run_id
+            indexed[h] = p.indexed
         return runs, indexed
 
     def stale_hours(self, limit: int = 1000) -> dict[datetime, int]:
@@ -265,12 +262,13 @@ class ViewReader:
         # from the boundary read last (it moves forward an hour at a time), and again only when it moved back
         ahead = self._ahead(start, end)
         ahead_reqs = self.speed_rows.counted_requests(query, slice_, *ahead) if ahead is not None else []
+        pointer_reqs = self.pointer_store.pointers_requests(days)
         rows = read_many(
             self.sess,
             [
                 self.pointer_store.watermark_request(),
                 self.pointer_store.stale_request(topic, floor(start, HOUR), end),
-                *(self.pointer_store.pointers_request(d) for d in days),
+                *pointer_reqs,
                 *(self.batch_rows.fingerprints_request(slice_, m) for m in months),
                 self.loss_store.losses_request(topic),
                 self.speed_rows.progress_request(query),
@@ -282,7 +280,8 @@ class ViewReader:
         ahead_rows = rows[len(rows) - len(ahead_reqs) :]
         rows = rows[: len(rows) - len(ahead_reqs)]
         mark_rows, stale_rows = rows[:2]
-        pointer_rows, rollup_rows = rows[2 : 2 + len(days)], rows[2 + len(days) : -4]
+        pointer_rows = [r for chunk in rows[2 : 2 + len(pointer_reqs)] for r in chunk]
+        rollup_rows = rows[2 + len(pointer_reqs) : -4]
         loss_rows, prog_rows, epoch_rows, serving_rows = rows[-4:]
         serving_row = next(iter(serving_rows), None)
         if serving_row is not None and serving_row.query != query:  # a promote: read the new version's state

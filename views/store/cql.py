@@ -68,6 +68,7 @@ INSERT_POINTER = (
     "VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
 SELECT_POINTERS = "SELECT hour, run_id, indexed, definition, tens FROM {batch_intervals} WHERE day = ?"
+SELECT_POINTERS_OF_DAYS = "SELECT hour, run_id, indexed, definition, tens FROM {batch_intervals} WHERE day IN ?"
 SELECT_WATERMARK = "SELECT low, watermark, pinned FROM {batch_watermark} WHERE name = ?"
 INSERT_WATERMARK = "INSERT INTO {batch_watermark} (name, low, watermark, updated_at) VALUES (?, ?, ?, ?)"
 PIN_WATERMARK = "UPDATE {batch_watermark} SET pinned = ?, updated_at = ? WHERE name = ?"

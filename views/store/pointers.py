@@ -9,6 +9,7 @@ whether it is current.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import uuid
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from cassandra.cluster import Session
 
 WATERMARK_ROW = "batch"  # the key of the one row of batch_watermark
+DAYS_PER_READ = 32  # days of pointers read by one request (an IN over their partitions)
 
 
 class Pointer(NamedTuple):
@@ -94,7 +96,13 @@ def pinned_hours(current: Watermark) -> list[datetime]:
 
 def fingerprint_of(pointers: Mapping[datetime, uuid.UUID]) -> str:
     """Return a stable digest of which run is current for each hour."""
-    canonical = json.dumps(sorted((h.isoformat(), str(r)) for h, r in pointers.items()))
+    return _fingerprint(frozenset(pointers.items()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _fingerprint(pointers: frozenset[tuple[datetime, uuid.UUID]]) -> str:
+    """Digest once per set of runs: serving checks every day's and part's runs on every state read."""
+    canonical = json.dumps(sorted((h.isoformat(), str(r)) for h, r in pointers))
     return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 
 
@@ -129,6 +137,11 @@ class PointerStore:
     def pointers_request(self, day: date) -> Request:
         """Return the read of a day's pointer rows."""
         return self._stmt(cql.SELECT_POINTERS), (day,)
+
+    def pointers_requests(self, days: Sequence[date]) -> list[Request]:
+        """Return the reads of the pointer rows of the days: one per :data:`DAYS_PER_READ` of them (``IN``)."""
+        stmt = self._stmt(cql.SELECT_POINTERS_OF_DAYS)
+        return [(stmt, (list(days[i : i + DAYS_PER_READ]),)) for i in range(0, len(days), DAYS_PER_READ)]
 
     def watermark_request(self) -> Request:
         """Return the read of the watermark row."""
