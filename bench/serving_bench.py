@@ -86,6 +86,7 @@ from views.definition import view_definition
 from views.sketches import merge_all
 from views.store.definitions import DefinitionStore
 from views.store.index import OffsetSpan
+from views.store.rollups import MIN_EDGE
 from views.store.rows import ViewRow
 
 VARIANTS = 24  # distinct realistic minute sketches, cycled (building one costs ~0.1 s of Python)
@@ -121,6 +122,7 @@ class Filled:
     rolled: datetime | None = None  # speed intervals ending by then are merged into rollups
     live: bool = False  # and the open ones after them (speed.live_rollups)
     parts: bool = False  # the batch view's parts of days are written and read (batch.day_parts)
+    edges: bool = False  # the speed view's closed intervals' edges are (speed.edge_ttl_s)
     moved: int = 0
 
     def events_in(self, start: datetime, end: datetime) -> int:
@@ -279,7 +281,9 @@ def fill(settings: Settings, end: datetime, days: int, events: int, items: int) 
         raise BenchError(f"the batch watermark is {mark} (expected {watermark}), definitions {batch_definition}")
     live = settings.speed.write_rollups and settings.speed.live_rollups
     rolled = rollups_until(settings, end)
-    return Filled(start, end, watermark, events, row_kb, epoch, definition, rolled, live, settings.batch.day_parts)
+    edges = settings.speed.write_rollups and settings.speed.edge_ttl_s > 0
+    parts = settings.batch.day_parts
+    return Filled(start, end, watermark, events, row_kb, epoch, definition, rolled, live, parts, edges)
 
 
 def rollups_until(settings: Settings, fresh: datetime) -> datetime:
@@ -298,6 +302,7 @@ def expected_rows(
     rolled: datetime | None,
     planted: datetime | None = None,
     parts: bool = False,
+    edges: bool = False,
 ) -> int:
     """Return the rows an answer over ``[start, end)`` must read when both views hold every minute planted.
 
@@ -307,7 +312,8 @@ def expected_rows(
     (``planted``: the end of the minutes planted), every interval has its rollup, and the one a span ends inside is
     read from it when nothing was planted after the span's end. With ``parts`` (``batch.day_parts``), the whole hours
     of a day from or to its midnight are one row when they are a part of the day (``views.buckets.is_day_part``).
-    The merge rule of ``serving.plan`` and the reads of ``serving.read_schedule``, stated here on their own.
+    With ``edges``, see :func:`_edge_rows`. The merge rule of ``serving.plan`` and the reads of
+    ``serving.read_schedule``, stated here on their own.
     """
     split = min(max(watermark, start), end)
     rows = 0
@@ -330,15 +336,18 @@ def expected_rows(
     for day in days_between(split, end):  # a speed span is read a UTC day at a time
         first = max(split, datetime.combine(day, dtime(), UTC))
         last = min(end, datetime.combine(day, dtime(), UTC) + DAY)
-        rows += _edge_rows(first, last, rolled, planted)
+        rows += _edge_rows(first, last, rolled, planted, edges)
     return rows
 
 
-def _edge_rows(first: datetime, last: datetime, rolled: datetime | None, planted: datetime | None = None) -> int:
+def _edge_rows(
+    first: datetime, last: datetime, rolled: datetime | None, planted: datetime | None = None, edges: bool = False
+) -> int:
     """Return the rows of ``[first, last)`` read as whole ten minutes ending by ``rolled`` and minutes elsewhere.
 
     ``planted`` (live rollups): every interval is read whole, and so is the one ``last`` falls inside when nothing
-    was planted after ``last``.
+    was planted after ``last``. ``edges`` (``speed.edge_ttl_s``): a piece of two minutes or more before the first
+    whole interval or after the last one is one row when its interval ends by ``rolled``.
     """
     lo = floor(first + SPEED_ROLLUP - MINUTE, SPEED_ROLLUP)
     if rolled is None:
@@ -350,7 +359,12 @@ def _edge_rows(first: datetime, last: datetime, rolled: datetime | None, planted
         hi = floor(min(last, rolled), SPEED_ROLLUP)
     if hi <= lo:
         return int((last - first) / MINUTE)
-    return int((lo - first) / MINUTE) + int((hi - lo) / SPEED_ROLLUP) + max(0, int((last - hi) / MINUTE))
+    left, right = int((lo - first) / MINUTE), max(0, int((last - hi) / MINUTE))
+    if edges and rolled is not None and left >= MIN_EDGE and lo <= rolled:
+        left = 1
+    if edges and rolled is not None and right >= MIN_EDGE and hi + SPEED_ROLLUP <= rolled:
+        right = 1
+    return left + int((hi - lo) / SPEED_ROLLUP) + right
 
 
 def check_answer(
@@ -367,7 +381,8 @@ def check_answer(
         gaps = w.provenance.gaps
         planted = filled.end if rollups and live and filled.live else None
         rolled = filled.rolled if rollups else None
-        want_rows = expected_rows(w.start, w.end, filled.watermark, rolled, planted, filled.parts)
+        edges = filled.edges and rollups
+        want_rows = expected_rows(w.start, w.end, filled.watermark, rolled, planted, filled.parts, edges)
         want_events = filled.events_in(w.start, w.end)
         if gaps or w.merged.rows != want_rows or w.merged.events != want_events:
             raise BenchError(

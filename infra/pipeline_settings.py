@@ -188,6 +188,14 @@ class SpeedSettings(BaseModel):
         "watermark has passed it (after the batch that passed it), so serving reads a window above the batch "
         "watermark from one row per interval plus its edge minutes. Off: serving reads minutes only.",
     )
+    edge_ttl_s: int = Field(
+        6 * 3600,
+        ge=0,
+        description="With `speed.write_rollups`, also merge each closed interval's prefixes and suffixes of two "
+        "minutes or more (`speed_edges`, 16 rows) and keep them this long: a window whose edge falls inside an "
+        "interval reads that side as one row instead of up to 9 minutes. Windows above the batch watermark are "
+        "recent, so a few hours serve them; serving reads edges only this young. 0: none.",
+    )
     live_rollups: bool = Field(
         True,
         description="With `speed.write_rollups`, also rewrite the rollup of each interval still open (its minutes may "

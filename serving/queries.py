@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import NotRequired
@@ -215,13 +215,13 @@ def _rank(recent: Window, baseline: Window, limit: int, min_support: int) -> tup
     max_error = 0
     if recent_fi is not None and not recent_fi.is_empty():
         max_error = sketches.items_max_error(recent_fi)
-        upper = base_fi.get_upper_bound if base_fi is not None else None
+        upper = _upper_bounds(base_fi)
         for item, est, lo, hi in recent_fi.get_frequent_items(ds.frequent_items_error_type.NO_FALSE_NEGATIVES):
             if est < min_support:
                 continue
             # The rise is measured against the most the baseline can hold: an item the baseline's sketch no longer
             # tracks reads 0 there, but may have had up to the sketch's maximum error.
-            base_hi = int(upper(item)) if upper is not None else 0
+            base_hi = upper(item)
             ranked.append((round((est + 1) / (base_hi * scale + 1), 4), int(est), item, base_hi, int(lo), int(hi)))
     best = heapq.nsmallest(limit, ranked, key=lambda t: (-t[0], -t[1], t[2]))
     items = tuple(
@@ -229,6 +229,22 @@ def _rank(recent: Window, baseline: Window, limit: int, min_support: int) -> tup
         for lift, est, item, base_hi, lo, hi in best
     )
     return items, max_error
+
+
+def _upper_bounds(fi: ds.frequent_strings_sketch | None) -> Callable[[str], int]:
+    """Return the sketch's upper bound of any item, read once for all it tracks (a call per item costs more).
+
+    A tracked item's bound is its counter plus the sketch's offset, an untracked one's the offset alone: the offset
+    is the upper less the lower bound of any tracked item.
+    """
+    if fi is None:
+        return lambda _item: 0
+    listed = fi.get_frequent_items(ds.frequent_items_error_type.NO_FALSE_NEGATIVES)
+    if not listed:
+        return lambda item: int(fi.get_upper_bound(item))
+    bounds = {item: int(hi) for item, _est, _lo, hi in listed}
+    offset = int(listed[0][3] - listed[0][2])
+    return lambda item: bounds.get(item, offset)
 
 
 class SeriesPoint(TypedDict):

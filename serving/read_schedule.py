@@ -20,7 +20,7 @@ from serving.plan import Span, SpeedCoverage
 from serving.served_row import ServedRow
 from views.buckets import DAY, HOUR, MINUTE, SPEED_ROLLUP, days_between, floor, is_day_part, month_key, utc
 from views.store.pointers import fingerprint_of
-from views.store.rollups import WIDTH_MIN
+from views.store.rollups import MIN_EDGE, WIDTH_MIN
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -62,6 +62,7 @@ class ReadSchedule:
         tens: frozenset[datetime] = frozenset(),
         live: bool = False,
         parts: bool = False,
+        edge_ttl: timedelta | None = None,
     ) -> None:
         self.query = query  # the speed query (view version) whose rows the speed spans read
         # speed rollups are read for whole intervals ending by rollups_until, checked against this coverage; with
@@ -70,6 +71,7 @@ class ReadSchedule:
         self.rollups_until = rollups_until
         self.live = live
         self.parts = parts  # whole hours at a day's start or end from the day's parts (batch.day_parts)
+        self.edge_ttl = edge_ttl  # how long the edges of closed speed intervals are kept (speed.edge_ttl_s)
         self.tens = tens  # batch hours whose current run wrote ten-minute rows
         self.sess = sess
         self.stmt = statements
@@ -123,10 +125,10 @@ class ReadSchedule:
             if self.rollups is None or hi <= lo:
                 self._speed_minutes(day, first, last)
                 continue
-            if first < lo:
+            if first < lo and not self._speed_edge(day, first, lo, lo - SPEED_ROLLUP):
                 self._speed_minutes(day, first, lo)
             self._speed_rollups(day, lo, hi, last)
-            if hi < last:
+            if hi < last and not self._speed_edge(day, hi, last, hi):
                 self._speed_minutes(day, hi, last)
 
     def _rolled_end(self, first: datetime, last: datetime) -> datetime:
@@ -136,6 +138,30 @@ class ReadSchedule:
         top = floor(last - MINUTE, SPEED_ROLLUP) + SPEED_ROLLUP  # the end of the interval holding the last minute
         past = (m for m in Span(last, top, "speed", "minute").minutes())
         return top if all(self.rollups.expected(m) == 0 for m in past) else floor(last, SPEED_ROLLUP)
+
+    def _speed_edge(self, day: date, first: datetime, end: datetime, interval: datetime) -> bool:
+        """Serve ``[first, end)``, an edge of a closed interval, from its merged edge when one is surely kept.
+
+        Return False (read its minutes) when edges are off, it is shorter than :data:`MIN_EDGE` minutes, the interval
+        is not surely merged yet, or its edges have surely expired. A kept edge answers only when it holds exactly what
+        the coverage counted there, else the minutes are read at once.
+        """
+        cov, ttl, until = self.rollups, self.edge_ttl, self.rollups_until
+        closes = interval + SPEED_ROLLUP
+        if cov is None or ttl is None or until is None or closes > until or end - first < MIN_EDGE * MINUTE:
+            return False
+        if cov.now is not None and closes + ttl <= cov.now + MINUTE:
+            return False
+
+        def emit(result: Iterable[Any]) -> Iterable[ServedRow]:
+            r = next(iter(result), None)
+            if r is not None and cov.rollup_matches(first, end, r.epoch, int(r.events)):
+                return [dataclasses.replace(ServedRow.of_row(first, "minutes", "speed", r), width=end - first)]
+            return self._read_minutes_now(day, first, end)
+
+        minutes = int((end - first) / MINUTE)
+        self._add(first, "edge", (self.query, self.slice, day, first, minutes), emit, 1)
+        return True
 
     def _speed_minutes(self, day: date, first: datetime, last: datetime) -> None:
         minutes = int((last - first) / MINUTE)

@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from time import monotonic
 from typing import TYPE_CHECKING, Any
 
@@ -158,6 +158,12 @@ def rollups_until(speed: SpeedCoverage | None, settings: Settings) -> datetime |
     :meth:`SpeedCoverage.final_until`. Newer ones are read as minutes at once rather than looked up and missed.
     """
     return speed.final_until(settings.speed.allowed_lateness_s) if speed is not None else None
+
+
+def edge_ttl(settings: Settings) -> timedelta | None:
+    """Return how long the speed layer keeps its intervals' edges (None: it writes none)."""
+    ttl = settings.speed.edge_ttl_s if settings.speed.write_rollups else 0
+    return timedelta(seconds=ttl) if ttl > 0 else None
 
 
 class ViewReader:
@@ -415,6 +421,7 @@ class ViewReader:
             tens.speed if tens is not None else None, until, tens.tens if tens is not None else frozenset(),
             live=self.settings.speed.write_rollups and self.settings.speed.live_rollups,
             parts=day_parts and self.settings.batch.day_parts,
+            edge_ttl=edge_ttl(self.settings),
         )  # fmt: skip
         hour_spans: dict[date, list[Span]] = {}
         for span in spans:

@@ -10,8 +10,9 @@ from typing import Any, Literal
 from serving.plan import Layer
 from views.buckets import DAY, HOUR, MINUTE, SPEED_ROLLUP
 
-# "10min": a speed rollup (views.store.rollups); "hours": a part of a day (views.buckets.is_day_part), of its width
-RowResolution = Literal["day", "hours", "hour", "10min", "minute"]
+# "10min": a speed rollup (views.store.rollups); "minutes": an edge of one (views.store.rollups.edges); "hours": a
+# part of a day (views.buckets.is_day_part). The last two carry their width.
+RowResolution = Literal["day", "hours", "hour", "10min", "minutes", "minute"]
 WIDTHS: dict[str, timedelta] = {"minute": MINUTE, "10min": SPEED_ROLLUP, "hour": HOUR, "day": DAY}
 
 
@@ -26,7 +27,7 @@ class ServedRow:
     users_hll: bytes
     values_kll: bytes
     items_fi: bytes
-    width: timedelta | None = None  # of a part of a day (the others' is their resolution's)
+    width: timedelta | None = None  # of an edge or a part of a day (the others' is their resolution's)
 
     @property
     def sketch_bytes(self) -> int:

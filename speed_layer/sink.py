@@ -250,7 +250,8 @@ class SpeedViewSink:
         partial = {iv for iv in closed if epoch.covered_from is not None and iv[1] < epoch.covered_from}
         store = self._rollup_store()
         try:
-            written = store.write(self.query, epoch.id, closed - partial, self.ttl_seconds)
+            edge_ttl = self.settings.speed.edge_ttl_s
+            written = store.write(self.query, epoch.id, closed - partial, self.ttl_seconds, edge_ttl)
             store.done(self.query, epoch.id, closed)
         except Exception:  # the minutes serve until the next try
             logger.warning("could not write %d speed rollups; retried after the next batch", len(closed), exc_info=True)

@@ -193,14 +193,16 @@ def test_windows_from_rollups_equal_the_same_windows_from_minutes(speed: Speed) 
         sink.close()
     with session(sp.settings) as sess:
         fast, slow = sp.reader(sess), sp.reader(sess, rollups=False)
-        windows = [
-            (h0 + 7 * MINUTE, h0 + 2 * HOUR + 43 * MINUTE),  # edges inside intervals on both sides
-            (h0, h0 + 2 * HOUR),  # whole intervals only
-            (h0 + 10 * MINUTE, h0 + 20 * MINUTE),  # exactly one interval
-            (h0 + 5 * MINUTE, h0 + 15 * MINUTE),  # no whole interval: minutes only
-            (h0 + 2 * HOUR + 30 * MINUTE, h0 + 3 * HOUR),  # across the newest interval merged into the unmerged tail
+        windows = [  # (start, end, whether its left edge is read from the edge of a closed interval)
+            # edges inside intervals on both sides: the left one's interval merged (its edge: one row), the right one's
+            # not surely merged yet (minutes)
+            (h0 + 7 * MINUTE, h0 + 2 * HOUR + 43 * MINUTE, True),
+            (h0, h0 + 2 * HOUR, False),  # whole intervals only
+            (h0 + 10 * MINUTE, h0 + 20 * MINUTE, False),  # exactly one interval
+            (h0 + 5 * MINUTE, h0 + 15 * MINUTE, False),  # no whole interval: minutes only
+            (h0 + 2 * HOUR + 30 * MINUTE, h0 + 3 * HOUR, False),  # across the newest interval merged into the tail
         ]
-        for start, end in windows:
+        for start, end, left_edge in windows:
             a = window.load(sp.reader(sess), start, end, "*", keep_rows=False)
             b = window.load(slow, start, end, "*", keep_rows=False)
             assert not a.provenance.gaps and not b.provenance.gaps
@@ -214,8 +216,9 @@ def test_windows_from_rollups_equal_the_same_windows_from_minutes(speed: Speed) 
             ]  # fmt: skip
             minutes = sum(1 for m in sp.truth if start <= m < end)
             merged = sum(1 for m in sp.truth if any(t <= m < t + SPEED_ROLLUP for t in whole))
+            edge = sum(1 for m in sp.truth if start <= m < whole[0]) - 1 if left_edge else 0
             assert b.merged.rows == minutes
-            assert a.merged.rows == minutes - merged + len(whole), (start, end)
+            assert a.merged.rows == minutes - merged + len(whole) - edge, (start, end)
         # a series by the minute never reads a rollup: its rows are minutes
         series = window.load(fast, h0, h0 + HOUR, "*", coarsest="minute", keep_rows=False)
         assert series.merged.rows == sum(1 for m in sp.truth if h0 <= m < h0 + HOUR)
@@ -240,6 +243,32 @@ def test_a_minute_missing_when_its_interval_was_merged_is_a_gap_not_a_smaller_co
             gaps = got.provenance.gaps
             assert [(g["start"], g["end"], g["reason"]) for g in gaps] == [(lost, lost + MINUTE, SPEED_ROWS_GONE)]
             check(got, [mm for m, mm in sp.truth.items() if h0 <= m < h0 + HOUR and m != lost])
+
+
+def test_the_edges_of_merged_intervals_answer_as_their_minutes_and_never_hide_a_lost_one(speed: Speed) -> None:
+    """A window's edges inside merged intervals are one row each, equal to their minutes; an edge merged while one
+    of its minutes was missing holds fewer events than counted there: its minutes are read, the lost one a gap."""
+    sp, h0 = speed, speed.h0
+    lost = h0 + 33 * MINUTE
+    sink = plant(sp, hours=1, drop=lost)
+    try:
+        assert sink.roll_up(h0 + HOUR) == 6  # every interval and its edges (kept speed.edge_ttl_s)
+    finally:
+        sink.close()
+    with session(sp.settings) as sess:
+        fast, slow = sp.reader(sess), sp.reader(sess, rollups=False)
+        start, end = h0 + 3 * MINUTE, h0 + 27 * MINUTE  # intervals merged up to 0:49 (fresh 1:00 less 11 minutes)
+        a, b = (window.load(r, start, end, "*", keep_rows=False) for r in (fast, slow))
+        assert not a.provenance.gaps and not b.provenance.gaps
+        check(a, sp.events(start, end))
+        assert a.merged.events == b.merged.events
+        assert a.merged.sketches.users().value == pytest.approx(b.merged.sketches.users().value, rel=0.03)
+        assert a.merged.rows == 3  # the suffix 0:03-0:10, the rollup 0:10-0:20, the prefix 0:20-0:27
+        end = h0 + 37 * MINUTE  # the prefix 0:30-0:37 lacks the lost minute
+        got = window.load(fast, start, end, "*", keep_rows=False)
+        gaps = got.provenance.gaps
+        assert [(g["start"], g["end"], g["reason"]) for g in gaps] == [(lost, lost + MINUTE, SPEED_ROWS_GONE)]
+        check(got, [mm for m, mm in sp.truth.items() if start <= m < end and m != lost])
 
 
 def test_a_new_epoch_answers_from_its_own_minutes_and_rollups(speed: Speed) -> None:
@@ -346,8 +375,8 @@ def test_open_intervals_answer_from_rollups_rewritten_after_each_batch(speed: Sp
                 check(a, sp.events(start, end))
                 return a
 
-            edge = sum(1 for m in sp.truth if start <= m < h0 + 10 * MINUTE)
-            assert answer().merged.rows == edge + 5  # the edge's minutes, then a rollup per interval to the end
+            edge = 1  # 0:07-0:10, the edge of a closed interval
+            assert answer().merged.rows == edge + 5  # then a rollup per interval to the end
             old, extra = sp.truth[newest], sp.minute(4)
             grown = Minute(old.users + extra.users, old.values + extra.values, old.items + extra.items)
             sp.write(sink, {newest: grown}, 100)  # a micro-batch adds to the newest minute, not merged yet

@@ -7,6 +7,7 @@ import random
 
 import datasketches as ds
 
+from serving.queries import _upper_bounds
 from views import sketches
 
 
@@ -103,3 +104,16 @@ def test_a_row_by_row_union_keeps_every_bound() -> None:
     hll_blob, kll_blob, _ = union.serialized()
     assert sketches.users([hll_blob], num_std_dev=3) == est
     assert sketches.quantiles([kll_blob], [0.5]) == union.quantiles([0.5])
+
+
+def test_the_baselines_upper_bounds_read_at_once_equal_the_sketchs_own() -> None:
+    """Trending reads the baseline's bounds of every item it tracks in one call: the same as asking item by item."""
+    rng = random.Random(3)
+    fi = ds.frequent_strings_sketch(4)  # 16 slots: most of 200 items are purged, the offset grows
+    for _ in range(5000):
+        fi.update(f"i{int(rng.paretovariate(1.1)) % 200}")
+    upper = _upper_bounds(fi)
+    for item in [f"i{i}" for i in range(200)] + ["never"]:
+        assert upper(item) == fi.get_upper_bound(item), item
+    assert _upper_bounds(None)("x") == 0
+    assert _upper_bounds(ds.frequent_strings_sketch(4))("x") == 0

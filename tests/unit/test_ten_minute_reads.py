@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -12,8 +13,10 @@ from serving.lru import RowCache
 from serving.plan import Span, SpeedCoverage
 from serving.read_schedule import ReadSchedule
 from serving.served_row import ServedRow
+from views import sketches
 from views.buckets import HOUR, MINUTE, SPEED_ROLLUP
-from views.store.rollups import todo_interval, todo_key
+from views.store.rollups import edges, todo_interval, todo_key
+from views.store.rows import ViewRow
 from views.store.speed import Epoch
 
 T0 = datetime(2026, 5, 1, 10, tzinfo=UTC)
@@ -216,3 +219,65 @@ def test_a_newest_rollup_not_matching_reads_only_the_minutes_of_the_span() -> No
     ]
     fresh = list(unit.emit([Row(T0, 20), Row(T0 + SPEED_ROLLUP, 10)]))  # rewritten after that batch: one row
     assert [(b.start, b.resolution) for b in fresh] == [(T0, "10min"), (T0 + SPEED_ROLLUP, "10min")]
+
+
+def edge_reads(span: Span, until: datetime, now: datetime, ttl: timedelta = HOUR) -> list[tuple[str, Any, Any]]:
+    """Return the reads of a speed span with the edges of closed intervals kept ``ttl`` (speed.edge_ttl_s)."""
+    stmts = {n: Statement(n) for n in ("speed", "rollups", "edge")}
+    cov = SpeedCoverage((Epoch("a", T0 - HOUR, None, T0 + HOUR, first_hour=T0),), now=now)
+    sched = ReadSchedule(None, stmts, None, "*", frozenset(), {}, "q", cov, until, edge_ttl=ttl)  # type: ignore[arg-type]
+    sched.speed(span)
+    return [(u.request.name, u.request.params[3], u.request.params[4]) for u in sched.units]
+
+
+def test_the_edges_of_closed_intervals_are_one_row_each() -> None:
+    span = Span(T0 + 7 * MINUTE, T0 + 43 * MINUTE, "speed", "minute")
+    assert edge_reads(span, T0 + HOUR, T0 + HOUR) == [
+        ("edge", T0 + 7 * MINUTE, 3),  # the suffix of 0:00-0:10 from 0:07 (first minute, minutes)
+        ("rollups", T0 + 10 * MINUTE, T0 + 40 * MINUTE),
+        ("edge", T0 + 40 * MINUTE, 3),  # the prefix of 0:40-0:50 to 0:43
+    ]
+    # the right edge's interval not surely merged yet: its minutes
+    assert edge_reads(span, T0 + 45 * MINUTE, T0 + HOUR)[-1] == ("speed", T0 + 40 * MINUTE, T0 + 43 * MINUTE)
+    # the left edge's interval merged longer ago than its edges are kept: its minutes
+    late = T0 + HOUR + 10 * MINUTE
+    assert edge_reads(span, T0 + HOUR, late)[0] == ("speed", T0 + 7 * MINUTE, T0 + 10 * MINUTE)
+    # one minute is its own row
+    one = Span(T0 + 9 * MINUTE, T0 + 41 * MINUTE, "speed", "minute")
+    assert [r[0] for r in edge_reads(one, T0 + HOUR, T0 + HOUR)] == ["speed", "rollups", "speed"]
+
+
+def test_an_edge_answers_only_with_what_its_minutes_counted() -> None:
+    counts = {T0 + i * MINUTE: 2 for i in range(20)}
+    stmts = {n: Statement(n) for n in ("speed", "rollups", "edge")}
+
+    class Row:
+        def __init__(self, start: datetime, events: int, epoch: str = "a") -> None:
+            self.bucket_start, self.events, self.width_min, self.epoch = start, events, 10, epoch
+
+    class Session:
+        def execute(self, bound: Bound, execution_profile: object = None) -> list[Row]:
+            first, last = bound.params[3], bound.params[4]
+            return [Row(first + i * MINUTE, 2) for i in range(int((last - first) / MINUTE))]
+
+    cov = dataclasses.replace(coverage(counts), now=T0 + HOUR)
+    sched = ReadSchedule(Session(), stmts, None, "*", frozenset(), {}, "q", cov, T0 + HOUR, edge_ttl=HOUR)  # type: ignore[arg-type]
+    sched.speed(Span(T0 + 6 * MINUTE, T0 + 20 * MINUTE, "speed", "minute"))
+    edge = next(u for u in sched.units if u.request.name == "edge")
+    (got,) = edge.emit([Row(T0 + 6 * MINUTE, 8)])
+    assert (got.start, got.resolution, got.end, got.events) == (T0 + 6 * MINUTE, "minutes", T0 + 10 * MINUTE, 8)
+    short = list(edge.emit([Row(T0 + 6 * MINUTE, 6)]))  # merged while a minute was missing: the minutes
+    assert [(b.start, b.resolution) for b in short] == [(T0 + i * MINUTE, "minute") for i in range(6, 10)]
+    assert [b.resolution for b in edge.emit([Row(T0 + 6 * MINUTE, 8, "b")])] == ["minute"] * 4  # another epoch's
+
+
+def test_an_intervals_edges_are_its_prefixes_and_suffixes_of_two_minutes_or_more() -> None:
+    hll, kll, fi = sketches.merge_all([])
+    rows = [ViewRow("*", T0 + i * MINUTE, i + 1, hll, kll, fi, T0 + i * MINUTE, T0 + i * MINUTE) for i in range(10)]
+    got = {
+        (first, k): merged[0] for first, k, merged in edges(T0, [r for r in rows if r.bucket_start != T0 + 4 * MINUTE])
+    }
+    assert len(got) == 8 + 8
+    for (first, k), events in got.items():
+        assert events == sum(i + 1 for i in range(10) if first <= T0 + i * MINUTE < first + k * MINUTE and i != 4)
+    assert (T0, 2) in got and (T0 + 8 * MINUTE, 2) in got and (T0 + MINUTE, 9) in got and (T0, 9) in got

@@ -23,6 +23,7 @@ VIEW_TABLES = (
     "speed_minutes", "speed_progress", "batch_minutes", "batch_hours", "batch_days", "batch_day_slices",
     "batch_intervals", "batch_watermark", "batch_stale", "speed_epochs", "speed_hours", "speed_coverage",
     "view_definitions", "serving_definition", "speed_rollups", "batch_tens", "batch_day_parts",
+    "speed_edges",
 )  # fmt: skip
 SKETCH_FIELDS = ("users_hll", "values_kll", "items_fi")
 
@@ -137,6 +138,13 @@ SELECT_ROLLUP_MINUTES = (
     "SELECT bucket_start, events, users_hll, values_kll, items_fi, min_ts, max_ts FROM {speed_minutes} "
     "WHERE query = ? AND slice = ? AND day = ? AND bucket_start >= ? AND bucket_start < ?"
 )
+UPSERT_EDGE = (
+    "INSERT INTO {speed_edges} (query, slice, day, bucket_start, width_min, epoch, events, users_hll, values_kll, "
+    "items_fi, min_ts, max_ts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?"
+)
+DELETE_SPEED_EDGES = (
+    "DELETE FROM {speed_edges} WHERE query = ? AND slice = ? AND day = ? AND bucket_start >= ? AND bucket_start < ?"
+)
 ADD_ROLLUP_TODO = "UPDATE {speed_epochs} SET rollup_todo = rollup_todo + ? WHERE query = ? AND epoch = ?"
 DONE_ROLLUP_TODO = "UPDATE {speed_epochs} SET rollup_todo = rollup_todo - ? WHERE query = ? AND epoch = ?"
 SELECT_ROLLUP_TODO = "SELECT rollup_todo FROM {speed_epochs} WHERE query = ? AND epoch = ?"
@@ -169,6 +177,10 @@ READ_ROLLUPS = (
     "SELECT bucket_start, width_min, epoch, {cols} FROM {speed_rollups} "
     "WHERE query = ? AND slice = ? AND day = ? AND bucket_start >= ? AND bucket_start < ?"
 )
+READ_EDGE = (
+    "SELECT epoch, {cols} FROM {speed_edges} "
+    "WHERE query = ? AND slice = ? AND day = ? AND bucket_start = ? AND width_min = ?"
+)
 # -- view versions: the definitions in use, and the one row naming the serving query (infra/cql/0007) ---------------
 SERVING_ROW = "serving"  # the key of the one row of serving_definition
 INSERT_DEFINITION = (
@@ -196,6 +208,7 @@ IDEMPOTENT = frozenset((
     INSERT_MINUTE, INSERT_TEN, INSERT_HOUR, INSERT_DAY, INSERT_DAY_SLICE, INSERT_POINTER, INSERT_STALE,
     UPSERT_SPEED, UPSERT_PROGRESS, INSERT_EPOCH, ADVANCE_EPOCH, INSERT_SPEED_HOUR, UPSERT_COUNTS, INSERT_DEFINITION,
     READ_ALL_EPOCH, UPSERT_ROLLUP, ADD_ROLLUP_TODO, DONE_ROLLUP_TODO, INSERT_DAY_PART, DELETE_DAY_PARTS,
+    UPSERT_EDGE,
 ))  # fmt: skip
 
 
@@ -225,6 +238,7 @@ def prepare_reads(sess: Session, settings: Settings, fields: frozenset[str]) -> 
             ("tens", READ_TENS),
             ("speed", READ_SPEED),
             ("rollups", READ_ROLLUPS),
+            ("edge", READ_EDGE),
         )
     }
 

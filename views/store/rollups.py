@@ -19,12 +19,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from infra.cassandra import READ_PROFILE, WRITE_PROFILE
 from infra.settings import Settings
 from views import sketches
-from views.buckets import SPEED_ROLLUP, day_key, utc
+from views.buckets import MINUTE, SPEED_ROLLUP, day_key, utc
 from views.store import cql
 
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 WIDTH_MIN = int(SPEED_ROLLUP.total_seconds() // 60)
+MIN_EDGE = 2  # minutes: the shortest edge of an interval kept merged (one minute is its own row)
 
 Interval = tuple[str, datetime]  # (slice, start of the interval)
 
@@ -75,11 +76,14 @@ class SpeedRollups:
         if keys:
             self.sess.execute(self._stmt(cql.DONE_ROLLUP_TODO), (keys, query, epoch), execution_profile=WRITE_PROFILE)
 
-    def write(self, query: str, epoch: str, intervals: Iterable[Interval], ttl_seconds: int) -> int:
+    def write(
+        self, query: str, epoch: str, intervals: Iterable[Interval], ttl_seconds: int, edge_ttl_s: int = 0
+    ) -> int:
         """Read each interval's minute rows, merge them and write the rollup; return the rollups written.
 
-        The minutes are read concurrently; an interval without a row (nothing counted there) gets no rollup. Raise on
-        the first failed read or write (the caller decides whether that fails its batch).
+        The minutes are read concurrently; an interval without a row (nothing counted there) gets no rollup. With
+        ``edge_ttl_s``, its edges (:func:`edges`) are written too, kept that long. Raise on the first failed read or
+        write (the caller decides whether that fails its batch).
         """
         from cassandra.concurrent import execute_concurrent_with_args  # noqa: PLC0415
 
@@ -94,11 +98,17 @@ class SpeedRollups:
             raise_on_first_error=True,
             execution_profile=READ_PROFILE,
         )
-        params = []
+        params, edge_params = [], []
+        edge_ttl = min(edge_ttl_s, ttl_seconds) if ttl_seconds > 0 else edge_ttl_s
         for (sl, start), (_ok, result) in zip(todo, reads, strict=True):
             rows = list(result)
             if not rows:
                 continue
+            if edge_ttl > 0:
+                edge_params += [
+                    (query, sl, day_key(start), first, width, epoch, *merged, edge_ttl)
+                    for first, width, merged in edges(start, rows)
+                ]
             hll, kll, items = sketches.merge_all((r.users_hll, r.values_kll, r.items_fi) for r in rows)
             lows = [t for r in rows if (t := utc(r.min_ts)) is not None]
             highs = [t for r in rows if (t := utc(r.max_ts)) is not None]
@@ -116,5 +126,42 @@ class SpeedRollups:
             raise_on_first_error=True,
             execution_profile=WRITE_PROFILE,
         )
+        if edge_params:
+            execute_concurrent_with_args(
+                self.sess,
+                self._stmt(cql.UPSERT_EDGE),
+                edge_params,
+                concurrency=self.settings.cassandra.write_concurrency,
+                raise_on_first_error=True,
+                execution_profile=WRITE_PROFILE,
+            )
         logger.debug("query %s: %d rollups of %d closed intervals written", query, len(params), len(todo))
         return len(params)
+
+
+def edges(start: datetime, rows: Iterable[Any]) -> list[tuple[datetime, int, tuple[Any, ...]]]:
+    """Return an interval's edges merged from its minute rows: ``(first minute, minutes, merged)``.
+
+    Every run of :data:`MIN_EDGE` minutes or more from the interval's start (a prefix) or to its end
+    (a suffix), short of the whole interval, that holds a row; ``merged`` is ``(events, users_hll, values_kll,
+    items_fi, min_ts, max_ts)``. Each side is merged once along the way.
+    """
+    by_minute = {utc(r.bucket_start): r for r in rows}
+    minutes = [start + i * MINUTE for i in range(WIDTH_MIN)]
+    out = []
+    for order in (minutes, minutes[::-1]):
+        union, events, held = sketches.SketchUnion(), 0, 0
+        lows: list[datetime] = []
+        highs: list[datetime] = []
+        for k, m in enumerate(order, 1):
+            r = by_minute.get(m)
+            if r is not None:
+                union.add(r.users_hll, r.values_kll, r.items_fi)
+                events, held = events + int(r.events), held + 1
+                lows += [t for t in (utc(r.min_ts),) if t is not None]
+                highs += [t for t in (utc(r.max_ts),) if t is not None]
+            if held and MIN_EDGE <= k < WIDTH_MIN:
+                first = min(m, order[0])
+                merged = (events, *union.serialized(), min(lows, default=None), max(highs, default=None))
+                out.append((first, k, merged))
+    return out

@@ -301,7 +301,7 @@ class SpeedRows:
         ]
 
     def delete_hour(self, query: str, slices: Iterable[str], hour: datetime) -> int:
-        """Delete a query's minutes (and rollups) of the hour in the slices, and its counts; return the slices done.
+        """Delete a query's minutes (rollups, edges) of the hour in the slices, and its counts; return the slices done.
 
         An erasure's purge: the hour is served by the batch view, which was recomputed without the subject.
         """
@@ -309,6 +309,7 @@ class SpeedRows:
         todo = sorted(set(slices))
         self._write_many(cql.DELETE_SPEED_MINUTES, [(query, sl, day, hour, hour + HOUR) for sl in todo])
         self._write_many(cql.DELETE_SPEED_ROLLUPS, [(query, sl, day, hour, hour + HOUR) for sl in todo])
+        self._write_many(cql.DELETE_SPEED_EDGES, [(query, sl, day, hour, hour + HOUR) for sl in todo])
         self._write_many(cql.DELETE_SPEED_COVERAGE, [(query, sl, day, hour) for sl in todo])
         return len(todo)
 
