@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from infra.cassandra import READ_PROFILE, WRITE_PROFILE
@@ -100,11 +100,13 @@ class SpeedRollups:
         )
         params, edge_params = [], []
         edge_ttl = min(edge_ttl_s, ttl_seconds) if ttl_seconds > 0 else edge_ttl_s
+        # serving reads an interval's edges only while they are younger than the TTL from its end: none older
+        edges_after = datetime.now(UTC) - SPEED_ROLLUP - timedelta(seconds=edge_ttl)
         for (sl, start), (_ok, result) in zip(todo, reads, strict=True):
             rows = list(result)
             if not rows:
                 continue
-            if edge_ttl > 0:
+            if edge_ttl > 0 and start > edges_after:
                 edge_params += [
                     (query, sl, day_key(start), first, width, epoch, *merged, edge_ttl)
                     for first, width, merged in edges(start, rows)
