@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from infra.cassandra import READ_PROFILE, WRITE_PROFILE
+from infra.cassandra import READ_PROFILE, WRITE_PROFILE, write_many
 from infra.settings import Settings
 from views import sketches
 from views.buckets import MINUTE, SPEED_ROLLUP, day_key, utc
@@ -120,23 +120,8 @@ class SpeedRollups:
                     hll, kll, items, min(lows, default=None), max(highs, default=None), ttl_seconds,
                 )
             )  # fmt: skip
-        execute_concurrent_with_args(
-            self.sess,
-            self._stmt(cql.UPSERT_ROLLUP),
-            params,
-            concurrency=self.settings.cassandra.write_concurrency,
-            raise_on_first_error=True,
-            execution_profile=WRITE_PROFILE,
-        )
-        if edge_params:
-            execute_concurrent_with_args(
-                self.sess,
-                self._stmt(cql.UPSERT_EDGE),
-                edge_params,
-                concurrency=self.settings.cassandra.write_concurrency,
-                raise_on_first_error=True,
-                execution_profile=WRITE_PROFILE,
-            )
+        write_many(self.settings, self.sess, self._stmt(cql.UPSERT_ROLLUP), params)
+        write_many(self.settings, self.sess, self._stmt(cql.UPSERT_EDGE), edge_params)
         logger.debug("query %s: %d rollups of %d closed intervals written", query, len(params), len(todo))
         return len(params)
 
