@@ -22,7 +22,7 @@ from views.buckets import HOUR, day_key, is_day_part, utc
 from views.store.batch import BatchRows
 from views.store.losses import LossStore
 from views.store.pointers import PointerStore, fingerprint_of
-from views.store.rows import ViewRow
+from views.store.rows import RunningMerge, ViewRow
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -195,9 +195,7 @@ def day_parts(
     by_hour = {_hour_of(r): r for r in rows}
     out = []
     for order in (hours, hours[::-1]):
-        union, covered, n, events = sketches.SketchUnion(), {}, 0, 0
-        lows: list[datetime] = []
-        highs: list[datetime] = []
+        merge, covered = RunningMerge(), {}
         for h in order:
             run = runs.get(h)
             if run is None:
@@ -205,16 +203,11 @@ def day_parts(
             covered[h] = run
             r = by_hour.get(h)
             if r is not None:
-                union.add(r.users_hll, r.values_kll, r.items_fi)
-                n, events = n + 1, events + int(r.events)
-                lows += [t for t in (utc(r.min_ts),) if t is not None]
-                highs += [t for t in (utc(r.max_ts),) if t is not None]
+                merge.add(r)
             first, end = min(covered), max(covered) + HOUR
-            if n and is_day_part(first, end):
-                row = ViewRow(
-                    slice_, first, events, *union.serialized(), min(lows, default=None), max(highs, default=None)
-                )
-                out.append((slice_, day, fingerprint_of(covered), n, row, end))
+            if merge.rows and is_day_part(first, end):
+                row = ViewRow(slice_, first, *merge.merged())
+                out.append((slice_, day, fingerprint_of(covered), merge.rows, row, end))
     return out
 
 

@@ -26,6 +26,7 @@ from infra.settings import Settings
 from views import sketches
 from views.buckets import MINUTE, SPEED_ROLLUP, day_key, utc
 from views.store import cql
+from views.store.rows import RunningMerge
 
 if TYPE_CHECKING:
     from cassandra.cluster import Session
@@ -137,18 +138,11 @@ def edges(start: datetime, rows: Iterable[Any]) -> list[tuple[datetime, int, tup
     minutes = [start + i * MINUTE for i in range(WIDTH_MIN)]
     out = []
     for order in (minutes, minutes[::-1]):
-        union, events, held = sketches.SketchUnion(), 0, 0
-        lows: list[datetime] = []
-        highs: list[datetime] = []
+        merge = RunningMerge()
         for k, m in enumerate(order, 1):
             r = by_minute.get(m)
             if r is not None:
-                union.add(r.users_hll, r.values_kll, r.items_fi)
-                events, held = events + int(r.events), held + 1
-                lows += [t for t in (utc(r.min_ts),) if t is not None]
-                highs += [t for t in (utc(r.max_ts),) if t is not None]
-            if held and MIN_EDGE <= k < WIDTH_MIN:
-                first = min(m, order[0])
-                merged = (events, *union.serialized(), min(lows, default=None), max(highs, default=None))
-                out.append((first, k, merged))
+                merge.add(r)
+            if merge.rows and MIN_EDGE <= k < WIDTH_MIN:
+                out.append((min(m, order[0]), k, merge.merged()))
     return out

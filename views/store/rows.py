@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from infra.cassandra import READ_PROFILE
+from views import sketches
 from views.buckets import utc
 
 if TYPE_CHECKING:
@@ -45,3 +46,31 @@ class ViewRow(NamedTuple):
         return cls(
             slice_, bucket, int(events), bytes(users_hll), bytes(values_kll), bytes(items_fi), utc(min_ts), utc(max_ts)
         )
+
+
+class RunningMerge:
+    """Rows merged one at a time, the merge readable after each: the prefixes of a run of buckets, merged once.
+
+    What a row merged from others holds: the events summed, the sketches' union, the earliest and latest event.
+    """
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.events = 0
+        self._union = sketches.SketchUnion()
+        self._lows: list[datetime] = []
+        self._highs: list[datetime] = []
+
+    def add(self, row: Any) -> None:
+        """Merge one row (``events``, the three sketches, ``min_ts``, ``max_ts``)."""
+        self.rows += 1
+        self.events += int(row.events)
+        self._union.add(row.users_hll, row.values_kll, row.items_fi)
+        if (low := utc(row.min_ts)) is not None:
+            self._lows.append(low)
+        if (high := utc(row.max_ts)) is not None:
+            self._highs.append(high)
+
+    def merged(self) -> tuple[int, bytes, bytes, bytes, datetime | None, datetime | None]:
+        """Return the rows merged so far: ``(events, users_hll, values_kll, items_fi, min_ts, max_ts)``."""
+        return (self.events, *self._union.serialized(), min(self._lows, default=None), max(self._highs, default=None))
