@@ -136,8 +136,8 @@ class ReadSchedule:
         if not self.live or self.rollups is None:
             return floor(min(last, self.rollups_until or first), SPEED_ROLLUP)  # the end of the last one closed
         top = floor(last - MINUTE, SPEED_ROLLUP) + SPEED_ROLLUP  # the end of the interval holding the last minute
-        past = (m for m in Span(last, top, "speed", "minute").minutes())
-        return top if all(self.rollups.expected(m) == 0 for m in past) else floor(last, SPEED_ROLLUP)
+        nothing_after = all(self.rollups.expected(m) == 0 for m in _times(last, top, MINUTE))
+        return top if nothing_after else floor(last, SPEED_ROLLUP)
 
     def _speed_edge(self, day: date, first: datetime, end: datetime, interval: datetime) -> bool:
         """Serve ``[first, end)``, an edge of a closed interval, from its merged edge when one is surely kept.
@@ -293,10 +293,9 @@ class ReadSchedule:
 
         def emit(rows: Iterable[Any]) -> list[ServedRow]:
             found: dict[datetime, tuple[ServedRow, ...]] = dict(cached)
-            for r in rows:
-                hour = utc(r.hour)
-                if hour is not None and hour in missing and pointers.get(hour) == r.run_id:
-                    found[hour] = (ServedRow.of_row(hour, "hour", "batch", r),)
+            for b in _current_hours(rows, pointers):
+                if b.start in missing:
+                    found[b.start] = (b,)
             for hour, key in missing.items():  # an hour without a row for this slice is cached as empty
                 found.setdefault(hour, ())
                 self._remember(key, found[hour])
@@ -326,7 +325,7 @@ class ReadSchedule:
     def _part(self, day: date, first: datetime, end: datetime) -> None:
         """Serve ``[first, end)`` from the day's part when it was merged from the current runs (else its hours)."""
         pointers = self.pointers(day)
-        covered = {h: pointers[h] for h in _hours(first, end)}
+        covered = {h: pointers[h] for h in _times(first, end, HOUR)}
         fingerprint = fingerprint_of(covered)
         key = ("part", self.slice, first, end, fingerprint, self.fields)
         hit = self._cached(key)
@@ -338,9 +337,7 @@ class ReadSchedule:
             found = [r for r in result if r.hour_runs == fingerprint]
             if not found:  # not written (yet) for these runs, or no row of the slice: its hours, a second read
                 bound = self.stmt["hours"].bind((self.slice, day, first, end))
-                rows = self.sess.execute(bound, execution_profile=READ_PROFILE)
-                hours = ((utc(r.hour), r) for r in rows)
-                return [ServedRow.of_row(h, "hour", "batch", r) for h, r in hours if h and covered.get(h) == r.run_id]
+                return list(_current_hours(self.sess.execute(bound, execution_profile=READ_PROFILE), covered))
             got = [dataclasses.replace(ServedRow.of_row(first, "hours", "batch", r), width=end - first) for r in found]
             self._remember(key, got)
             return got
@@ -371,11 +368,19 @@ class ReadSchedule:
             yield from unit.emit(future.result() if future is not None else ())
 
 
-def _hours(first: datetime, end: datetime) -> Iterator[datetime]:
-    h = first
-    while h < end:
-        yield h
-        h += HOUR
+def _times(first: datetime, end: datetime, step: timedelta) -> Iterator[datetime]:
+    t = first
+    while t < end:
+        yield t
+        t += step
+
+
+def _current_hours(rows: Iterable[Any], runs: Mapping[datetime, uuid.UUID]) -> Iterator[ServedRow]:
+    """Yield the hour rows written by their hour's current run (rows of other runs are dropped)."""
+    for r in rows:
+        hour = utc(r.hour)
+        if hour is not None and runs.get(hour) == r.run_id:
+            yield ServedRow.of_row(hour, "hour", "batch", r)
 
 
 def _minute_rows(rows: Iterable[Any]) -> Iterator[ServedRow]:
