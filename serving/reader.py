@@ -129,10 +129,8 @@ def _batch_state(
 
     The last: the hours whose current run wrote ten-minute rows.
     """
-    runs: dict[date, dict[datetime, uuid.UUID]] = {day: {} for day in days}
     pointers = decode_pointers(pointer_rows)  # the days' rows, read together
-    for h, p in pointers.items():
-        runs.setdefault(h.date(), {})[h] = p.run_id
+    runs = _runs_by_day(days, pointers)
     indexed = {h: p.indexed for h, p in pointers.items()}
     definitions = {h: p.definition for h, p in pointers.items()}
     tens = {h for h, p in pointers.items() if p.tens}
@@ -149,6 +147,14 @@ def _batch_state(
         if hour in runs.get(hour.date(), {}) and read is not None and records > read:
             stale[hour] = records - read
     return runs, definitions, current, stale, tens
+
+
+def _runs_by_day(days: Iterable[date], pointers: Mapping[datetime, Any]) -> dict[date, dict[datetime, uuid.UUID]]:
+    """Return the current run of each hour, by day: every day asked, with or without a completed hour."""
+    runs: dict[date, dict[datetime, uuid.UUID]] = {day: {} for day in days}
+    for h, p in pointers.items():
+        runs.setdefault(h.date(), {})[h] = p.run_id
+    return runs
 
 
 def rollups_until(speed: SpeedCoverage | None, settings: Settings) -> datetime | None:
@@ -228,14 +234,9 @@ class ViewReader:
     ) -> tuple[dict[date, dict[datetime, uuid.UUID]], dict[datetime, int | None]]:
         """Return the current run per hour of each day, and the indexed records each run read (one round)."""
         wanted = sorted(set(days))
-        indexed: dict[datetime, int | None] = {}
         rows = read_many(self.sess, self.pointer_store.pointers_requests(wanted))
         pointers = decode_pointers(r for chunk in rows for r in chunk)
-        runs: dict[date, dict[datetime, uuid.UUID]] = {day: {} for day in wanted}
-        for h, p in pointers.items():
-            runs.setdefault(h.date(), {})[h] = p.run_id
-            indexed[h] = p.indexed
-        return runs, indexed
+        return _runs_by_day(wanted, pointers), {h: p.indexed for h, p in pointers.items()}
 
     def stale_hours(self, limit: int = 1000) -> dict[datetime, int]:
         """Return every batch hour whose indexed records grew after its current run, with how many arrived since."""
